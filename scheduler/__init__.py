@@ -1,0 +1,34 @@
+"""The planning brain of skippipe: pure, deterministic, no torch and no networking.
+
+The code is organized as follows:
+- constants.py: values shared by the planner and the runtime (memory slots, reorder bounds, overheads)
+- path_rules.py: `PathRules`, the convergence constraints on one microbatch's path, and their checks
+- swarm_view.py: `PeerSpec`, `ModelCost`, `SwarmView`: peers, links and the model as the planner sees them
+- costs.py: `CostTables`, the per-peer forward times and per-link message times one plan is made for
+- profiles.py: network presets (geo-distributed, 5-clusters, single-cluster), a seeded random swarm, files
+- instance.py: reference-style instances (a measured link matrix in seconds) and the bundled reference
+- placement.py: peer -> stage assignment, from scratch and incrementally after joins and departures
+- paths.py: the SkipPipe path planner (priority planning, then local search on the simulated makespan)
+- baselines.py: the DT-FM full pipeline and network-oblivious random skip
+- simulator.py: discrete-event simulation of one iteration (makespan, busy time, collisions, memory)
+- gantt.py: a Gantt chart PNG of a simulated iteration
+- schedule.py: `Schedule` and `Route`, the versioned plan peers execute, and its validator
+- planner.py: `plan()`, the one call that places peers and plans paths for a swarm view
+"""
+
+from scheduler.path_rules import PathRules, path_violation, valid_stage_sequences
+from scheduler.schedule import Route, Schedule, ScheduleError, validate
+from scheduler.swarm_view import ModelCost, PeerSpec, SwarmView
+
+__all__ = [
+    "ModelCost",
+    "PathRules",
+    "PeerSpec",
+    "Route",
+    "Schedule",
+    "ScheduleError",
+    "SwarmView",
+    "path_violation",
+    "valid_stage_sequences",
+    "validate",
+]

@@ -1,0 +1,167 @@
+"""Peer -> stage placement on heterogeneous peers, from scratch and incrementally.
+
+The reference places with a genetic algorithm on a proxy (a travelling-salesman tour over stages plus the
+worst intra-stage link), 28 s for 20 nodes. Skip paths do not follow a fixed stage order, so a tour is
+the wrong proxy. Here a placement is scored by what it is for: the simulated iteration of quickly planned
+routes (most-constrained-first, capacity-aware), plus the slowest stage's averaging round. A seeded local
+search swaps peers between stages. Joins and departures are incremental: a joining peer goes to the
+stage where it helps most, and survivors move only when a stage is left empty.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from scheduler.costs import CostTables
+from scheduler.path_rules import PathRules
+from scheduler.paths import PathProblem, RouteFinder, construct_by_capacity, evaluate
+
+
+@dataclass(frozen=True)
+class PlacementGoal:
+    """What a placement is scored on."""
+
+    rules: PathRules
+    microbatches_per_holder: int
+    stage_param_bytes: tuple[int, ...] = ()
+    """Bytes each stage averages per iteration (0 = ignore the data-parallel cost)."""
+    latency: np.ndarray | None = None
+    bandwidth: np.ndarray | None = None
+    """Links for the averaging cost (seconds, bytes/s); needed only with `stage_param_bytes`."""
+
+
+def stage_sizes(num_peers: int, rules: PathRules, data_holders: int | None = None) -> list[int]:
+    """Peers per stage from the sizing rule D*(R-1) = n*(S-1): every peer then handles about M microbatches.
+
+    :param data_holders: fix D (e.g. the peers that have data); default: as the rule suggests.
+    """
+    s = rules.num_stages
+    if num_peers < s:
+        raise ValueError(f"{num_peers} peers cannot serve {s} stages (need at least one peer per stage)")
+    if s == 1:
+        return [num_peers]
+    if data_holders is None:
+        data_holders = round(num_peers / rules.stages_per_path)  # N = D + n(S-1) and n(S-1) = D(R-1)
+    d = int(min(max(1, data_holders), num_peers - (s - 1)))
+    base, extra = divmod(num_peers - d, s - 1)
+    return [d] + [base + (1 if k < extra else 0) for k in range(s - 1)]
+
+
+def averaging_seconds(stage_of: np.ndarray, goal: PlacementGoal) -> float:
+    """Slowest stage's ring all-reduce: 2 (k-1)/k of its bytes over its slowest member link, plus latency."""
+    if not goal.stage_param_bytes or goal.bandwidth is None or goal.latency is None:
+        return 0.0
+    worst = 0.0
+    for s, nbytes in enumerate(goal.stage_param_bytes):
+        members = np.flatnonzero(stage_of == s)
+        k = len(members)
+        if k < 2 or nbytes <= 0:
+            continue
+        sub_bw = goal.bandwidth[np.ix_(members, members)][~np.eye(k, dtype=bool)]
+        sub_lat = goal.latency[np.ix_(members, members)][~np.eye(k, dtype=bool)]
+        worst = max(worst, 2 * (k - 1) / k * nbytes / sub_bw.min() + 2 * (k - 1) * sub_lat.max())
+    return worst
+
+
+def score_placement(tables: CostTables, stage_of: np.ndarray, goal: PlacementGoal) -> float:
+    """Simulated iteration of quickly planned routes on this placement, plus its averaging round."""
+    holders = tuple(int(h) for h in np.flatnonzero(stage_of == 0))
+    try:
+        problem = PathProblem(tables, stage_of, holders, (goal.microbatches_per_holder,) * len(holders), goal.rules)
+    except ValueError:
+        return float("inf")
+    finder = RouteFinder(problem)
+    routes = construct_by_capacity(problem, finder=finder, group_size=int(tables.memory.min()))
+    score, _ = evaluate(problem, routes, "backward_first")
+    return score + averaging_seconds(stage_of, goal)
+
+
+def place(tables: CostTables, goal: PlacementGoal, *, pinned: dict[int, int] | None = None,
+          sizes: list[int] | None = None, seed: int = 0, iterations: int = 150) -> np.ndarray:
+    """A placement for every peer of `tables`.
+
+    :param pinned: peer index -> stage it must keep (data holders with a shard are pinned to stage 0).
+    :param sizes: peers per stage; default: the sizing rule, with D = number of pinned data holders if any.
+    :returns: [peer] stage.
+    """
+    rng = np.random.default_rng(seed)
+    n, s = tables.num_peers, goal.rules.num_stages
+    pinned = dict(pinned or {})
+    pinned_holders = [v for v, st in pinned.items() if st == 0]
+    sizes = sizes or stage_sizes(n, goal.rules, len(pinned_holders) or None)
+    if sum(sizes) != n or len(sizes) != s:
+        raise ValueError(f"stage sizes {sizes} do not cover {n} peers in {s} stages")
+    stage_of = np.full(n, -1)
+    for v, st in pinned.items():
+        stage_of[v] = st
+    # Greedy start: the fastest, best-connected free peers become data holders (they do the most work:
+    # forward, loss and backward of every microbatch they inject); the rest fill stages round-robin by speed.
+    connect = tables.message.sum(axis=1)
+    speed = tables.forward[:, 0]
+    free = [v for v in np.argsort(speed + connect / max(1, n)) if stage_of[v] < 0]
+    need = [sizes[st] - int(np.sum(stage_of == st)) for st in range(s)]
+    if any(x < 0 for x in need):
+        raise ValueError("more peers pinned to a stage than the stage sizes allow")
+    for v in free[: need[0]]:
+        stage_of[v] = 0
+    slots = [st for k in range(max(need[1:], default=0)) for st in range(1, s) if k < need[st]]
+    for v, st in zip(free[need[0]:], slots):
+        stage_of[v] = st
+    best = score_placement(tables, stage_of, goal)
+    movable = [v for v in range(n) if v not in pinned]
+    if len(movable) < 2:
+        return stage_of
+    for _ in range(iterations):
+        a, b = rng.choice(movable, size=2, replace=False)
+        if stage_of[a] == stage_of[b]:
+            continue
+        stage_of[a], stage_of[b] = stage_of[b], stage_of[a]
+        score = score_placement(tables, stage_of, goal)
+        if score < best:
+            best = score
+        else:
+            stage_of[a], stage_of[b] = stage_of[b], stage_of[a]
+    return stage_of
+
+
+def place_joining(tables: CostTables, stage_of: np.ndarray, peer: int, goal: PlacementGoal, *,
+                  data_holder: bool = False) -> np.ndarray:
+    """Place one new peer (index `peer`, currently -1) where the swarm's score improves most; nobody else moves."""
+    out = stage_of.copy()
+    if data_holder:
+        out[peer] = 0
+        return out
+    options = []
+    for st in range(1, goal.rules.num_stages):
+        out[peer] = st
+        options.append((score_placement(tables, out, goal), int(np.sum(stage_of == st)), st))
+    out[peer] = min(options)[2]
+    return out
+
+
+def place_after_departure(tables: CostTables, stage_of: np.ndarray, departed: list[int], goal: PlacementGoal
+                          ) -> tuple[np.ndarray, list[int]]:
+    """Survivors keep their stages unless a stage is left without peers; then the one move that scores best
+    (a peer from a stage that can spare one) refills it. Returns the new placement and the peers moved."""
+    out = stage_of.copy()
+    out[list(departed)] = -1
+    moved: list[int] = []
+    for st in range(goal.rules.num_stages):
+        if np.any(out == st):
+            continue
+        counts = np.bincount(out[out >= 0], minlength=goal.rules.num_stages)
+        donors = [v for v in np.flatnonzero(out >= 0) if counts[out[v]] > 1 and out[v] != 0]
+        if not donors:
+            continue  # nobody can move: the path planner skips the empty stage
+        options = []
+        for v in donors:
+            trial = out.copy()
+            trial[v] = st
+            options.append((score_placement(tables, trial, goal), int(v)))
+        v = min(options)[1]
+        out[v] = st
+        moved.append(v)
+    return out, moved
+

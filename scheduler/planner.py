@@ -1,0 +1,139 @@
+"""`plan()`: the one call that turns a swarm view into a signed-ready `Schedule` (placement + paths).
+
+Also the baselines' schedules for the same swarm and a convenience for planning on a preset network.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from scheduler.baselines import full_pipeline, random_skip, tune_columns
+from scheduler.constants import DEFAULT_MEMORY_SLOTS
+from scheduler.costs import CostTables, tables_to_dict
+from scheduler.path_rules import PathRules
+from scheduler.paths import PathProblem, PlannedRoute, evaluate, plan_paths
+from scheduler.placement import PlacementGoal, place
+from scheduler.profiles import swarm_from
+from scheduler.schedule import Route, Schedule
+from scheduler.simulator import Priority
+from scheduler.swarm_view import ModelCost, SwarmView
+
+DEFAULT_MODEL = ModelCost.balanced(num_layers=24, num_stages=6, activation_bytes=8 * 1024 * 1024 * 4)
+"""The paper's 500M-class model: 24 layers, an 8-sample x 1024-token x 1024-dim fp32 activation (32 MiB)."""
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    """Knobs of one planning call."""
+
+    microbatches_per_holder: int = 6
+    seed: int = 0
+    iterations: int = 400
+    """Local-search moves on the simulated makespan (a fixed budget keeps plans deterministic)."""
+    placement_iterations: int = 100
+    collision_aware: bool = True
+    priority: Priority = "backward_first"
+
+
+def default_model(num_stages: int, num_layers: int | None = None) -> ModelCost:
+    layers = num_layers or max(24, num_stages)
+    return ModelCost.balanced(num_layers=layers, num_stages=num_stages, activation_bytes=8 * 1024 * 1024 * 4)
+
+
+def make_schedule(tables: CostTables, stage_of: np.ndarray, routes: list[PlannedRoute], rules: PathRules, *,
+                  epoch: int, planner: str, predicted: float | None, run_id: str = "", meta: dict | None = None
+                  ) -> Schedule:
+    """Package planner output (peer indices) as a `Schedule` (peer ids), with the costs it was planned on."""
+    ids = tables.ids
+    placement = {ids[v]: int(st) for v, st in enumerate(stage_of) if st >= 0}
+    memory = {ids[v]: int(tables.memory[v]) for v, st in enumerate(stage_of) if st >= 0}
+    sched_routes = tuple(
+        Route(microbatch=i, origin=ids[r.origin], stages=r.stages, peers=tuple(ids[v] for v in r.nodes),
+              inject_after=float(r.inject_at))
+        for i, r in enumerate(routes)
+    )
+    full_meta = {"costs": tables_to_dict(tables)}
+    full_meta.update(meta or {})
+    return Schedule(epoch=epoch, rules=rules, placement=placement, memory=memory, routes=sched_routes,
+                    run_id=run_id, predicted_iteration_seconds=predicted, planner=planner, meta=full_meta)
+
+
+def problem_for(tables: CostTables, stage_of: np.ndarray, rules: PathRules, microbatches_per_holder: int
+                ) -> PathProblem:
+    holders = tuple(int(v) for v in np.flatnonzero(stage_of == 0))
+    return PathProblem(tables, stage_of, holders, (microbatches_per_holder,) * len(holders), rules)
+
+
+def plan_tables(tables: CostTables, rules: PathRules, options: PlanOptions = PlanOptions(), *,
+                stage_of: np.ndarray | None = None, pinned: dict[int, int] | None = None,
+                goal: PlacementGoal | None = None, epoch: int = 0, run_id: str = "") -> Schedule:
+    """Place (unless `stage_of` is given) and plan paths on cost tables."""
+    t0 = time.perf_counter()
+    if stage_of is None:
+        goal = goal or PlacementGoal(rules=rules, microbatches_per_holder=options.microbatches_per_holder)
+        stage_of = place(tables, goal, pinned=pinned, seed=options.seed, iterations=options.placement_iterations)
+    t_place = time.perf_counter() - t0
+    problem = problem_for(tables, stage_of, rules, options.microbatches_per_holder)
+    plan = plan_paths(problem, seed=options.seed, iterations=options.iterations,
+                      collision_aware=options.collision_aware, priority=options.priority)
+    elapsed = time.perf_counter() - t0
+    name = "skippipe" if options.collision_aware else "skippipe_without_collision_awareness"
+    return make_schedule(tables, stage_of, plan.routes, rules, epoch=epoch, planner=name,
+                         predicted=plan.makespan, run_id=run_id,
+                         meta={"seed": options.seed, "plan_seconds": round(elapsed, 4),
+                               "placement_seconds": round(t_place, 4), "priority": options.priority,
+                               "microbatches_per_holder": options.microbatches_per_holder})
+
+
+def plan(view: SwarmView, model: ModelCost, rules: PathRules, options: PlanOptions = PlanOptions(), *,
+         epoch: int = 0, run_id: str = "", placement: dict[str, int] | None = None) -> Schedule:
+    """A schedule for `view`: data holders pinned to stage 0, `placement` (peer id -> stage) kept where given."""
+    if model.num_stages != rules.num_stages:
+        raise ValueError(f"model has {model.num_stages} stages, rules {rules.num_stages}")
+    tables = CostTables.from_view(view, model)
+    pinned = {i: 0 for i, p in enumerate(view.peers) if p.data_holder}
+    for pid, st in (placement or {}).items():
+        pinned[view.index(pid)] = st
+    goal = PlacementGoal(rules=rules, microbatches_per_holder=options.microbatches_per_holder,
+                         stage_param_bytes=model.stage_param_bytes, latency=view.latency, bandwidth=view.bandwidth)
+    stage_of = None
+    if placement is not None and len(pinned) == len(view.peers):
+        stage_of = np.array([pinned[i] for i in range(len(view.peers))])
+    return plan_tables(tables, rules, options, stage_of=stage_of, pinned=pinned, goal=goal, epoch=epoch,
+                       run_id=run_id)
+
+
+def baseline_schedule(schedule: Schedule, tables: CostTables, method: str, *, seed: int = 0,
+                      tune: bool = False, priority: Priority = "backward_first") -> Schedule:
+    """`full_pipeline` (DT-FM; `tune` = columns tuned on the simulator) or `random_skip`, for the same swarm,
+    placement and work (every data holder's microbatches) as `schedule`."""
+    stage_of = np.array([schedule.placement.get(i, -1) for i in tables.ids])
+    per_holder = len(schedule.routes) // max(1, len(schedule.data_holders))
+    mb = int(schedule.meta.get("microbatches_per_holder") or max(1, per_holder))
+    if method == "full_pipeline":
+        rules = PathRules(schedule.num_stages, schedule.num_stages, max_swaps=0)
+        problem = problem_for(tables, stage_of, rules, mb)
+        columns = tune_columns(problem, seed=seed, priority=priority)[0] if tune else None
+        routes = full_pipeline(problem, columns)
+    elif method == "random_skip":
+        rules = schedule.rules
+        problem = problem_for(tables, stage_of, rules, mb)
+        routes = random_skip(problem, seed=seed)
+    else:
+        raise ValueError(f"unknown baseline {method!r}")
+    score, res = evaluate(problem, routes, priority)
+    return make_schedule(tables, stage_of, routes, rules, epoch=schedule.epoch, planner=method,
+                         predicted=res.makespan, meta={"microbatches_per_holder": mb})
+
+
+def plan_for_profile(profile: str = "single-cluster", *, num_peers: int, num_stages: int, skip: float,
+                     microbatches_per_holder: int = 4, memory: int = DEFAULT_MEMORY_SLOTS, seed: int = 0,
+                     num_layers: int | None = None, iterations: int = 400) -> Schedule:
+    """Place and plan on a preset network (or a profile file): the in-process swarm and demos use this."""
+    view = swarm_from(profile, num_peers, seed=seed, memory=memory)
+    rules = PathRules.from_skip_ratio(num_stages, skip)
+    options = PlanOptions(microbatches_per_holder=microbatches_per_holder, seed=seed, iterations=iterations)
+    return plan(view, default_model(num_stages, num_layers), rules, options)
