@@ -5,8 +5,9 @@ admitted only while the peer holds fewer than its memory slots of activations aw
 the loss and backward passes are always admitted, and a backward frees its slot. Messages cost the
 link's time and do not occupy either end (the transport overlaps them with compute).
 
-Among waiting operations a peer serves the earliest arrival first (`fifo`, what the reference simulator
-does) or backward passes before forward passes (`backward_first`, which frees memory sooner). A forward
+Among waiting operations a peer serves backward passes (and the loss) before forward passes
+(`backward_first`, the default: it frees memory sooner and reproduces the reference simulator's makespans
+exactly), or simply the earliest arrival first (`fifo`). A forward
 that arrives while the peer runs another microbatch's forward is a collision (TC2): its wait is
 counted. The makespan is when the last microbatch finishes its backward pass at its data holder.
 """
@@ -91,7 +92,7 @@ class SimResult:
         }
 
 
-def simulate(tables: CostTables, routes: list[SimRoute], *, priority: Priority = "fifo",
+def simulate(tables: CostTables, routes: list[SimRoute], *, priority: Priority = "backward_first",
              record_ops: bool = False) -> SimResult:
     """Simulate one iteration of `routes` on `tables`.
 
