@@ -18,7 +18,7 @@ demo: $(STAMP)
 	$(VENV)/bin/skippipe demo
 
 test: $(STAMP)
-	$(VENV)/bin/ruff check scheduler peers swarm tests benchmarks examples
+	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q -ra
 
 bench: $(STAMP)
