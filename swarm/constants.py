@@ -1,0 +1,87 @@
+"""Network limits, timeouts and periods of the swarm: one home for each, imported, never retyped.
+
+Planner-and-runtime values (memory slots, message overhead, ...) live in ``scheduler/constants.py`` instead.
+Sizes are bytes, times are seconds.
+"""
+
+from scheduler.constants import MAX_PEERS, MAX_STAGES
+
+WIRE_VERSION = 1
+"""Version of every wire record; decoders refuse records of another version."""
+
+# ---- sizes checked before anything is allocated ---------------------------------------------------------------
+MAX_HEADER_BYTES = 64 * 1024
+"""Largest msgpack header in front of a tensor on a stream."""
+MAX_TENSOR_BYTES = 1 << 30
+"""Largest tensor a peer accepts on a stream (1 GiB: a 1.5B-class activation at ctx 4096 is ~270 MB)."""
+MAX_TENSOR_NDIM = 8
+MAX_RECORD_BYTES = 512 * 1024
+"""Largest DHT record (an envelope holding a peer record, run spec or schedule) a reader unpacks."""
+MAX_SCHEDULE_BYTES = 16 * 1024 * 1024
+"""Largest signed schedule: routes of every microbatch of an iteration."""
+MAX_ID_CHARS = 128
+"""Longest peer id or run id (a base58 RSA peer id is 46 characters)."""
+MAX_ADDRESSES = 32
+"""Multiaddrs a peer may announce."""
+MAX_ADDRESS_CHARS = 512
+MAX_LINKS = 256
+"""Measured links in one peer record (a sample of the swarm, not all of it)."""
+MAX_ROUTE_HOPS = MAX_STAGES + 1
+"""A route lists the origin and at most one peer per stage."""
+MAX_PLAIN_DEPTH = 8
+"""Nesting depth of the free-form dicts of a run spec (model config, hyperparameters, data settings)."""
+MAX_PLAIN_ITEMS = 4096
+"""Keys and list items, all levels together, of one free-form dict of a run spec."""
+MAX_STRING_CHARS = 4096
+"""Longest string inside a free-form dict."""
+MAX_ERROR_CHARS = 512
+"""Longest error text a receiver sends back to a sender."""
+MAX_PROBE_BYTES = 64 * 1024 * 1024
+"""Largest goodput probe a peer answers."""
+assert MAX_PEERS >= MAX_LINKS
+
+WIRE_DTYPES = ("float32", "float16", "bfloat16", "float64", "int64", "int32", "int16", "int8", "uint8", "bool")
+"""Tensor dtypes accepted on the wire, by torch name."""
+COMPRESSION_DTYPES = ("float16", "bfloat16")
+"""Dtypes a floating tensor may be cast to for the wire (halves the bytes of float32)."""
+
+# ---- addresses --------------------------------------------------------------------------------------------------
+DEFAULT_PORT = 0
+"""0 = let the OS pick a free port; never hard-code one."""
+DEFAULT_HOST = "0.0.0.0"
+LOOPBACK_HOST = "127.0.0.1"
+
+# ---- timeouts, periods, expiry ----------------------------------------------------------------------------------
+DHT_TIMEOUT = 10.0
+"""One DHT store or get."""
+CONNECT_TIMEOUT = 10.0
+"""Opening a stream to a peer."""
+SEND_TIMEOUT = 120.0
+"""Sending one tensor and getting its acknowledgement (includes waiting while the receiver's queue is full)."""
+RECV_TIMEOUT = 60.0
+"""Between two reads on an inbound stream: a sender that stalls longer is dropped."""
+PROBE_TIMEOUT = 30.0
+"""One latency or goodput probe."""
+AVERAGING_TIMEOUT = 60.0
+"""One stage-group averaging round (matchmaking and all-reduce), unless the caller passes a deadline."""
+HEARTBEAT_PERIOD = 5.0
+"""How often a peer refreshes its DHT record."""
+PEER_RECORD_TTL = 3 * HEARTBEAT_PERIOD
+"""A peer record lives this long after its last heartbeat: a peer that misses 3 beats drops out of the view."""
+RUN_SPEC_TTL = 3600.0
+"""Lifetime of the run spec; the coordinator refreshes it well before."""
+SCHEDULE_TTL = 3600.0
+"""Lifetime of the stored current schedule (late joiners read it)."""
+MAX_RECORD_LIFETIME = 7 * 24 * 3600.0
+"""Records claiming to live longer than this are refused (a bounded expiry limits replay of old records)."""
+
+# ---- transport and probing --------------------------------------------------------------------------------------
+INBOUND_QUEUE_SIZE = 4
+"""Received tensors waiting for the consumer; when full, senders wait (backpressure)."""
+STREAM_CHUNK_BYTES = 1 << 20
+PROBE_PING_BYTES = 1024
+PROBE_GOODPUT_BYTES = 4 * 1024 * 1024
+PROBE_SAMPLE_SIZE = 8
+"""Peers probed per round: a sample, so probing cost does not grow with the swarm."""
+PROBE_EWMA_ALPHA = 0.3
+"""Weight of a new measurement in the smoothed link estimate."""

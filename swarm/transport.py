@@ -1,0 +1,294 @@
+"""Activations and gradients between peers over hivemind p2pd binary streams.
+
+One stream per message. The sender writes ``[u32 header length][msgpack HopHeader][raw tensor bytes]`` and waits
+for ``[u8 status][u16 length][utf-8 reason]`` (status 0 = accepted). Unary p2pd calls refuse messages over 4 MiB
+and protobuf streaming copies every chunk, so tensors go over raw streams, in 1 MiB writes.
+
+The receiver checks the header (schema, limits, that it is the addressed hop) before allocating the tensor's
+buffer, and acknowledges only once the tensor sits in a bounded inbound queue: when the consumer falls behind,
+senders wait (backpressure). Anything hostile (malformed msgpack, oversized or mis-sized tensors, bad dtypes,
+stalled senders) is refused with a reason, logged with the sender's peer id, and the receiver keeps serving.
+
+A :class:`Transport` shares its peer's p2pd with the DHT (``DHT.replicate_p2p``), so the peer id that signs the
+DHT records is the one that sends and receives tensors. It runs its own event loop in a background thread; the
+public methods are synchronous with explicit timeouts, with private async twins.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from hivemind import DHT
+from hivemind.p2p import P2P, PeerID
+
+from swarm.constants import (
+    CONNECT_TIMEOUT,
+    INBOUND_QUEUE_SIZE,
+    MAX_ERROR_CHARS,
+    MAX_HEADER_BYTES,
+    MAX_PROBE_BYTES,
+    MAX_TENSOR_BYTES,
+    PROBE_TIMEOUT,
+    RECV_TIMEOUT,
+    SEND_TIMEOUT,
+    STREAM_CHUNK_BYTES,
+)
+from swarm.wire import HopHeader, WireError, decode_tensor, encode_tensor, torch_dtype
+
+logger = logging.getLogger(__name__)
+
+HOP_PROTOCOL = "skippipe.hop.v1"
+PROBE_PROTOCOL = "skippipe.probe.v1"
+_OK, _REFUSED = 0, 1
+
+OnReceive = Callable[[str, HopHeader, torch.Tensor], None]
+"""``on_receive(sender_peer_id, header, tensor)``, called in one worker thread, one message at a time."""
+
+
+class TransportError(RuntimeError):
+    """A message that could not be delivered: unreachable peer, timeout, or refused by the receiver."""
+
+
+class Transport:
+    """Sends and receives ``(HopHeader, tensor)`` messages through the p2pd of a running DHT.
+
+    :param dht: the peer's started DHT; its p2pd (and so its peer id) is shared
+    :param on_receive: consumer of accepted messages; it may block (compute), senders then wait
+    :param max_tensor_bytes: largest tensor accepted; larger ones are refused before allocating
+    :param queue_size: accepted messages waiting for ``on_receive``; when full, inbound streams wait
+    :param run_id: if set, refuse messages of other runs
+    :param recv_timeout: a sender that stalls longer than this between two reads is dropped
+    """
+
+    def __init__(self, dht: DHT, on_receive: OnReceive, *, max_tensor_bytes: int = MAX_TENSOR_BYTES,
+                 queue_size: int = INBOUND_QUEUE_SIZE, run_id: str | None = None, recv_timeout: float = RECV_TIMEOUT,
+                 start_timeout: float = CONNECT_TIMEOUT):
+        if queue_size < 1:
+            raise ValueError(f"queue_size must be >= 1, got {queue_size}")
+        self.on_receive, self.max_tensor_bytes, self.queue_size = on_receive, max_tensor_bytes, queue_size
+        self.run_id, self.recv_timeout = run_id, recv_timeout
+        self._stats = {"received": 0, "refused": 0, "sent": 0, "bytes_received": 0, "bytes_sent": 0}
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="skippipe-transport", daemon=True)
+        self._consumer_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="skippipe-consumer")
+        self._thread.start()
+        try:
+            self._run(self._start(dht), start_timeout)
+        except BaseException:
+            self._stop_loop()
+            raise
+
+    async def _start(self, dht: DHT) -> None:
+        self._queue: asyncio.Queue = asyncio.Queue(self.queue_size)
+        self._slots = asyncio.Semaphore(self.queue_size)  # bounds tensors being read (allocated) at once
+        self._p2p: P2P = await dht.replicate_p2p()
+        self.peer_id: str = self._p2p.peer_id.to_base58()
+        await self._p2p.add_binary_stream_handler(HOP_PROTOCOL, self._handle_hop)
+        await self._p2p.add_binary_stream_handler(PROBE_PROTOCOL, self._handle_probe)
+        self._consumer = asyncio.create_task(self._consume())
+
+    # ---- public API --------------------------------------------------------------------------------------------
+    def send(self, peer_id: str, header: HopHeader, tensor: torch.Tensor, *, wire_dtype: str | None = None,
+             timeout: float = SEND_TIMEOUT) -> None:
+        """Deliver ``tensor`` to ``peer_id`` and return once the receiver has queued it.
+
+        :param header: routing fields; its dtype and shape are filled in from ``tensor``
+        :param wire_dtype: "float16"/"bfloat16" to cast a floating tensor for the wire; the receiver casts it back
+        :raises TransportError: unreachable, timed out (including waiting on a full receiver) or refused
+        """
+        self._run(self._send(peer_id, header, tensor, wire_dtype=wire_dtype), timeout)
+
+    def probe(self, peer_id: str, nbytes: int, *, timeout: float = PROBE_TIMEOUT) -> float:
+        """Round-trip seconds to send ``nbytes`` of filler to ``peer_id`` and get its acknowledgement."""
+        return self._run(self._probe(peer_id, nbytes), timeout)
+
+    def stats(self) -> dict[str, int]:
+        """Counters: messages received / refused / sent and their bytes."""
+        return dict(self._stats)
+
+    def shutdown(self, timeout: float = CONNECT_TIMEOUT) -> None:
+        """Stop serving and close the connection to p2pd (the DHT's daemon keeps running)."""
+        if not self._thread.is_alive():
+            return
+        try:
+            self._run(self._shutdown(), timeout)
+        except TransportError as e:
+            logger.warning("transport shutdown: %s", e)
+        finally:
+            self._stop_loop()
+
+    def _stop_loop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=5)
+        self._consumer_pool.shutdown(wait=False, cancel_futures=True)
+
+    async def _shutdown(self) -> None:
+        for name in (HOP_PROTOCOL, PROBE_PROTOCOL):
+            try:
+                await self._p2p.remove_binary_stream_handler(name)
+            except Exception as e:  # the daemon may already be gone with its DHT
+                logger.debug("removing handler %s: %s", name, e)
+        self._consumer.cancel()
+        await self._p2p.shutdown()
+
+    def _run(self, coro, timeout: float) -> Any:
+        future = asyncio.run_coroutine_threadsafe(asyncio.wait_for(coro, timeout), self._loop)
+        try:
+            return future.result()
+        except (asyncio.TimeoutError, TimeoutError):
+            raise TransportError(f"timed out after {timeout:.1f}s") from None
+
+    # ---- sending -----------------------------------------------------------------------------------------------
+    async def _send(self, peer_id: str, header: HopHeader, tensor: torch.Tensor, *, wire_dtype: str | None) -> None:
+        original = tensor.dtype
+        desc, data = encode_tensor(tensor, wire_dtype=wire_dtype)
+        restore = "" if torch_dtype(desc.dtype) == original else str(original).removeprefix("torch.")
+        header_bytes = dataclasses.replace(header, dtype=desc.dtype, shape=desc.shape,
+                                           restore_dtype=restore).to_msgpack()
+        if len(header_bytes) > MAX_HEADER_BYTES:
+            raise ValueError(f"header of {len(header_bytes)} bytes exceeds {MAX_HEADER_BYTES}")
+        reader, writer = await self._open(peer_id, HOP_PROTOCOL)
+        try:
+            writer.write(len(header_bytes).to_bytes(4, "big") + header_bytes)
+            for start in range(0, len(data), STREAM_CHUNK_BYTES):
+                writer.write(data[start : start + STREAM_CHUNK_BYTES])
+                await writer.drain()
+            await writer.drain()
+            status, reason = await self._read_reply(reader, peer_id)
+        finally:
+            writer.close()
+        if status != _OK:
+            raise TransportError(f"{peer_id} refused the message: {reason}")
+        self._stats["sent"] += 1
+        self._stats["bytes_sent"] += len(data)
+
+    async def _open(self, peer_id: str, protocol: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        try:
+            _, reader, writer = await self._p2p.call_binary_stream_handler(PeerID.from_base58(peer_id), protocol)
+        except (asyncio.TimeoutError, asyncio.CancelledError):
+            raise
+        except Exception as e:  # p2pd reports unreachable peers with assorted error types
+            raise TransportError(f"cannot open a stream to {peer_id}: {type(e).__name__}: {e}") from None
+        return reader, writer
+
+    @staticmethod
+    async def _read_reply(reader: asyncio.StreamReader, peer_id: str) -> tuple[int, str]:
+        try:
+            head = await reader.readexactly(3)
+            reason = await reader.readexactly(min(int.from_bytes(head[1:], "big"), MAX_ERROR_CHARS * 4))
+        except (asyncio.IncompleteReadError, ConnectionError) as e:
+            raise TransportError(f"{peer_id} closed the stream without a reply: {e}") from None
+        return head[0], reason.decode("utf-8", "replace")
+
+    # ---- receiving ---------------------------------------------------------------------------------------------
+    async def _handle_hop(self, info: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        sender = info.peer_id.to_base58()
+        try:
+            header = await self._read_header(reader)
+            async with self._slots:  # only now, with the size known and checked, allocate the buffer
+                buffer = bytearray(header.descriptor.nbytes)
+                await self._read_into(reader, buffer)
+                tensor = decode_tensor(header.descriptor, buffer, max_bytes=self.max_tensor_bytes)
+                if header.restore_dtype:
+                    tensor = tensor.to(torch_dtype(header.restore_dtype))
+                await self._queue.put((sender, header, tensor))  # waits while the consumer is behind
+            self._stats["received"] += 1
+            self._stats["bytes_received"] += len(buffer)
+            await self._reply(writer, _OK, "")
+        except WireError as e:
+            self._stats["refused"] += 1
+            logger.warning("refused a message from %s: %s", sender, e)
+            await self._reply(writer, _REFUSED, str(e))
+        except (asyncio.IncompleteReadError, asyncio.TimeoutError, ConnectionError) as e:
+            self._stats["refused"] += 1
+            logger.warning("dropped a message from %s: stream ended or stalled (%s)", sender, type(e).__name__)
+        finally:
+            writer.close()
+
+    async def _read_header(self, reader: asyncio.StreamReader) -> HopHeader:
+        size = int.from_bytes(await asyncio.wait_for(reader.readexactly(4), self.recv_timeout), "big")
+        if size > MAX_HEADER_BYTES:
+            raise WireError(f"header of {size} bytes exceeds the limit of {MAX_HEADER_BYTES}")
+        raw = await asyncio.wait_for(reader.readexactly(size), self.recv_timeout)
+        header = HopHeader.from_msgpack(raw, max_tensor_bytes=self.max_tensor_bytes)
+        if header.target != self.peer_id:
+            raise WireError(f"hop {header.hop} is addressed to {header.target}, not to this peer")
+        if self.run_id is not None and header.run != self.run_id:
+            raise WireError(f"message of run {header.run!r}, this peer serves run {self.run_id!r}")
+        return header
+
+    async def _read_into(self, reader: asyncio.StreamReader, buffer: bytearray) -> None:
+        view, pos = memoryview(buffer), 0
+        while pos < len(buffer):
+            chunk = await asyncio.wait_for(reader.read(min(len(buffer) - pos, STREAM_CHUNK_BYTES)), self.recv_timeout)
+            if not chunk:
+                raise WireError(f"stream ended after {pos} of {len(buffer)} tensor bytes")
+            view[pos : pos + len(chunk)] = chunk
+            pos += len(chunk)
+
+    @staticmethod
+    async def _reply(writer: asyncio.StreamWriter, status: int, reason: str) -> None:
+        data = reason[:MAX_ERROR_CHARS].encode()
+        try:
+            writer.write(bytes([status]) + len(data).to_bytes(2, "big") + data)
+            await writer.drain()
+        except ConnectionError:
+            pass
+
+    async def _consume(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            sender, header, tensor = await self._queue.get()
+            try:
+                await loop.run_in_executor(self._consumer_pool, self.on_receive, sender, header, tensor)
+            except Exception:
+                logger.exception("on_receive failed for microbatch %d from %s", header.microbatch, sender)
+
+    # ---- probing -----------------------------------------------------------------------------------------------
+    async def _probe(self, peer_id: str, nbytes: int) -> float:
+        if not 0 <= nbytes <= MAX_PROBE_BYTES:
+            raise ValueError(f"probe size must be in 0..{MAX_PROBE_BYTES}, got {nbytes}")
+        filler = memoryview(bytes(min(nbytes, STREAM_CHUNK_BYTES)))
+        start = time.perf_counter()
+        reader, writer = await self._open(peer_id, PROBE_PROTOCOL)
+        try:
+            writer.write(nbytes.to_bytes(4, "big"))
+            for pos in range(0, nbytes, STREAM_CHUNK_BYTES):
+                writer.write(filler[: min(STREAM_CHUNK_BYTES, nbytes - pos)])
+                await writer.drain()
+            await writer.drain()
+            status, reason = await self._read_reply(reader, peer_id)
+        finally:
+            writer.close()
+        if status != _OK:
+            raise TransportError(f"{peer_id} refused the probe: {reason}")
+        return time.perf_counter() - start
+
+    async def _handle_probe(self, info: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        sender = info.peer_id.to_base58()
+        try:
+            nbytes = int.from_bytes(await asyncio.wait_for(reader.readexactly(4), self.recv_timeout), "big")
+            if nbytes > MAX_PROBE_BYTES:
+                raise WireError(f"probe of {nbytes} bytes exceeds the limit of {MAX_PROBE_BYTES}")
+            remaining = nbytes
+            while remaining:
+                chunk = await asyncio.wait_for(reader.read(min(remaining, STREAM_CHUNK_BYTES)), self.recv_timeout)
+                if not chunk:
+                    raise WireError("probe stream ended early")
+                remaining -= len(chunk)
+            await self._reply(writer, _OK, "")
+        except WireError as e:
+            logger.warning("refused a probe from %s: %s", sender, e)
+            await self._reply(writer, _REFUSED, str(e))
+        except (asyncio.IncompleteReadError, asyncio.TimeoutError, ConnectionError) as e:
+            logger.warning("dropped a probe from %s: %s", sender, type(e).__name__)
+        finally:
+            writer.close()

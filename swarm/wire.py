@@ -1,0 +1,519 @@
+"""Every record that crosses the network, as frozen dataclasses with explicit msgpack encoding.
+
+Our counterpart of Petals' ``data_structures.py``. Records are msgpack maps with named fields and a ``version``;
+decoders trust nothing: strict types (``3.0`` is not an int, ``True`` is not an int), ranges, and sizes are
+checked before anything is allocated, and every failure is one :class:`WireError` naming the field. Fields a
+decoder does not know are ignored, so newer peers may add optional fields. Enums travel as ints. Tensors travel
+as raw bytes described by a :class:`TensorDescriptor` (dtype name, shape); never pickle.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Any
+
+import msgpack
+import torch
+
+from scheduler.constants import MAX_STAGES
+from scheduler.schedule import Schedule, ScheduleError
+from swarm.constants import (
+    COMPRESSION_DTYPES,
+    MAX_ADDRESS_CHARS,
+    MAX_ADDRESSES,
+    MAX_HEADER_BYTES,
+    MAX_ID_CHARS,
+    MAX_LINKS,
+    MAX_PLAIN_DEPTH,
+    MAX_PLAIN_ITEMS,
+    MAX_RECORD_BYTES,
+    MAX_ROUTE_HOPS,
+    MAX_SCHEDULE_BYTES,
+    MAX_STRING_CHARS,
+    MAX_TENSOR_BYTES,
+    MAX_TENSOR_NDIM,
+    WIRE_DTYPES,
+    WIRE_VERSION,
+)
+
+_TORCH_DTYPES: dict[str, torch.dtype] = {name: getattr(torch, name) for name in WIRE_DTYPES}
+_DTYPE_NAMES = {dtype: name for name, dtype in _TORCH_DTYPES.items()}
+_MAX_INT = 1 << 62
+
+
+class WireError(ValueError):
+    """A message or record from the network that is malformed, out of range or too large."""
+
+
+# ---- msgpack ----------------------------------------------------------------------------------------------------
+def pack(obj: Any) -> bytes:
+    """msgpack with bin/str kept apart; the only serializer on the wire."""
+    return msgpack.packb(obj, use_bin_type=True)
+
+
+def unpack(data: bytes, *, max_bytes: int = MAX_RECORD_BYTES) -> Any:
+    """Unpack untrusted msgpack; raises :class:`WireError` on anything but plain maps, arrays and scalars."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise WireError(f"expected bytes, got {type(data).__name__}")
+    if len(data) > max_bytes:
+        raise WireError(f"message of {len(data)} bytes exceeds the limit of {max_bytes}")
+    try:
+        return msgpack.unpackb(data, raw=False, strict_map_key=True, ext_hook=_refuse_ext)
+    except WireError:
+        raise
+    except Exception as e:  # msgpack raises several unrelated types on malformed input
+        raise WireError(f"malformed msgpack: {type(e).__name__}: {e}") from None
+
+
+def _refuse_ext(code: int, data: bytes) -> Any:
+    raise WireError(f"msgpack extension type {code} is not allowed")
+
+
+# ---- strict field readers ---------------------------------------------------------------------------------------
+def _map(value: Any, name: str) -> dict:
+    if type(value) is not dict:
+        raise WireError(f"{name}: expected a map, got {type(value).__name__}")
+    return value
+
+
+def _int(value: Any, name: str, lo: int = -_MAX_INT, hi: int = _MAX_INT) -> int:
+    if type(value) is not int:
+        raise WireError(f"{name}: expected an integer, got {type(value).__name__} {value!r:.40}")
+    if not lo <= value <= hi:
+        raise WireError(f"{name}: {value} outside {lo}..{hi}")
+    return value
+
+
+def _float(value: Any, name: str, lo: float = -math.inf, hi: float = math.inf) -> float:
+    if type(value) not in (int, float) or not math.isfinite(value):
+        raise WireError(f"{name}: expected a finite number, got {type(value).__name__} {value!r:.40}")
+    if not lo <= value <= hi:
+        raise WireError(f"{name}: {value} outside {lo}..{hi}")
+    return float(value)
+
+
+def _str(value: Any, name: str, max_chars: int = MAX_ID_CHARS, allow_empty: bool = False) -> str:
+    if type(value) is not str:
+        raise WireError(f"{name}: expected a string, got {type(value).__name__}")
+    if len(value) > max_chars or (not value and not allow_empty):
+        raise WireError(f"{name}: expected {'a' if allow_empty else 'a non-empty'} string of at most {max_chars} "
+                        f"characters, got {len(value)}")
+    return value
+
+
+def _list(value: Any, name: str, max_items: int) -> list:
+    if type(value) is not list:
+        raise WireError(f"{name}: expected an array, got {type(value).__name__}")
+    if len(value) > max_items:
+        raise WireError(f"{name}: {len(value)} items exceed the limit of {max_items}")
+    return value
+
+
+def _version(d: dict, name: str) -> int:
+    version = _int(d.get("version"), f"{name}.version")
+    if version != WIRE_VERSION:
+        raise WireError(f"{name}: wire version {version} is not supported (this build speaks {WIRE_VERSION})")
+    return version
+
+
+def _plain(value: Any, name: str) -> dict:
+    """Check a free-form dict (model config, hyperparameters): str keys, plain scalars, bounded size and depth."""
+    budget = [MAX_PLAIN_ITEMS]
+
+    def walk(v: Any, path: str, depth: int) -> None:
+        if depth > MAX_PLAIN_DEPTH:
+            raise WireError(f"{path}: nested deeper than {MAX_PLAIN_DEPTH}")
+        if type(v) is dict:
+            items = v.items()
+        elif type(v) is list:
+            items = enumerate(v)
+        elif v is None or type(v) in (bool, int):
+            return
+        elif type(v) is float:
+            if not math.isfinite(v):
+                raise WireError(f"{path}: non-finite number")
+            return
+        elif type(v) is str:
+            _str(v, path, MAX_STRING_CHARS, allow_empty=True)
+            return
+        else:
+            raise WireError(f"{path}: {type(v).__name__} is not allowed in plain data")
+        for k, item in items:
+            budget[0] -= 1
+            if budget[0] < 0:
+                raise WireError(f"{name}: more than {MAX_PLAIN_ITEMS} items")
+            if type(v) is dict:
+                _str(k, f"{path} key", MAX_ID_CHARS)
+            walk(item, f"{path}.{k}", depth + 1)
+
+    walk(_map(value, name), name, 0)
+    return value
+
+
+# ---- tensors ----------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TensorDescriptor:
+    """What a receiver needs to know before reading a tensor's raw bytes, like hivemind's TensorDescriptor."""
+
+    dtype: str
+    """torch dtype name, one of ``swarm.constants.WIRE_DTYPES``."""
+    shape: tuple[int, ...]
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * _TORCH_DTYPES[self.dtype].itemsize
+
+    def check(self, *, max_bytes: int = MAX_TENSOR_BYTES, max_ndim: int = MAX_TENSOR_NDIM) -> TensorDescriptor:
+        """Raise :class:`WireError` unless dtype, rank and byte size are within limits; returns self."""
+        if type(self.dtype) is not str or self.dtype not in _TORCH_DTYPES:
+            raise WireError(f"dtype {self.dtype!r:.40} is not one of {', '.join(WIRE_DTYPES)}")
+        if type(self.shape) is not tuple or len(self.shape) > max_ndim:
+            raise WireError(f"shape must be a tuple of at most {max_ndim} dimensions")
+        for i, n in enumerate(self.shape):
+            _int(n, f"shape[{i}]", 0, max_bytes)
+        if self.nbytes > max_bytes:
+            raise WireError(f"tensor of {self.nbytes} bytes ({self.dtype}{list(self.shape)}) exceeds the limit "
+                            f"of {max_bytes}")
+        return self
+
+    def to_msgpack(self) -> bytes:
+        return pack(self._fields())
+
+    def _fields(self) -> dict[str, Any]:
+        return {"dtype": self.dtype, "shape": list(self.shape)}
+
+    @classmethod
+    def from_msgpack(cls, data: bytes, *, max_bytes: int = MAX_TENSOR_BYTES) -> TensorDescriptor:
+        return cls._from_fields(_map(unpack(data, max_bytes=MAX_HEADER_BYTES), "tensor"), "tensor", max_bytes)
+
+    @classmethod
+    def _from_fields(cls, d: dict, name: str, max_bytes: int) -> TensorDescriptor:
+        dtype = _str(d.get("dtype"), f"{name}.dtype", 16)
+        shape = tuple(_list(d.get("shape"), f"{name}.shape", MAX_TENSOR_NDIM))
+        return cls(dtype=dtype, shape=shape).check(max_bytes=max_bytes)
+
+
+def encode_tensor(tensor: torch.Tensor, *, wire_dtype: str | None = None) -> tuple[TensorDescriptor, memoryview]:
+    """Describe ``tensor`` and expose its raw bytes (no copy when it is already contiguous on the CPU).
+
+    :param wire_dtype: "float16" or "bfloat16" to cast a floating tensor for the wire (halves float32's bytes);
+      None sends it as is. Integer tensors are never cast.
+    :returns: the descriptor and a byte view that stays valid while the returned view is referenced
+    """
+    if wire_dtype is not None:
+        if wire_dtype not in COMPRESSION_DTYPES:
+            raise ValueError(f"wire_dtype must be one of {COMPRESSION_DTYPES} or None, got {wire_dtype!r}")
+        if tensor.is_floating_point():
+            tensor = tensor.to(_TORCH_DTYPES[wire_dtype])
+    if tensor.dtype not in _DTYPE_NAMES:
+        raise ValueError(f"dtype {tensor.dtype} cannot travel on the wire; allowed: {', '.join(WIRE_DTYPES)}")
+    tensor = tensor.detach().cpu().contiguous()
+    desc = TensorDescriptor(dtype=_DTYPE_NAMES[tensor.dtype], shape=tuple(tensor.shape))
+    if tensor.dtype == torch.bool:
+        tensor = tensor.view(torch.uint8)
+    return desc, memoryview(tensor.reshape(-1).view(torch.uint8).numpy())
+
+
+def decode_tensor(desc: TensorDescriptor, data: bytes | bytearray | memoryview, *,
+                  max_bytes: int = MAX_TENSOR_BYTES) -> torch.Tensor:
+    """Rebuild a tensor from its descriptor and raw bytes; raises :class:`WireError` on any mismatch.
+
+    Shares memory with ``data`` when it is a writable buffer (a ``bytearray`` the receiver filled), else copies.
+    """
+    desc.check(max_bytes=max_bytes)
+    if len(data) != desc.nbytes:
+        raise WireError(f"tensor {desc.dtype}{list(desc.shape)} needs {desc.nbytes} bytes, got {len(data)}")
+    dtype = _TORCH_DTYPES[desc.dtype]
+    if desc.numel == 0:
+        return torch.empty(desc.shape, dtype=dtype)
+    buffer = data if isinstance(data, bytearray) else bytearray(data)
+    if dtype == torch.bool:  # bytes other than 0/1 would make invalid bools
+        raw = torch.frombuffer(buffer, dtype=torch.uint8)
+        if bool((raw > 1).any()):
+            raise WireError("bool tensor holds bytes other than 0 and 1")
+        return raw.view(torch.bool).reshape(desc.shape)
+    return torch.frombuffer(buffer, dtype=dtype).reshape(desc.shape)
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype of a wire dtype name; raises :class:`WireError` for names not allowed on the wire."""
+    if name not in _TORCH_DTYPES:
+        raise WireError(f"dtype {name!r:.40} is not one of {', '.join(WIRE_DTYPES)}")
+    return _TORCH_DTYPES[name]
+
+
+# ---- hop header -------------------------------------------------------------------------------------------------
+class Direction(IntEnum):
+    FORWARD = 0
+    BACKWARD = 1
+
+
+@dataclass(frozen=True)
+class HopHeader:
+    """Travels in front of every activation or gradient, so a relay needs no global state to forward it.
+
+    ``route[0]`` is the origin (the data holder); ``route[hop]`` is the peer this message is addressed to.
+    Forward messages walk the route up, backward messages walk it down to hop 0.
+    """
+
+    run: str
+    iteration: int
+    microbatch: int
+    route: tuple[str, ...]
+    hop: int
+    direction: Direction
+    epoch: int
+    dtype: str
+    shape: tuple[int, ...]
+    stages: tuple[int, ...] = ()
+    """Stage served at each hop of ``route`` (empty = not sent)."""
+    restore_dtype: str = ""
+    """dtype the sender computed in, when it cast the tensor for the wire; empty = none."""
+    version: int = WIRE_VERSION
+
+    @property
+    def origin(self) -> str:
+        return self.route[0]
+
+    @property
+    def target(self) -> str:
+        return self.route[self.hop]
+
+    @property
+    def descriptor(self) -> TensorDescriptor:
+        return TensorDescriptor(dtype=self.dtype, shape=self.shape)
+
+    def to_msgpack(self) -> bytes:
+        d = {
+            "version": self.version, "run": self.run, "iteration": self.iteration, "microbatch": self.microbatch,
+            "route": list(self.route), "hop": self.hop, "direction": int(self.direction), "epoch": self.epoch,
+            "dtype": self.dtype, "shape": list(self.shape),
+        }
+        if self.stages:
+            d["stages"] = list(self.stages)
+        if self.restore_dtype:
+            d["restore_dtype"] = self.restore_dtype
+        return pack(d)
+
+    @classmethod
+    def from_msgpack(cls, data: bytes, *, max_tensor_bytes: int = MAX_TENSOR_BYTES) -> HopHeader:
+        """Decode and check a header, including that its tensor fits ``max_tensor_bytes``."""
+        d = _map(unpack(data, max_bytes=MAX_HEADER_BYTES), "header")
+        version = _version(d, "header")
+        route = tuple(_str(p, "header.route[]") for p in _list(d.get("route"), "header.route", MAX_ROUTE_HOPS))
+        if not route:
+            raise WireError("header.route: empty")
+        stages = tuple(_int(s, "header.stages[]", 0, MAX_STAGES - 1)
+                       for s in _list(d.get("stages", []), "header.stages", MAX_ROUTE_HOPS))
+        if stages and len(stages) != len(route):
+            raise WireError(f"header.stages: {len(stages)} stages for a route of {len(route)} peers")
+        direction = _int(d.get("direction"), "header.direction", 0, len(Direction) - 1)
+        restore = _str(d.get("restore_dtype", ""), "header.restore_dtype", 16, allow_empty=True)
+        if restore:
+            torch_dtype(restore)
+        desc = TensorDescriptor._from_fields(d, "header", max_tensor_bytes)
+        return cls(
+            run=_str(d.get("run"), "header.run"),
+            iteration=_int(d.get("iteration"), "header.iteration", 0),
+            microbatch=_int(d.get("microbatch"), "header.microbatch", 0),
+            route=route,
+            hop=_int(d.get("hop"), "header.hop", 0, len(route) - 1),
+            direction=Direction(direction),
+            epoch=_int(d.get("epoch"), "header.epoch", 0),
+            dtype=desc.dtype,
+            shape=desc.shape,
+            stages=stages,
+            restore_dtype=restore,
+            version=version,
+        )
+
+
+# ---- peer record ------------------------------------------------------------------------------------------------
+class PeerState(IntEnum):
+    JOINING = 0
+    ONLINE = 1
+    LEAVING = 2
+
+
+@dataclass(frozen=True)
+class PeerRecord:
+    """What a peer announces in the DHT each heartbeat; the scheduler's view of the swarm is built from these."""
+
+    peer_id: str
+    stage: int
+    """Stage it serves; -1 = not placed yet."""
+    seconds_per_layer: float
+    """Measured forward time of one decoder layer for one microbatch."""
+    memory_slots: int
+    links: dict[str, tuple[float, float]] = field(default_factory=dict)
+    """Peer id -> (latency seconds, goodput bytes/s), smoothed measurements to a sample of peers."""
+    addresses: tuple[str, ...] = ()
+    """Multiaddrs it can be reached at."""
+    state: PeerState = PeerState.JOINING
+    data_holder: bool = False
+    """Holds a data shard, so it is pinned to stage 0."""
+    version: int = WIRE_VERSION
+
+    def to_msgpack(self) -> bytes:
+        return pack({
+            "version": self.version, "peer_id": self.peer_id, "stage": self.stage,
+            "seconds_per_layer": self.seconds_per_layer, "memory_slots": self.memory_slots,
+            "links": {p: [float(lat), float(bw)] for p, (lat, bw) in self.links.items()},
+            "addresses": list(self.addresses), "state": int(self.state), "data_holder": self.data_holder,
+        })
+
+    @classmethod
+    def from_msgpack(cls, data: bytes) -> PeerRecord:
+        d = _map(unpack(data), "peer")
+        version = _version(d, "peer")
+        links = {}
+        links_raw = _map(d.get("links", {}), "peer.links")
+        if len(links_raw) > MAX_LINKS:
+            raise WireError(f"peer.links: {len(links_raw)} links exceed the limit of {MAX_LINKS}")
+        for p, v in links_raw.items():
+            _str(p, "peer.links key")
+            pair = _list(v, f"peer.links[{p}]", 2)
+            if len(pair) != 2:
+                raise WireError(f"peer.links[{p}]: expected [latency_s, bytes_per_s]")
+            links[p] = (_float(pair[0], f"peer.links[{p}].latency", 0.0, 3600.0),
+                        _float(pair[1], f"peer.links[{p}].bytes_per_s", 1e-9, 1e15))
+        addresses = tuple(_str(a, "peer.addresses[]", MAX_ADDRESS_CHARS)
+                          for a in _list(d.get("addresses", []), "peer.addresses", MAX_ADDRESSES))
+        data_holder = d.get("data_holder", False)
+        if type(data_holder) is not bool:
+            raise WireError("peer.data_holder: expected a bool")
+        return cls(
+            peer_id=_str(d.get("peer_id"), "peer.peer_id"),
+            stage=_int(d.get("stage"), "peer.stage", -1, MAX_STAGES - 1),
+            seconds_per_layer=_float(d.get("seconds_per_layer"), "peer.seconds_per_layer", 1e-9, 3600.0),
+            memory_slots=_int(d.get("memory_slots"), "peer.memory_slots", 1, 1 << 20),
+            links=links,
+            addresses=addresses,
+            state=PeerState(_int(d.get("state"), "peer.state", 0, len(PeerState) - 1)),
+            data_holder=data_holder,
+            version=version,
+        )
+
+
+# ---- run spec ---------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RunSpec:
+    """What a run is, published by its coordinator; peers read it as data, never run it as code."""
+
+    run_id: str
+    model: dict[str, Any]
+    """Model config as plain data (e.g. ``dataclasses.asdict`` of the model config)."""
+    stages: int
+    skip_ratio: float
+    hyperparameters: dict[str, Any]
+    data: dict[str, Any]
+    coordinator: str
+    """Peer id of the coordinator, whose key signs the spec and (by default) the schedules."""
+    version: int = WIRE_VERSION
+
+    def to_msgpack(self) -> bytes:
+        return pack({
+            "version": self.version, "run_id": self.run_id, "model": self.model, "stages": self.stages,
+            "skip_ratio": self.skip_ratio, "hyperparameters": self.hyperparameters, "data": self.data,
+            "coordinator": self.coordinator,
+        })
+
+    @classmethod
+    def from_msgpack(cls, data: bytes) -> RunSpec:
+        d = _map(unpack(data), "run")
+        return cls(
+            run_id=_str(d.get("run_id"), "run.run_id"),
+            model=_plain(d.get("model"), "run.model"),
+            stages=_int(d.get("stages"), "run.stages", 1, MAX_STAGES),
+            skip_ratio=_float(d.get("skip_ratio"), "run.skip_ratio", 0.0, 0.999),
+            hyperparameters=_plain(d.get("hyperparameters"), "run.hyperparameters"),
+            data=_plain(d.get("data"), "run.data"),
+            coordinator=_str(d.get("coordinator"), "run.coordinator"),
+            version=_version(d, "run"),
+        )
+
+
+# ---- schedule ---------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ScheduleMsg:
+    """A schedule epoch on the wire: the plain dict of ``scheduler.schedule.Schedule.to_dict()``."""
+
+    epoch: int
+    schedule: dict[str, Any]
+    version: int = WIRE_VERSION
+
+    @classmethod
+    def from_schedule(cls, schedule: Schedule) -> ScheduleMsg:
+        return cls(epoch=schedule.epoch, schedule=schedule.to_dict())
+
+    def to_schedule(self) -> Schedule:
+        """The parsed schedule; raises :class:`WireError` if the dict is not a valid schedule."""
+        try:
+            return Schedule.from_dict(self.schedule)
+        except (ScheduleError, ValueError, TypeError, KeyError) as e:  # from_dict should only raise ScheduleError
+            raise WireError(f"schedule: {e}") from None
+
+    def to_msgpack(self) -> bytes:
+        return pack({"version": self.version, "epoch": self.epoch, "schedule": self.schedule})
+
+    @classmethod
+    def from_msgpack(cls, data: bytes, *, max_bytes: int | None = None) -> ScheduleMsg:
+        d = _map(unpack(data, max_bytes=max_bytes or MAX_SCHEDULE_BYTES), "schedule_msg")
+        msg = cls(epoch=_int(d.get("epoch"), "schedule_msg.epoch", 0), schedule=_map(d.get("schedule"), "schedule"),
+                  version=_version(d, "schedule_msg"))
+        if msg.to_schedule().epoch != msg.epoch:
+            raise WireError(f"schedule_msg.epoch {msg.epoch} differs from the schedule's epoch")
+        return msg
+
+
+# ---- signed envelope --------------------------------------------------------------------------------------------
+MAX_PUBLIC_KEY_BYTES = 4096
+MAX_SIGNATURE_BYTES = 4096
+
+
+@dataclass(frozen=True)
+class SignedRecord:
+    """A record body signed by its author, as stored in the DHT.
+
+    The signature covers :meth:`signed_bytes`: the kind, run, DHT subkey, absolute expiry and body, so a record
+    cannot be replayed under another key, run or subkey, nor kept alive past the expiry its author chose.
+    """
+
+    kind: str
+    """"run", "peer" or "schedule"."""
+    body: bytes
+    """The msgpack of the record (RunSpec, PeerRecord or ScheduleMsg)."""
+    expires: float
+    """Absolute expiry (``hivemind.get_dht_time()`` clock) chosen and signed by the author."""
+    public_key: bytes
+    """The author's RSA public key, OpenSSH form (its peer id is derived from it)."""
+    signature: bytes
+    version: int = WIRE_VERSION
+
+    @staticmethod
+    def signed_bytes(kind: str, run_id: str, subkey: str, expires: float, body: bytes) -> bytes:
+        return pack(["skippipe.record", WIRE_VERSION, kind, run_id, subkey, float(expires), body])
+
+    def to_msgpack(self) -> bytes:
+        return pack({"version": self.version, "kind": self.kind, "body": self.body, "expires": self.expires,
+                     "key": self.public_key, "sig": self.signature})
+
+    @classmethod
+    def from_msgpack(cls, data: bytes, *, max_bytes: int = MAX_RECORD_BYTES) -> SignedRecord:
+        d = _map(unpack(data, max_bytes=max_bytes), "record")
+        version = _version(d, "record")
+        fields = {}
+        for name, limit in (("body", max_bytes), ("key", MAX_PUBLIC_KEY_BYTES), ("sig", MAX_SIGNATURE_BYTES)):
+            value = d.get(name)
+            if type(value) is not bytes or len(value) > limit:
+                raise WireError(f"record.{name}: expected at most {limit} bytes, got {type(value).__name__}")
+            fields[name] = value
+        return cls(kind=_str(d.get("kind"), "record.kind", 32), body=fields["body"],
+                   expires=_float(d.get("expires"), "record.expires", 0.0), public_key=fields["key"],
+                   signature=fields["sig"], version=version)

@@ -1,0 +1,137 @@
+"""Bodies of helper processes for swarm tests: each runs real hivemind parts and obeys commands from a queue.
+
+They are started with :func:`tests.utils.processes.spawn` and answer on ``res_q`` as ``(tag, payload)``; queues
+between a test and its helpers are test scaffolding, not a wire (the parts under test use msgpack on the wire).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import multiprocessing as mp
+import queue as queue_module
+import time
+from typing import Any
+
+TRANSPORT_RUN = "run-transport"
+"""Run id of the transport test peers."""
+
+
+def records_peer(initial_peers: list[str], key_path: str, run_id: str, cmd_q: mp.Queue, res_q: mp.Queue) -> None:
+    """A peer with its own DHT: publishes/fetches records and runs a heartbeat on command."""
+    import hivemind
+
+    from swarm.identity import ensure_identity, load_identity
+    from swarm.records import SwarmRecords
+    from swarm.wire import PeerRecord, PeerState
+
+    ensure_identity(key_path)
+    dht = hivemind.DHT(initial_peers=initial_peers, host_maddrs=["/ip4/127.0.0.1/tcp/0"], identity_path=key_path,
+                       start=True)
+    records = SwarmRecords(dht, load_identity(key_path), run_id)
+    heartbeat = None
+    res_q.put(("ready", str(dht.peer_id)))
+    try:
+        while True:
+            cmd, *args = cmd_q.get(timeout=120)
+            if cmd == "stop":
+                break
+            if cmd == "publish_peer":
+                stage, ttl = args
+                record = PeerRecord(peer_id=records.identity.peer_id, stage=stage, seconds_per_layer=0.02,
+                                    memory_slots=3, links={"QmOther": (0.001, 2e8)}, state=PeerState.ONLINE)
+                res_q.put(("published", records.publish_peer(record, ttl=ttl, timeout=10)))
+            elif cmd == "heartbeat":
+                period, ttl = args
+                record = PeerRecord(peer_id=records.identity.peer_id, stage=1, seconds_per_layer=0.02,
+                                    memory_slots=3, state=PeerState.ONLINE)
+                heartbeat = records.start_heartbeat(lambda r=record: r, period=period, ttl=ttl)
+                res_q.put(("heartbeat", True))
+            elif cmd == "stop_heartbeat":
+                (leave,) = args
+                heartbeat.stop(leave=leave)
+                res_q.put(("heartbeat_stopped", heartbeat.beats))
+            elif cmd == "fetch":
+                coordinator, signers = args
+                spec = records.fetch_run_spec(coordinator=coordinator, timeout=10)
+                sched = records.fetch_schedule(signers=signers, timeout=10)
+                res_q.put(("fetched", (spec, sched)))
+    finally:
+        if heartbeat is not None:
+            heartbeat.stop(leave=False)
+        dht.shutdown()
+
+
+def transport_peer(key_path: str, initial_peers: list[str], options: dict[str, Any], cmd_q: mp.Queue,
+                   res_q: mp.Queue, recv_q: mp.Queue, log_q: mp.Queue) -> None:
+    """A peer with a DHT and a Transport: answers commands on ``res_q``, reports a digest of every tensor it
+    receives on ``recv_q`` and its warnings on ``log_q``."""
+    import hivemind
+    import torch
+
+    from swarm.identity import ensure_identity
+    from swarm.transport import Transport
+
+    class Forward(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            log_q.put(record.getMessage())
+
+    logging.getLogger("swarm").addHandler(Forward(logging.WARNING))
+    ensure_identity(key_path)
+    dht = hivemind.DHT(initial_peers=initial_peers, host_maddrs=["/ip4/127.0.0.1/tcp/0"], identity_path=key_path,
+                       start=True)
+    delay = [0.0]
+
+    def on_receive(sender, header, tensor):
+        raw = tensor.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+        recv_q.put((sender, header, str(tensor.dtype), hashlib.sha256(raw).hexdigest()))
+        time.sleep(delay[0])
+
+    transport = Transport(dht, on_receive, **options)
+    res_q.put(("ready", ([str(m) for m in dht.get_visible_maddrs()], transport.peer_id)))
+    try:
+        while True:
+            try:
+                cmd, *args = cmd_q.get(timeout=120)
+            except queue_module.Empty:
+                break
+            if cmd == "stop":
+                break
+            if cmd == "delay":
+                delay[0] = args[0]
+                res_q.put(("delay", args[0]))
+            elif cmd == "stats":
+                res_q.put(("stats", transport.stats()))
+    finally:
+        transport.shutdown()
+        dht.shutdown()
+
+
+def averaging_peer(idx: int, initial_peers: list[str], barrier: Any, res_q: mp.Queue,
+                   rounds: list[tuple[float, float]]) -> None:
+    """One member of a stage group: for each (value, weight) in ``rounds`` fills its gradient and averages."""
+    mp.set_start_method("fork", force=True)  # hivemind's averager is an mp.Process that cannot be pickled
+    import hivemind
+    import torch
+
+    from swarm.averaging import StageAverager
+
+    dht = hivemind.DHT(initial_peers=initial_peers, host_maddrs=["/ip4/127.0.0.1/tcp/0"], start=True)
+    grads = [torch.zeros(3, 1000), torch.zeros(7)]
+    averager = StageAverager(dht, run_id="run-avg", stage=1, tensors=grads, min_matchmaking_time=1.0,
+                             target_group_size=3)
+    results = []
+    try:
+        for value, weight in rounds:
+            for g in grads:
+                g.fill_(value)
+            barrier.wait(timeout=60)
+            start = time.perf_counter()
+            result = averager.average(grads, weight, timeout=20)
+            results.append((result, grads[0].view(-1)[:2].tolist() + grads[1][:1].tolist(),
+                            time.perf_counter() - start))
+        res_q.put((idx, results))
+        barrier.wait(timeout=60)
+    finally:
+        averager.shutdown()
+        dht.shutdown()
