@@ -4,6 +4,7 @@ The code is organized as follows:
 - cli.py: the `skippipe` and `skippipe-peer` click groups; each subcommand in its own cli_*.py
 - cli_plan.py: `skippipe plan` and `skippipe simulate`
 - cli_demo.py: `skippipe demo`, the README's main job
+- cli_train.py: `skippipe swarm inprocess` and `skippipe eval`
 - constants.py: network limits (header/tensor sizes, dtypes, timeouts, heartbeat, expiry); ports default to 0
 - wire.py: WireError and the msgpack wire records (TensorDescriptor, HopHeader, PeerRecord, RunSpec, ScheduleMsg)
 - identity.py: one RSA key file per peer (same peer id in p2pd and the gossip sidecar), sign / verify

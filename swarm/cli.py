@@ -14,6 +14,8 @@ COMMANDS = {
     "plan": "swarm.cli_plan:plan_command",
     "simulate": "swarm.cli_plan:simulate_command",
     "demo": "swarm.cli_demo:demo",
+    "swarm": "swarm.cli_train:swarm",
+    "eval": "swarm.cli_train:eval_command",
 }
 """Subcommand name -> "module:attribute" of its click command."""
 

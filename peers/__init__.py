@@ -1,0 +1,44 @@
+"""What one peer computes (torch, no networking).
+
+The code is organized as follows:
+- model.py: `ModelConfig`, `FLAVORS` and `Transformer`, the LLaMA-style decoder in one readable file
+- stage.py: which layers each stage owns (`balanced_split`) and `build_stage`, the model minus what a stage lacks
+- optim.py: `OptimConfig`, AdamW with decay on matrices only, the warmup + cosine `lr_at`
+- worker.py: `StageWorker`, forward/backward of one stage for microbatches in any order, gradient accounting, step
+- averaging.py: same-stage gradient averaging weighted by the microbatches each peer processed
+- tokenizer.py: a local tokenizer.json, or a byte-level BPE trained once on the corpus and cached
+- data.py: `DataConfig`, `Corpus` (local text/jsonl or the bundled pydoc corpus, validation split), `Shard`
+- inprocess.py: `InProcessSwarm`, a whole `Schedule` executed in one process; `simple_schedule` for studies
+- checkpoint.py: safetensors + JSON checkpoints with hashes, exact resume, clear refusals
+- evaluate.py: validation perplexity of the whole model and with a fraction of the stages omitted
+"""
+
+from peers.data import Corpus, DataConfig, Shard
+from peers.evaluate import EvalResult, evaluate
+from peers.inprocess import InProcessSwarm, IterationStats, simple_schedule
+from peers.model import FLAVORS, ModelConfig, Transformer
+from peers.optim import OptimConfig, lr_at
+from peers.stage import balanced_split, build_stage
+from peers.worker import MemoryLimitError, StageWorker, StepStats, WorkerError
+
+__all__ = [
+    "FLAVORS",
+    "Corpus",
+    "DataConfig",
+    "EvalResult",
+    "InProcessSwarm",
+    "IterationStats",
+    "MemoryLimitError",
+    "ModelConfig",
+    "OptimConfig",
+    "Shard",
+    "StageWorker",
+    "StepStats",
+    "Transformer",
+    "WorkerError",
+    "balanced_split",
+    "build_stage",
+    "evaluate",
+    "lr_at",
+    "simple_schedule",
+]
