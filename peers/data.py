@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -135,6 +135,12 @@ class Corpus:
         eos = tokenizer.token_to_id(EOS)
         return cls(cfg, tokenizer, _stream(tokenizer, [docs[i] for i in train_ids], eos),
                    _stream(tokenizer, [docs[i] for i in val_ids], eos))
+
+    def with_documents(self, paths: Sequence[str]) -> Corpus:
+        """The same tokenizer and validation split over other training documents (a peer's own data)."""
+        docs = read_documents(paths)
+        train = _stream(self.tokenizer, docs, self.tokenizer.token_to_id(EOS))
+        return Corpus(replace(self.config, paths=tuple(paths)), self.tokenizer, train, self.validation_tokens)
 
     @property
     def vocab_size(self) -> int:

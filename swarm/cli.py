@@ -16,10 +16,13 @@ COMMANDS = {
     "demo": "swarm.cli_demo:demo",
     "swarm": "swarm.cli_train:swarm",
     "eval": "swarm.cli_train:eval_command",
+    "coordinator": "swarm.cli_run:coordinator",
 }
 """Subcommand name -> "module:attribute" of its click command."""
 
-PEER_COMMANDS: dict[str, str] = {}
+PEER_COMMANDS: dict[str, str] = {
+    "join": "swarm.cli_run:join",
+}
 
 
 class LazyGroup(click.Group):
@@ -33,6 +36,8 @@ class LazyGroup(click.Group):
         return sorted(set(super().list_commands(ctx)) | set(self.lazy))
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name == "swarm":  # the group gains `local` from swarm.cli_run
+            importlib.import_module("swarm.cli_run")
         if name in self.lazy:
             module, attr = self.lazy[name].split(":")
             return getattr(importlib.import_module(module), attr)

@@ -105,6 +105,11 @@ def membership_topic(run_id: str) -> str:
     return check_topic(f"skippipe/{run_id}/membership")
 
 
+def progress_topic(run_id: str) -> str:
+    """Topic of the data holders' per-iteration reports (loss, tokens, timing)."""
+    return check_topic(f"skippipe/{run_id}/progress")
+
+
 def check_topic(topic: object) -> str:
     if not isinstance(topic, str) or not 0 < len(topic) <= MAX_TOPIC_CHARS or not topic.isprintable():
         raise FrameError(f"topic must be a printable str of 1..{MAX_TOPIC_CHARS} characters, got {topic!r:.80}")

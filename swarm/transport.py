@@ -143,7 +143,7 @@ class Transport:
         future = asyncio.run_coroutine_threadsafe(asyncio.wait_for(coro, timeout), self._loop)
         try:
             return future.result()
-        except (asyncio.TimeoutError, TimeoutError):
+        except TimeoutError:
             raise TransportError(f"timed out after {timeout:.1f}s") from None
 
     # ---- sending -----------------------------------------------------------------------------------------------
@@ -173,7 +173,7 @@ class Transport:
     async def _open(self, peer_id: str, protocol: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         try:
             _, reader, writer = await self._p2p.call_binary_stream_handler(PeerID.from_base58(peer_id), protocol)
-        except (asyncio.TimeoutError, asyncio.CancelledError):
+        except (TimeoutError, asyncio.CancelledError):
             raise
         except Exception as e:  # p2pd reports unreachable peers with assorted error types
             raise TransportError(f"cannot open a stream to {peer_id}: {type(e).__name__}: {e}") from None
@@ -207,7 +207,7 @@ class Transport:
             self._stats["refused"] += 1
             logger.warning("refused a message from %s: %s", sender, e)
             await self._reply(writer, _REFUSED, str(e))
-        except (asyncio.IncompleteReadError, asyncio.TimeoutError, ConnectionError) as e:
+        except (TimeoutError, asyncio.IncompleteReadError, ConnectionError) as e:
             self._stats["refused"] += 1
             logger.warning("dropped a message from %s: stream ended or stalled (%s)", sender, type(e).__name__)
         finally:
@@ -288,7 +288,7 @@ class Transport:
         except WireError as e:
             logger.warning("refused a probe from %s: %s", sender, e)
             await self._reply(writer, _REFUSED, str(e))
-        except (asyncio.IncompleteReadError, asyncio.TimeoutError, ConnectionError) as e:
+        except (TimeoutError, asyncio.IncompleteReadError, ConnectionError) as e:
             logger.warning("dropped a probe from %s: %s", sender, type(e).__name__)
         finally:
             writer.close()

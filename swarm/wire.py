@@ -252,6 +252,8 @@ def torch_dtype(name: str) -> torch.dtype:
 class Direction(IntEnum):
     FORWARD = 0
     BACKWARD = 1
+    AVERAGE = 2
+    """A stage peer's summed gradients for its group's all-gather (route = (sender, receiver))."""
 
 
 @dataclass(frozen=True)
@@ -275,6 +277,8 @@ class HopHeader:
     """Stage served at each hop of ``route`` (empty = not sent)."""
     restore_dtype: str = ""
     """dtype the sender computed in, when it cast the tensor for the wire; empty = none."""
+    weight: int = 0
+    """AVERAGE messages: microbatches behind the gradient sum (its weight in the group mean)."""
     version: int = WIRE_VERSION
 
     @property
@@ -299,6 +303,8 @@ class HopHeader:
             d["stages"] = list(self.stages)
         if self.restore_dtype:
             d["restore_dtype"] = self.restore_dtype
+        if self.weight:
+            d["weight"] = self.weight
         return pack(d)
 
     @classmethod
@@ -330,6 +336,7 @@ class HopHeader:
             shape=desc.shape,
             stages=stages,
             restore_dtype=restore,
+            weight=_int(d.get("weight", 0), "header.weight", 0, 1 << 40),
             version=version,
         )
 
@@ -415,13 +422,15 @@ class RunSpec:
     data: dict[str, Any]
     coordinator: str
     """Peer id of the coordinator, whose key signs the spec and (by default) the schedules."""
+    control_addrs: tuple[str, ...] = ()
+    """Multiaddrs of the coordinator's gossip sidecar: where peers join the control plane."""
     version: int = WIRE_VERSION
 
     def to_msgpack(self) -> bytes:
         return pack({
             "version": self.version, "run_id": self.run_id, "model": self.model, "stages": self.stages,
             "skip_ratio": self.skip_ratio, "hyperparameters": self.hyperparameters, "data": self.data,
-            "coordinator": self.coordinator,
+            "coordinator": self.coordinator, "control_addrs": list(self.control_addrs),
         })
 
     @classmethod
@@ -435,6 +444,8 @@ class RunSpec:
             hyperparameters=_plain(d.get("hyperparameters"), "run.hyperparameters"),
             data=_plain(d.get("data"), "run.data"),
             coordinator=_str(d.get("coordinator"), "run.coordinator"),
+            control_addrs=tuple(_str(a, "run.control_addrs[]", MAX_ADDRESS_CHARS)
+                                for a in _list(d.get("control_addrs", []), "run.control_addrs", 16)),
             version=_version(d, "run"),
         )
 

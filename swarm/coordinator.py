@@ -1,0 +1,236 @@
+"""`Coordinator`: starts a run, plans it from the live swarm, and reports its progress.
+
+Bootstraps the DHT, publishes the signed run spec (with its gossip address, where peers join the control
+plane), and prints the address peers join with. Once `min_peers` peers have announced themselves, it
+builds the scheduler's view from their signed records (measured compute speed, memory, probed links),
+places them and plans every microbatch's path, then signs and stores the schedule in the DHT and
+announces the epoch on gossip. Data holders report each iteration on gossip; the coordinator merges the
+reports into one swarm-wide line (loss, tokens/s, iteration time, peers online, epoch) in its log and
+its metrics file.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import hivemind
+
+from peers.data import Corpus
+from peers.stage import balanced_split
+from scheduler.path_rules import PathRules
+from scheduler.planner import PlanOptions, plan
+from scheduler.profiles import swarm_from
+from scheduler.schedule import Schedule, validate
+from scheduler.swarm_view import ModelCost, PeerSpec, SwarmView
+from swarm.constants import LOOPBACK_HOST, RUN_SPEC_TTL
+from swarm.gossip import GossipClient, GossipMessage, membership_topic, progress_topic, schedule_topic
+from swarm.identity import ensure_identity, load_identity
+from swarm.link_probe import link_matrices
+from swarm.records import SwarmRecords
+from swarm.run_config import RunConfig
+from swarm.wire import PeerRecord, PeerState, ScheduleMsg
+
+logger = logging.getLogger(__name__)
+
+SETTLE_SECONDS = 2.0
+"""After the last new peer announced itself, wait this long (for its link probes) before planning."""
+WIRE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+@dataclass(frozen=True)
+class CoordinatorOptions:
+    config: RunConfig
+    identity_path: str
+    host: str = LOOPBACK_HOST
+    port: int = 0
+    run_dir: str | None = None
+    """Where the address file (coordinator.json), the schedules and the metrics go."""
+    metrics_path: str | None = None
+    """One JSON line per iteration (default: run_dir/metrics.jsonl)."""
+
+
+def view_from_records(records: dict[str, PeerRecord]) -> SwarmView:
+    """The scheduler's view of the swarm from the peers' own (signed, measured) records."""
+    order = sorted(records)
+    peers = [PeerSpec(id=p, seconds_per_layer=records[p].seconds_per_layer, memory_slots=records[p].memory_slots,
+                      data_holder=records[p].data_holder) for p in order]
+    lat, bw = link_matrices(records, order, default_latency=0.001, default_bandwidth=1e9)
+    # measured latency already includes the per-message cost of the transport
+    return SwarmView(peers=peers, latency=lat, bandwidth=bw, message_overhead=0.0)
+
+
+class Coordinator:
+    """One coordinator process. `run(stop)` blocks until the run's last iteration is reported or `stop` is set."""
+
+    def __init__(self, options: CoordinatorOptions) -> None:
+        self.options = options
+        self.config = options.config
+        self.peer_id = ensure_identity(options.identity_path)
+        self.identity = load_identity(options.identity_path)
+        self.schedule: Schedule | None = None
+        self.completed = 0
+        self.peers_online = 0
+        self._reports: dict[int, dict[str, dict[str, Any]]] = {}
+        self._gossip_inbox: queue.Queue[GossipMessage] = queue.Queue()
+        self.run_dir = Path(options.run_dir) if options.run_dir else None
+        metrics = options.metrics_path or (str(self.run_dir / "metrics.jsonl") if self.run_dir else None)
+        self.metrics_path = Path(metrics) if metrics else None
+        self._dht = self._gossip = None
+
+    def run(self, stop: threading.Event) -> None:
+        try:
+            self._start()
+            last_spec = time.monotonic()
+            last_count, settled_since = 0, time.monotonic()
+            while not stop.is_set() and not self.done:
+                if time.monotonic() - last_spec > RUN_SPEC_TTL / 3:
+                    self.records.publish_run_spec(self.spec)
+                    last_spec = time.monotonic()
+                peers = self._live_peers()
+                self.peers_online = len(peers)
+                if self.schedule is None:
+                    if len(peers) != last_count:
+                        last_count, settled_since = len(peers), time.monotonic()
+                    if len(peers) >= self.config.min_peers and time.monotonic() - settled_since >= SETTLE_SECONDS:
+                        self.publish_schedule(self.plan(peers, epoch=0, start_iteration=0))
+                self._drain_gossip(timeout=1.0)
+            if self.done:
+                logger.info("run %s finished: %d iterations", self.config.run_id, self.completed)
+        finally:
+            self.shutdown()
+
+    @property
+    def done(self) -> bool:
+        return bool(self.config.iterations) and self.completed >= self.config.iterations
+
+    def _start(self) -> None:
+        o = self.options
+        if self.run_dir:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._dht = hivemind.DHT(host_maddrs=[f"/ip4/{o.host}/tcp/{o.port}"], identity_path=o.identity_path,
+                                 start=True)
+        self.records = SwarmRecords(self._dht, self.identity, self.config.run_id)
+        corpus = Corpus.build(self.config.data)  # trains (and caches) the run's tokenizer once
+        self._gossip = GossipClient(on_message=self._gossip_inbox.put)
+        info = self._gossip.start(o.identity_path, listen_host=o.host)
+        for topic in (progress_topic(self.config.run_id), membership_topic(self.config.run_id),
+                      schedule_topic(self.config.run_id)):
+            self._gossip.subscribe(topic)
+        self.spec = self.config.to_spec(coordinator=self.peer_id, vocab_size=corpus.vocab_size,
+                                        control_addrs=tuple(info.maddrs))
+        if not self.records.publish_run_spec(self.spec):
+            raise RuntimeError("could not store the run spec in the DHT")
+        self.initial_peers = [str(a) for a in self._dht.get_visible_maddrs()]
+        if self.run_dir:
+            (self.run_dir / "coordinator.json").write_text(json.dumps(
+                {"run_id": self.config.run_id, "initial_peers": self.initial_peers, "coordinator": self.peer_id}))
+        logger.info("run %s started; peers join with: skippipe-peer join --run %s --initial-peers %s",
+                    self.config.run_id, self.config.run_id, self.initial_peers[0])
+
+    def shutdown(self) -> None:
+        if self._gossip is not None:
+            self._gossip.close()
+            self._gossip = None
+        if self._dht is not None:
+            self._dht.shutdown()
+            self._dht = None
+
+    # ---- planning ---------------------------------------------------------------------------------
+    def _live_peers(self) -> dict[str, PeerRecord]:
+        records = self.records.fetch_peers()
+        return {p: r for p, r in records.items() if r.state != PeerState.LEAVING and p != self.peer_id}
+
+    def plan(self, peers: dict[str, PeerRecord], *, epoch: int, start_iteration: int) -> Schedule:
+        """Place `peers` and plan their paths (on the measured view, or on the configured profile)."""
+        cfg = self.config
+        model = self.spec.model
+        layers = balanced_split(model["n_layers"], cfg.stages)
+        activation = cfg.data.batch_size * cfg.data.seq_len * model["dim"] * WIRE_BYTES[cfg.wire_dtype]
+        cost = ModelCost(layers_per_stage=tuple(layers), activation_bytes=activation)
+        if cfg.profile:
+            preset = swarm_from(cfg.profile, len(peers), seed=cfg.seed, memory=cfg.memory)
+            view = SwarmView([PeerSpec(id=p, seconds_per_layer=s.seconds_per_layer, memory_slots=cfg.memory,
+                                       region=s.region, data_holder=peers[p].data_holder)
+                              for p, s in zip(sorted(peers), preset.peers)],
+                             preset.latency, preset.bandwidth, preset.message_overhead)
+        else:
+            view = view_from_records(peers)
+        rules = PathRules.from_skip_ratio(cfg.stages, cfg.skip)
+        pinned = {p: r.stage for p, r in peers.items() if r.stage >= 0}
+        options = PlanOptions(microbatches_per_holder=cfg.microbatches, seed=cfg.seed)
+        schedule = plan(view, cost, rules, options, epoch=epoch, run_id=cfg.run_id, placement=pinned or None)
+        schedule.meta["start_iteration"] = start_iteration
+        validate(schedule)
+        return schedule
+
+    def publish_schedule(self, schedule: Schedule) -> None:
+        if not self.records.publish_schedule(ScheduleMsg.from_schedule(schedule)):
+            raise RuntimeError(f"could not store schedule epoch {schedule.epoch} in the DHT")
+        self.schedule = schedule
+        if self.run_dir:
+            (self.run_dir / f"schedule-{schedule.epoch}.json").write_text(schedule.to_json())
+        paths = len({(r.origin, r.stages, r.peers) for r in schedule.routes})
+        logger.info("schedule epoch %d: %d peers, %d microbatches on %d distinct paths, predicted %.3f s/iteration",
+                    schedule.epoch, len(schedule.placement), len(schedule.routes), paths,
+                    schedule.predicted_iteration_seconds or float("nan"))
+        self._gossip.publish(schedule_topic(self.config.run_id), {"epoch": schedule.epoch})
+
+    # ---- progress ---------------------------------------------------------------------------------
+    def _drain_gossip(self, timeout: float) -> None:
+        try:
+            msg = self._gossip_inbox.get(timeout=timeout)
+        except queue.Empty:
+            return
+        while True:
+            self._handle(msg)
+            try:
+                msg = self._gossip_inbox.get_nowait()
+            except queue.Empty:
+                return
+
+    def _handle(self, msg: GossipMessage) -> None:
+        if msg.topic == membership_topic(self.config.run_id):
+            logger.info("membership: %s %s", msg.payload.get("event"), msg.sender)
+            return
+        if msg.topic != progress_topic(self.config.run_id) or self.schedule is None:
+            return
+        if msg.sender not in self.schedule.data_holders:
+            logger.warning("ignored a progress report from %s: not a data holder of the schedule", msg.sender)
+            return
+        p = msg.payload
+        try:
+            it = int(p["iteration"])
+            report = {k: float(p[k]) for k in ("loss_sum", "losses", "tokens", "started", "finished")}
+        except (KeyError, TypeError, ValueError):
+            logger.warning("ignored a malformed progress report from %s", msg.sender)
+            return
+        self._reports.setdefault(it, {})[msg.sender] = report
+        if len(self._reports[it]) == len(self.schedule.data_holders):
+            self._emit(it, self._reports.pop(it))
+
+    def _emit(self, iteration: int, reports: dict[str, dict[str, float]]) -> None:
+        losses = sum(r["losses"] for r in reports.values())
+        seconds = max(r["finished"] for r in reports.values()) - min(r["started"] for r in reports.values())
+        tokens = sum(r["tokens"] for r in reports.values())
+        record = {
+            "iteration": iteration + 1,
+            "loss": round(sum(r["loss_sum"] for r in reports.values()) / max(1.0, losses), 6),
+            "tokens_per_s": round(tokens / seconds, 1) if seconds > 0 else None,
+            "iteration_seconds": round(seconds, 4),
+            "peers_online": self.peers_online,
+            "epoch": self.schedule.epoch,
+            "time": round(time.time(), 3),
+        }
+        self.completed = max(self.completed, iteration + 1)
+        logger.info("iteration %(iteration)d  loss %(loss).4f  %(tokens_per_s)s tokens/s  %(iteration_seconds).3f s  "
+                    "%(peers_online)d peers  epoch %(epoch)d", record)
+        if self.metrics_path:
+            with self.metrics_path.open("a") as f:
+                f.write(json.dumps(record) + "\n")

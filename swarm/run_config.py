@@ -1,0 +1,180 @@
+"""`RunConfig`: everything a run is, loaded from TOML, published by the coordinator as the run spec.
+
+Precedence is CLI > TOML > defaults. Peers rebuild the same config from the signed run spec, as data:
+unknown or mistyped fields are refused with a message naming the field.
+
+```toml
+[run]
+run_id = "demo"
+model = "tiny"          # a flavor of peers.model.FLAVORS
+stages = 3
+skip = 0.33
+microbatches = 4        # per data holder per iteration
+memory = 3              # activations a peer may hold awaiting backward
+iterations = 30         # 0 = until stopped
+seed = 0
+min_peers = 6           # the coordinator plans once this many peers have announced themselves
+
+[optim]                 # peers.optim.OptimConfig fields
+lr = 0.003
+
+[data]                  # peers.data.DataConfig fields
+seq_len = 64
+batch_size = 8
+
+[swarm]
+wire_dtype = "float32"  # or float16 / bfloat16 on the wire
+profile = ""            # plan on a network preset instead of the measured links (studies, emulation)
+```
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Literal
+
+from peers.data import DataConfig
+from peers.model import FLAVORS, ModelConfig
+from peers.optim import OptimConfig
+from scheduler.constants import DEFAULT_MEMORY_SLOTS
+from swarm.wire import RunSpec
+
+WireDtype = Literal["float32", "float16", "bfloat16"]
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    run_id: str = "skippipe"
+    """Names the run's DHT keys and gossip topics; peers of other runs are refused."""
+    model: str = "tiny"
+    """Model flavor (peers.model.FLAVORS)."""
+    stages: int = 3
+    """Pipeline stages S."""
+    skip: float = 0.33
+    """Skip ratio k = 1 - R/S (0 = full pipeline)."""
+    microbatches: int = 4
+    """Microbatches each data holder injects per iteration."""
+    memory: int = DEFAULT_MEMORY_SLOTS
+    """Activations a peer may hold awaiting backward (TC1)."""
+    iterations: int = 0
+    """Iterations to train; 0 = until stopped."""
+    seed: int = 0
+    """Seeds weights (the same on every peer), planning and data order."""
+    min_peers: int = 2
+    """Peers the coordinator waits for before planning the first schedule."""
+    wire_dtype: WireDtype = "float32"
+    """dtype of activations and gradients on the wire."""
+    profile: str = ""
+    """Plan on this network preset or profile file instead of measured links ("" = measured)."""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+
+    def validate(self) -> None:
+        """Raise ValueError naming the field that is wrong."""
+        if not isinstance(self.run_id, str) or not self.run_id or len(self.run_id) > 64 or "/" in self.run_id:
+            raise ValueError(f"run.run_id must be 1-64 characters without '/', got {self.run_id!r}")
+        if self.model not in FLAVORS:
+            raise ValueError(f"run.model must be one of {', '.join(FLAVORS)}, got {self.model!r}")
+        for name, lo in (("stages", 1), ("microbatches", 1), ("memory", 1), ("iterations", 0), ("min_peers", 1)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < lo:
+                raise ValueError(f"run.{name} must be an integer >= {lo}, got {value!r}")
+        if self.stages > FLAVORS[self.model].n_layers:
+            raise ValueError(f"run.stages: {self.model} has {FLAVORS[self.model].n_layers} layers, so at most that "
+                             "many stages")
+        if isinstance(self.skip, bool) or not isinstance(self.skip, (int, float)) or not 0 <= self.skip < 1:
+            raise ValueError(f"run.skip must be in [0, 1), got {self.skip!r}")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool):
+            raise ValueError(f"run.seed must be an integer, got {self.seed!r}")
+        if self.wire_dtype not in ("float32", "float16", "bfloat16"):
+            raise ValueError(f"swarm.wire_dtype must be float32, float16 or bfloat16, got {self.wire_dtype!r}")
+        if not isinstance(self.profile, str):
+            raise ValueError("swarm.profile must be a string")
+        self.optim.validate()
+        self.data.validate()
+        if self.data.seq_len > FLAVORS[self.model].max_seq_len:
+            raise ValueError(f"data.seq_len: {self.model} takes at most {FLAVORS[self.model].max_seq_len} tokens")
+
+    def model_config(self, vocab_size: int) -> ModelConfig:
+        return dataclasses.replace(FLAVORS[self.model], vocab_size=vocab_size)
+
+    # ---- TOML ----------------------------------------------------------------------------------
+    @classmethod
+    def from_toml(cls, path: str | Path, **overrides: Any) -> RunConfig:
+        """Read a run.toml; `overrides` (CLI flags, None = not given) win over the file."""
+        try:
+            raw = tomllib.loads(Path(path).read_text())
+        except OSError as e:
+            raise ValueError(f"cannot read config {path}: {e}") from None
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+            raise ValueError(f"config {path} is not valid TOML: {e}") from None
+        return cls.from_tables(raw, **overrides)
+
+    @classmethod
+    def from_tables(cls, raw: Any, **overrides: Any) -> RunConfig:
+        if not isinstance(raw, dict):
+            raise ValueError("config must be a table")
+        unknown = set(raw) - {"run", "optim", "data", "swarm"}
+        if unknown:
+            raise ValueError(f"unknown config section(s): {', '.join(sorted(unknown))}")
+        flat: dict[str, Any] = {}
+        own = {f.name for f in fields(cls)} - {"optim", "data"}
+        for section in ("run", "swarm"):
+            table = raw.get(section, {})
+            if not isinstance(table, dict):
+                raise ValueError(f"[{section}] must be a table")
+            for key, value in table.items():
+                if key not in own:
+                    raise ValueError(f"unknown field {section}.{key}")
+                flat[key] = value
+        flat.update({k: v for k, v in overrides.items() if v is not None})
+        optim = _sub(OptimConfig, raw.get("optim", {}), "optim")
+        data = DataConfig.from_dict(raw.get("data", {}))
+        if "iterations" in flat and "optim" not in raw:
+            optim = dataclasses.replace(optim, total_steps=max(1, flat["iterations"] or optim.total_steps),
+                                        warmup_steps=max(1, min(optim.warmup_steps, (flat["iterations"] or 20) // 10)))
+        cfg = cls(**flat, optim=optim, data=data)
+        cfg.validate()
+        return cfg
+
+    # ---- the run spec the coordinator signs ----------------------------------------------------
+    def to_spec(self, *, coordinator: str, vocab_size: int, control_addrs: tuple[str, ...] = ()) -> RunSpec:
+        hyper = {k: getattr(self, k) for k in ("microbatches", "memory", "iterations", "seed", "min_peers",
+                                               "wire_dtype", "profile", "model")}
+        hyper["optim"] = dataclasses.asdict(self.optim)
+        return RunSpec(run_id=self.run_id, model=self.model_config(vocab_size).to_dict(), stages=self.stages,
+                       skip_ratio=float(self.skip), hyperparameters=hyper, data=self.data.to_dict(),
+                       coordinator=coordinator, control_addrs=control_addrs)
+
+    @classmethod
+    def from_spec(cls, spec: RunSpec) -> tuple[RunConfig, ModelConfig]:
+        """The config and exact model a signed run spec describes (untrusted data: checked field by field)."""
+        hyper = dict(spec.hyperparameters)
+        optim = _sub(OptimConfig, hyper.pop("optim", {}), "optim")
+        own = {f.name for f in fields(cls)} - {"optim", "data", "run_id", "stages", "skip"}
+        unknown = set(hyper) - own
+        if unknown:
+            raise ValueError(f"run spec has unknown hyperparameter(s): {', '.join(sorted(unknown))}")
+        cfg = cls(run_id=spec.run_id, stages=spec.stages, skip=spec.skip_ratio, optim=optim,
+                  data=DataConfig.from_dict(spec.data), **hyper)
+        cfg.validate()
+        model = ModelConfig.from_dict(spec.model)
+        expected = FLAVORS[cfg.model]
+        if dataclasses.replace(model, vocab_size=expected.vocab_size) != expected:
+            raise ValueError(f"run spec model does not match flavor {cfg.model}")
+        return cfg, model
+
+
+def _sub(kind: type, table: Any, name: str) -> Any:
+    if not isinstance(table, dict):
+        raise ValueError(f"[{name}] must be a table")
+    known = {f.name for f in fields(kind)}
+    unknown = set(table) - known
+    if unknown:
+        raise ValueError(f"unknown field(s) {', '.join(f'{name}.{k}' for k in sorted(unknown))}")
+    obj = kind(**table)
+    obj.validate()
+    return obj
