@@ -9,12 +9,12 @@ file can give peers (region, speed, memory, data holder) and either a region tab
 from __future__ import annotations
 
 import json
+import tomllib
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import tomllib
 
 from scheduler.constants import DEFAULT_MEMORY_SLOTS, DEFAULT_MESSAGE_OVERHEAD_SECONDS, MAX_PEERS
 from scheduler.swarm_view import PeerSpec, SwarmView
