@@ -99,8 +99,9 @@ def start(config_path, run_id, iterations, min_peers, stages, skip, seed, microb
               help="seconds an iteration may take before this peer gives up on it")
 @click.option("--log-file", type=click.Path(dir_okay=False), default=None)
 @click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING"]), default="INFO")
+@click.option("--log-param-digest", is_flag=True, help="log a digest of the stage's weights after each step")
 def join(initial_peers, run_id, device, stage, data_paths, identity, host, port, iteration_deadline, log_file,
-         log_level) -> None:
+         log_level, log_param_digest) -> None:
     """Join a run: measure, announce, get placed, train; Ctrl+C leaves cleanly."""
     from swarm.peer import Peer, PeerOptions
 
@@ -116,7 +117,8 @@ def join(initial_peers, run_id, device, stage, data_paths, identity, host, port,
     options = PeerOptions(initial_peers=tuple(initial_peers), identity_path=identity, run_id=run_id, host=host,
                           port=port, stage=None if stage == "auto" else int(stage), data_paths=tuple(data_paths),
                           device=device, iteration_deadline=iteration_deadline,
-                          log_gossip=(log_file + ".gossip") if log_file else None)
+                          log_gossip=(log_file + ".gossip") if log_file else None,
+                          log_param_digest=log_param_digest)
     Peer(options).run(_stop_event())
 
 

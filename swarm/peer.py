@@ -11,6 +11,7 @@ gossip control plane. A newer schedule epoch is adopted at the iteration boundar
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import queue
 import statistics
@@ -69,6 +70,8 @@ class PeerOptions:
     join_timeout: float = 120.0
     """Seconds to wait for the run spec and for a schedule that places this peer."""
     log_gossip: str | None = None
+    log_param_digest: bool = False
+    """Log a digest of the stage's parameters after every step (to check that a stage group agrees)."""
 
 
 def measure_seconds_per_layer(model: ModelConfig, batch_size: int, seq_len: int, device: str,
@@ -86,6 +89,15 @@ def measure_seconds_per_layer(model: ModelConfig, batch_size: int, seq_len: int,
         times.append(time.perf_counter() - start)
         y.sum().backward()
     return max(statistics.median(times[1:]), 1e-6)
+
+
+def param_digest(worker: StageWorker) -> str:
+    """sha256 of the stage's parameters, in name order (equal digests = bit-identical weights)."""
+    h = hashlib.sha256()
+    for name, p in sorted(worker.module.state_dict().items()):
+        h.update(name.encode())
+        h.update(p.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()[:16]
 
 
 class Peer:
@@ -272,6 +284,8 @@ class Peer:
                                             receive=lambda t: self._receive("avg", t),
                                             deadline=o.averaging_deadline)
         stats = worker.step()
+        if o.log_param_digest:
+            logger.info("params iteration %d stage %d digest %s", self.iteration, self.stage, param_digest(worker))
         if self.stage == 0 and self._gossip is not None:
             report = {"peer": self.peer_id, "iteration": self.iteration, "epoch": schedule.epoch,
                       "loss_sum": result.loss_sum, "losses": result.losses, "tokens": result.tokens,

@@ -1,0 +1,191 @@
+"""End to end: a coordinator and 6 peers as real processes on loopback (DHT, p2pd, gossip sidecars).
+
+One run, several checks: it trains (loss falls), same-stage peers hold bit-identical weights after every
+averaging, hostile input is refused and logged while training goes on, the loss matches the in-process
+swarm on the same schedule and data, and every process is gone afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+import torch
+from hivemind.utils import get_dht_time
+
+from swarm.local_swarm import LocalSwarm
+from swarm.records import record_key
+from swarm.wire import Direction, HopHeader, PeerRecord, ScheduleMsg
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
+
+RUN = "e2e"
+ITERATIONS = 20
+PEERS = 6
+COORDINATOR_ARGS = ["--iterations", str(ITERATIONS), "--min-peers", str(PEERS), "--stages", "3", "--skip", "0.33",
+                    "--seed", "0", "--microbatches", "2"]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """The local swarm, started; hostile input is injected by the test while it trains."""
+    run_dir = tmp_path_factory.mktemp("local-swarm")
+    swarm = LocalSwarm(run_dir, PEERS, run_id=RUN, coordinator_args=COORDINATOR_ARGS,
+                       peer_args=["--log-param-digest", "--iteration-deadline", "120"])
+    try:
+        swarm.start()
+        yield swarm
+    finally:
+        swarm.stop()
+        alive = [p.pid for p in swarm.processes if p.poll() is None]
+        assert not alive, f"processes left running: {alive}"
+
+
+def wait_for(predicate, timeout: float, what: str):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise TimeoutError(what)
+
+
+class Intruder:
+    """A hostile participant: a real DHT node and p2pd of its own, joined to the run."""
+
+    def __init__(self, initial_peers: list[str], key: str) -> None:
+        import hivemind
+
+        from swarm.identity import ensure_identity, load_identity
+        from swarm.records import SwarmRecords
+        from swarm.transport import Transport
+
+        self.peer_id = ensure_identity(key)
+        self.key = key
+        self.dht = hivemind.DHT(initial_peers=initial_peers, host_maddrs=["/ip4/127.0.0.1/tcp/0"], identity_path=key,
+                                start=True)
+        self.records = SwarmRecords(self.dht, load_identity(key), RUN)
+        self.transport = Transport(self.dht, lambda *m: None)
+
+    def raw(self, peer_id: str, payload: bytes) -> bytes:
+        from hivemind.p2p import PeerID
+
+        from swarm.transport import HOP_PROTOCOL
+
+        async def go():
+            _, reader, writer = await self.transport._p2p.call_binary_stream_handler(PeerID.from_base58(peer_id),
+                                                                                    HOP_PROTOCOL)
+            writer.write(payload)
+            await writer.drain()
+            try:
+                return await asyncio.wait_for(reader.read(4096), 10)
+            finally:
+                writer.close()
+
+        return asyncio.run_coroutine_threadsafe(go(), self.transport._loop).result(30)
+
+    def close(self) -> None:
+        self.transport.shutdown()
+        self.dht.shutdown()
+
+
+def peer_logs(run_dir: Path) -> dict[str, str]:
+    return {p.name: p.read_text() for p in sorted(run_dir.glob("peer-*.log"))}
+
+
+def test_local_swarm_trains_refuses_hostile_input_and_keeps_stages_identical(run, tmp_path):
+    from swarm.gossip import GossipClient, schedule_topic
+
+    schedule = wait_for(run.schedule, 120, "no schedule was planned")
+    wait_for(lambda: len(run.metrics()) >= 2, 120, "training did not start")
+    intruder = Intruder(run.initial_peers, str(tmp_path / "intruder.key"))
+    gossip = GossipClient()
+    try:
+        route = next(r for r in schedule["routes"] if r["peers"])
+        relay = route["peers"][0]
+        # 1. malformed msgpack straight onto a relay's tensor stream
+        assert intruder.raw(relay, (3).to_bytes(4, "big") + b"\xc1\xc1\xc1")[:1] == b"\x01"
+        # 2. an oversized tensor: refused from its header, before anything is allocated
+        huge = HopHeader(run=RUN, iteration=0, microbatch=0, route=(route["origin"], relay), hop=1,
+                         direction=Direction.FORWARD, epoch=0, dtype="float32", shape=(2**20, 2**20))
+        body = huge.to_msgpack()
+        assert intruder.raw(relay, len(body).to_bytes(4, "big") + body)[:1] == b"\x01"
+        # 3. a well-formed activation for a real microbatch, but not from the previous hop of its route
+        upcoming = len(run.metrics()) + 1
+        fake = HopHeader(run=RUN, iteration=upcoming, microbatch=route["microbatch"],
+                         route=(route["origin"], *route["peers"]), hop=1, direction=Direction.FORWARD, epoch=0,
+                         dtype="", shape=(), stages=(0, *route["stages"]))
+        intruder.transport.send(relay, fake, torch.zeros(8, 64, 128))
+        # 4. a forged peer record (signed by us, claiming another peer) and garbage under our own subkey
+        forged = PeerRecord(peer_id=relay, stage=1, seconds_per_layer=1e-9, memory_slots=99)
+        assert intruder.records._store("peer", forged.to_msgpack(), ttl=60, timeout=10)
+        assert intruder.dht.store(record_key(RUN, "peer"), b"\xc1garbage", expiration_time=get_dht_time() + 60,
+                                  subkey="QmGarbage")
+        # 5. a schedule signed by someone who is not the run's scheduler, announced on gossip too
+        bogus = dict(schedule, epoch=99)
+        intruder.records.publish_schedule(ScheduleMsg(epoch=99, schedule=bogus))
+        coordinator = json.loads((run.run_dir / "coordinator.json").read_text())
+        gossip.start(intruder.key, bootstrap=[])
+        spec = intruder.records.fetch_run_spec()
+        for addr in spec.control_addrs:
+            gossip.connect(addr)
+        gossip.subscribe(schedule_topic(RUN))
+        gossip.wait_for_mesh(schedule_topic(RUN), 1, timeout=30)
+        gossip.publish(schedule_topic(RUN), {"epoch": 99})
+        assert coordinator["coordinator"] != intruder.peer_id
+
+        records = run.watch(ITERATIONS, timeout=180)
+    finally:
+        gossip.close()
+        intruder.close()
+
+    assert [r["iteration"] for r in records] == list(range(1, ITERATIONS + 1))
+    assert records[-1]["loss"] < records[0]["loss"] - 0.3, records
+    assert all(r["epoch"] == 0 for r in records)  # the bogus epoch 99 was never adopted
+    logs = peer_logs(run.run_dir)
+    everything = "\n".join(logs.values())
+    assert re.search(rf"refused a message from {intruder.peer_id}: .*(msgpack|unpack|decode)", everything, re.I)
+    assert re.search(rf"refused a message from {intruder.peer_id}: .*exceeds", everything)
+    assert f"from {intruder.peer_id}: sent by {intruder.peer_id}, the schedule says" in everything
+    assert f"ignored a schedule notice from {intruder.peer_id}" in everything
+    coordinator_log = (run.run_dir / "coordinator.log").read_text()
+    assert f"peer record for {relay} signed by {intruder.peer_id}: ignored" in coordinator_log
+    assert "QmGarbage" in coordinator_log
+
+    # same-stage peers hold bit-identical weights after every averaging
+    digests: dict[tuple[int, int], set[str]] = defaultdict(set)
+    for text in logs.values():
+        for it, stage, digest in re.findall(r"params iteration (\d+) stage (\d+) digest (\w+)", text):
+            digests[(int(it), int(stage))].add(digest)
+    placement = schedule["placement"]
+    group_sizes = {s: list(placement.values()).count(s) for s in set(placement.values())}
+    assert len(digests) == ITERATIONS * len(group_sizes)
+    assert all(len(d) == 1 for d in digests.values()), digests
+    (run.run_dir / "checked").write_text("ok")
+
+
+def test_parity_with_the_in_process_swarm(run):
+    """Same seed, schedule and data: the networked loss after 20 iterations is within 1% of the in-process one."""
+    from peers.data import Corpus
+    from peers.inprocess import InProcessSwarm
+    from scheduler.schedule import Schedule
+    from swarm.run_config import RunConfig
+
+    if not (run.run_dir / "checked").exists():
+        pytest.skip("the end-to-end run did not complete")
+    networked = run.metrics()
+    schedule = Schedule.from_json((run.run_dir / "schedule-0.json").read_text())
+    config = RunConfig.from_tables({}, run_id=RUN, iterations=ITERATIONS, min_peers=PEERS, stages=3, skip=0.33,
+                                   seed=0, microbatches=2)
+    corpus = Corpus.build(config.data)
+    swarm = InProcessSwarm(schedule, config.model_config(corpus.vocab_size), config.optim, corpus=corpus,
+                           seed=config.seed)
+    losses = [swarm.run_iteration().loss for _ in range(ITERATIONS)]
+    assert networked[0]["loss"] == pytest.approx(losses[0], rel=1e-4)
+    assert networked[-1]["loss"] == pytest.approx(losses[-1], rel=0.01)
