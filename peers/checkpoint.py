@@ -133,6 +133,32 @@ def save_checkpoint(path: str | os.PathLike, swarm: Any) -> Path:
     return out / MANIFEST
 
 
+def save_stage_checkpoint(path: str | os.PathLike, worker: StageWorker, *, iteration: int, seed: int,
+                          shard: Any = None, extra: dict[str, Any] | None = None) -> Path:
+    """One peer's own checkpoint (its stage's weights and optimizer, its data position), in the same layout as
+    `save_checkpoint` for that stage, so stage files from several peers can be gathered into a whole one."""
+    out = Path(path)
+    out.mkdir(parents=True, exist_ok=True)
+    weights, optim = stage_tensors(worker)
+    files = {}
+    for name, tensors in ((f"stage-{worker.stage}.safetensors", weights),
+                          (f"stage-{worker.stage}-optimizer.safetensors", optim)):
+        tmp = out / f".{name}.tmp"
+        save_file(tensors, str(tmp), metadata={"format": str(CHECKPOINT_FORMAT)})
+        os.replace(tmp, out / name)
+        files[name] = _sha256(out / name)
+    manifest = {
+        "format": CHECKPOINT_FORMAT, "stage": worker.stage, "iteration": iteration, "steps": worker.steps,
+        "seed": seed, "model": worker.config.to_dict(), "optim": worker.optim_config.to_dict(),
+        "split": list(worker.split), "shard": shard.state_dict() if shard is not None else None,
+        "files": files, **(extra or {}),
+    }
+    tmp = out / ".peer.json.tmp"
+    tmp.write_text(json.dumps(manifest, indent=1))
+    os.replace(tmp, out / "peer.json")
+    return out / "peer.json"
+
+
 def read_manifest(path: str | os.PathLike) -> dict[str, Any]:
     """The checked manifest of checkpoint directory `path`: format, fields, every file's hash."""
     root = Path(path)

@@ -57,6 +57,7 @@ def coordinator() -> None:
 @click.option("--skip", type=float, default=None, help="overrides run.skip")
 @click.option("--seed", type=int, default=None, help="overrides run.seed")
 @click.option("--microbatches", type=int, default=None, help="overrides run.microbatches")
+@click.option("--checkpoint-every", type=int, default=None, help="overrides run.checkpoint_every")
 @click.option("--host", default="127.0.0.1", show_default=True, help="address to listen on")
 @click.option("--port", type=int, default=0, show_default=True, help="DHT port (0 = any free port)")
 @click.option("--identity", type=click.Path(dir_okay=False), default=str(DEFAULT_IDENTITY), show_default=True)
@@ -65,15 +66,15 @@ def coordinator() -> None:
 @click.option("--metrics", type=click.Path(dir_okay=False), default=None, help="one JSON line per iteration")
 @click.option("--log-file", type=click.Path(dir_okay=False), default=None)
 @click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING"]), default="INFO")
-def start(config_path, run_id, iterations, min_peers, stages, skip, seed, microbatches, host, port, identity, run_dir,
-          metrics, log_file, log_level) -> None:
+def start(config_path, run_id, iterations, min_peers, stages, skip, seed, microbatches, checkpoint_every, host, port,
+          identity, run_dir, metrics, log_file, log_level) -> None:
     """Bootstrap the DHT, publish the run, plan from the live swarm and log its progress."""
     from swarm.coordinator import Coordinator, CoordinatorOptions
     from swarm.run_config import RunConfig
 
     _logging(log_file, log_level)
     overrides = dict(run_id=run_id, iterations=iterations, min_peers=min_peers, stages=stages, skip=skip, seed=seed,
-                     microbatches=microbatches)
+                     microbatches=microbatches, checkpoint_every=checkpoint_every)
     try:
         config = RunConfig.from_toml(config_path, **overrides) if config_path else \
             RunConfig.from_tables({}, **overrides)
@@ -89,6 +90,8 @@ def start(config_path, run_id, iterations, min_peers, stages, skip, seed, microb
 @click.option("--initial-peers", multiple=True, required=True, help="multiaddr of a peer or the coordinator")
 @click.option("--run", "run_id", default="skippipe", show_default=True, help="run id to join")
 @click.option("--device", default="cpu", show_default=True, help="torch device (cpu, cuda, cuda:1)")
+@click.option("--precision", type=click.Choice(["auto", "fp32", "bf16", "fp16"]), default="auto", show_default=True,
+              help="autocast of the compute (auto: bf16 on CUDA, fp32 on CPU)")
 @click.option("--stage", default="auto", show_default=True, help="stage to serve, or auto")
 @click.option("--data", "data_paths", multiple=True, type=click.Path(exists=True, dir_okay=False),
               help="own training files: this peer becomes a data holder")
@@ -100,8 +103,10 @@ def start(config_path, run_id, iterations, min_peers, stages, skip, seed, microb
 @click.option("--log-file", type=click.Path(dir_okay=False), default=None)
 @click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING"]), default="INFO")
 @click.option("--log-param-digest", is_flag=True, help="log a digest of the stage's weights after each step")
-def join(initial_peers, run_id, device, stage, data_paths, identity, host, port, iteration_deadline, log_file,
-         log_level, log_param_digest) -> None:
+@click.option("--checkpoint-dir", type=click.Path(file_okay=False), default=None,
+              help="write this peer's checkpoint here every run.checkpoint_every iterations")
+def join(initial_peers, run_id, device, precision, stage, data_paths, identity, host, port, iteration_deadline,
+         log_file, log_level, log_param_digest, checkpoint_dir) -> None:
     """Join a run: measure, announce, get placed, train; Ctrl+C leaves cleanly."""
     from swarm.peer import Peer, PeerOptions
 
@@ -116,9 +121,9 @@ def join(initial_peers, run_id, device, stage, data_paths, identity, host, port,
     Path(identity).parent.mkdir(parents=True, exist_ok=True)
     options = PeerOptions(initial_peers=tuple(initial_peers), identity_path=identity, run_id=run_id, host=host,
                           port=port, stage=None if stage == "auto" else int(stage), data_paths=tuple(data_paths),
-                          device=device, iteration_deadline=iteration_deadline,
+                          device=device, precision=precision, iteration_deadline=iteration_deadline,
                           log_gossip=(log_file + ".gossip") if log_file else None,
-                          log_param_digest=log_param_digest)
+                          log_param_digest=log_param_digest, checkpoint_dir=checkpoint_dir)
     Peer(options).run(_stop_event())
 
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import hivemind
 import torch
 
+from peers.checkpoint import save_stage_checkpoint
 from peers.data import Corpus
 from peers.model import Block, ModelConfig
 from peers.stage import balanced_split
@@ -64,12 +65,16 @@ class PeerOptions:
     data_paths: tuple[str, ...] = ()
     """Local training files: this peer becomes a data holder with its own data."""
     device: str = "cpu"
+    precision: str = "auto"
+    """Autocast of the compute: fp32, bf16, fp16, or auto (bf16 on CUDA, fp32 on CPU)."""
     iteration_deadline: float = 300.0
     """Seconds one iteration may take before this peer gives up on it."""
     averaging_deadline: float = 60.0
     join_timeout: float = 120.0
     """Seconds to wait for the run spec and for a schedule that places this peer."""
     log_gossip: str | None = None
+    checkpoint_dir: str | None = None
+    """Where this peer writes its own checkpoint every `checkpoint_every` iterations of the run."""
     log_param_digest: bool = False
     """Log a digest of the stage's parameters after every step (to check that a stage group agrees)."""
 
@@ -108,7 +113,7 @@ class Peer:
         self.peer_id = ensure_identity(options.identity_path)
         self.identity = load_identity(options.identity_path)
         self.iteration = 0
-        self.stage = -1
+        self.stage = -1 if options.stage is None else options.stage  # announced: the planner pins it there
         self.state = PeerState.JOINING
         self.schedule: Schedule | None = None
         self.worker: StageWorker | None = None
@@ -257,7 +262,7 @@ class Peer:
             split = balanced_split(self.model_config.n_layers, schedule.num_stages)
             self.worker = StageWorker(self.peer_id, self.stage, self.model_config, split, self.config.optim,
                                       memory_slots=schedule.memory[self.peer_id], device=self.options.device,
-                                      seed=self.config.seed)
+                                      precision=self._precision(), seed=self.config.seed)
             self.iteration = int(schedule.meta.get("start_iteration", 0))
             if self.stage == 0:
                 holders = schedule.data_holders
@@ -266,6 +271,11 @@ class Peer:
             self.state = PeerState.ONLINE
         logger.info("peer %s runs schedule epoch %d on stage %d from iteration %d", self.peer_id, schedule.epoch,
                     self.stage, self.iteration)
+
+    def _precision(self) -> str:
+        if self.options.precision != "auto":
+            return self.options.precision
+        return "bf16" if self.options.device.startswith("cuda") else "fp32"
 
     # ---- one iteration ----------------------------------------------------------------------------
     def _run_iteration(self) -> None:
@@ -284,6 +294,12 @@ class Peer:
                                             receive=lambda t: self._receive("avg", t),
                                             deadline=o.averaging_deadline)
         stats = worker.step()
+        done = self.iteration + 1
+        if o.checkpoint_dir and self.config.checkpoint_every and done % self.config.checkpoint_every == 0:
+            save_stage_checkpoint(o.checkpoint_dir, worker, iteration=done, seed=self.config.seed,
+                                  shard=getattr(self, "shard", None),
+                                  extra={"run_id": o.run_id, "peer": self.peer_id, "epoch": schedule.epoch})
+            logger.info("checkpoint of stage %d at iteration %d written to %s", self.stage, done, o.checkpoint_dir)
         if o.log_param_digest:
             logger.info("params iteration %d stage %d digest %s", self.iteration, self.stage, param_digest(worker))
         if self.stage == 0 and self._gossip is not None:

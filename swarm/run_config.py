@@ -69,7 +69,10 @@ class RunConfig:
     """dtype of activations and gradients on the wire."""
     profile: str = ""
     """Plan on this network preset or profile file instead of measured links ("" = measured)."""
-    optim: OptimConfig = field(default_factory=OptimConfig)
+    checkpoint_every: int = 0
+    """Iterations between a peer's own checkpoints (0 = never); written where the peer's --checkpoint-dir says."""
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=3e-3))
+    """AdamW and its schedule (the default suits the tiny model)."""
     data: DataConfig = field(default_factory=DataConfig)
 
     def validate(self) -> None:
@@ -78,7 +81,8 @@ class RunConfig:
             raise ValueError(f"run.run_id must be 1-64 characters without '/', got {self.run_id!r}")
         if self.model not in FLAVORS:
             raise ValueError(f"run.model must be one of {', '.join(FLAVORS)}, got {self.model!r}")
-        for name, lo in (("stages", 1), ("microbatches", 1), ("memory", 1), ("iterations", 0), ("min_peers", 1)):
+        for name, lo in (("stages", 1), ("microbatches", 1), ("memory", 1), ("iterations", 0), ("min_peers", 1),
+                         ("checkpoint_every", 0)):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < lo:
                 raise ValueError(f"run.{name} must be an integer >= {lo}, got {value!r}")
@@ -131,7 +135,7 @@ class RunConfig:
                     raise ValueError(f"unknown field {section}.{key}")
                 flat[key] = value
         flat.update({k: v for k, v in overrides.items() if v is not None})
-        optim = _sub(OptimConfig, raw.get("optim", {}), "optim")
+        optim = _sub(OptimConfig, {"lr": cls().optim.lr, **raw.get("optim", {})}, "optim")
         data = DataConfig.from_dict(raw.get("data", {}))
         if "iterations" in flat and "optim" not in raw:
             optim = dataclasses.replace(optim, total_steps=max(1, flat["iterations"] or optim.total_steps),
@@ -143,7 +147,7 @@ class RunConfig:
     # ---- the run spec the coordinator signs ----------------------------------------------------
     def to_spec(self, *, coordinator: str, vocab_size: int, control_addrs: tuple[str, ...] = ()) -> RunSpec:
         hyper = {k: getattr(self, k) for k in ("microbatches", "memory", "iterations", "seed", "min_peers",
-                                               "wire_dtype", "profile", "model")}
+                                               "wire_dtype", "profile", "model", "checkpoint_every")}
         hyper["optim"] = dataclasses.asdict(self.optim)
         return RunSpec(run_id=self.run_id, model=self.model_config(vocab_size).to_dict(), stages=self.stages,
                        skip_ratio=float(self.skip), hyperparameters=hyper, data=self.data.to_dict(),

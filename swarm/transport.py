@@ -1,13 +1,24 @@
 """Activations and gradients between peers over hivemind p2pd binary streams.
 
-One stream per message. The sender writes ``[u32 header length][msgpack HopHeader][raw tensor bytes]`` and waits
-for ``[u8 status][u16 length][utf-8 reason]`` (status 0 = accepted). Unary p2pd calls refuse messages over 4 MiB
-and protobuf streaming copies every chunk, so tensors go over raw streams, in 1 MiB writes.
+A message is ``[u32 header length][msgpack HopHeader][raw tensor bytes]``, answered by ``[u8 status][u16 length]
+[utf-8 reason]`` (status 0 = accepted). Unary p2pd calls refuse messages over 4 MiB and protobuf streaming copies
+every chunk, so tensors go over raw streams, in 1 MiB writes.
 
-The receiver checks the header (schema, limits, that it is the addressed hop) before allocating the tensor's
-buffer, and acknowledges only once the tensor sits in a bounded inbound queue: when the consumer falls behind,
-senders wait (backpressure). Anything hostile (malformed msgpack, oversized or mis-sized tensors, bad dtypes,
-stalled senders) is refused with a reason, logged with the sender's peer id, and the receiver keeps serving.
+Streams are reused: opening one costs ~1.8 ms (a request to p2pd, a new yamux stream, a unix socket on each side),
+more than a whole 1 KiB message takes on an open one. So a sender keeps a few idle streams per receiver and sends
+its next message on one of them. A stream carries one message at a time (it is checked out for the whole
+exchange, so messages never interleave) and concurrent sends to one peer use several streams. A stream that
+failed, timed out or carried a refused message is closed, never reused; when a reused stream turns out to be dead
+before any reply (the receiver restarted, or closed it as idle), the message goes once more on a new stream.
+Probes use the same streams, so a measured link costs what a message pays.
+
+The receiver serves the messages of a stream one after another and checks each as if it came alone: the header
+(schema, limits, that it is the addressed hop, the run) before allocating the tensor's buffer, and it acknowledges
+only once the tensor sits in a bounded inbound queue: when the consumer falls behind, senders wait (backpressure).
+Anything hostile (malformed msgpack, oversized or mis-sized tensors, bad dtypes, stalled senders) is refused with a
+reason, logged with the sender's peer id, and ends that stream; the receiver keeps serving. Every stream has its
+own task and a tensor buffer is allocated only under a bounded number of slots, so one hostile stream holds up
+nobody else; a stream idle longer than ``recv_timeout`` between messages is closed.
 
 A :class:`Transport` shares its peer's p2pd with the DHT (``DHT.replicate_p2p``), so the peer id that signs the
 DHT records is the one that sends and receives tensors. It runs its own event loop in a background thread; the
@@ -22,7 +33,7 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import torch
@@ -48,6 +59,14 @@ logger = logging.getLogger(__name__)
 HOP_PROTOCOL = "skippipe.hop.v1"
 PROBE_PROTOCOL = "skippipe.probe.v1"
 _OK, _REFUSED = 0, 1
+_MAX_IDLE_STREAMS = 2
+"""Idle streams kept per (receiver, protocol); concurrent sends beyond that open streams that are closed after."""
+_IDLE_CLOSE = 30.0
+"""A sender closes a stream unused this long (receivers close theirs after ``recv_timeout``, 60 s by default)."""
+_SWEEP_PERIOD = 5.0
+"""How often a sender looks for idle streams to close (dead, or unused for ``_IDLE_CLOSE``)."""
+_ONE_WRITE_BYTES = 64 * 1024
+"""Messages up to this size go out in a single write (one syscall, one p2pd frame)."""
 
 OnReceive = Callable[[str, HopHeader, torch.Tensor], None]
 """``on_receive(sender_peer_id, header, tensor)``, called in one worker thread, one message at a time."""
@@ -55,6 +74,21 @@ OnReceive = Callable[[str, HopHeader, torch.Tensor], None]
 
 class TransportError(RuntimeError):
     """A message that could not be delivered: unreachable peer, timeout, or refused by the receiver."""
+
+
+@dataclasses.dataclass
+class _Stream:
+    """One p2pd stream to a receiver, owned by one exchange at a time."""
+
+    reader: asyncio.StreamReader
+    writer: asyncio.StreamWriter
+    last_used: float = 0.0
+
+    def alive(self) -> bool:
+        return not (self.reader.at_eof() or self.reader.exception() is not None or self.writer.is_closing())
+
+    def close(self) -> None:
+        self.writer.close()
 
 
 class Transport:
@@ -65,7 +99,8 @@ class Transport:
     :param max_tensor_bytes: largest tensor accepted; larger ones are refused before allocating
     :param queue_size: accepted messages waiting for ``on_receive``; when full, inbound streams wait
     :param run_id: if set, refuse messages of other runs
-    :param recv_timeout: a sender that stalls longer than this between two reads is dropped
+    :param recv_timeout: a sender that stalls longer than this between two reads is dropped, and an inbound stream
+      idle this long between two messages is closed
     """
 
     def __init__(self, dht: DHT, on_receive: OnReceive, *, max_tensor_bytes: int = MAX_TENSOR_BYTES,
@@ -75,7 +110,10 @@ class Transport:
             raise ValueError(f"queue_size must be >= 1, got {queue_size}")
         self.on_receive, self.max_tensor_bytes, self.queue_size = on_receive, max_tensor_bytes, queue_size
         self.run_id, self.recv_timeout = run_id, recv_timeout
-        self._stats = {"received": 0, "refused": 0, "sent": 0, "bytes_received": 0, "bytes_sent": 0}
+        self._stats = {"received": 0, "refused": 0, "sent": 0, "bytes_received": 0, "bytes_sent": 0,
+                       "streams_opened": 0, "streams_accepted": 0}
+        self._idle: dict[tuple[str, str], list[_Stream]] = {}  # touched only in the loop's thread
+        self._last_sweep = time.monotonic()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="skippipe-transport", daemon=True)
         self._consumer_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="skippipe-consumer")
@@ -111,7 +149,7 @@ class Transport:
         return self._run(self._probe(peer_id, nbytes), timeout)
 
     def stats(self) -> dict[str, int]:
-        """Counters: messages received / refused / sent and their bytes."""
+        """Counters: messages received / refused / sent and their bytes, streams opened (out) and accepted (in)."""
         return dict(self._stats)
 
     def shutdown(self, timeout: float = CONNECT_TIMEOUT) -> None:
@@ -131,6 +169,10 @@ class Transport:
         self._consumer_pool.shutdown(wait=False, cancel_futures=True)
 
     async def _shutdown(self) -> None:
+        for streams in self._idle.values():
+            for stream in streams:
+                stream.close()
+        self._idle.clear()
         for name in (HOP_PROTOCOL, PROBE_PROTOCOL):
             try:
                 await self._p2p.remove_binary_stream_handler(name)
@@ -155,29 +197,101 @@ class Transport:
                                            restore_dtype=restore).to_msgpack()
         if len(header_bytes) > MAX_HEADER_BYTES:
             raise ValueError(f"header of {len(header_bytes)} bytes exceeds {MAX_HEADER_BYTES}")
-        reader, writer = await self._open(peer_id, HOP_PROTOCOL)
-        try:
-            writer.write(len(header_bytes).to_bytes(4, "big") + header_bytes)
-            for start in range(0, len(data), STREAM_CHUNK_BYTES):
-                writer.write(data[start : start + STREAM_CHUNK_BYTES])
-                await writer.drain()
+        prefix = len(header_bytes).to_bytes(4, "big") + header_bytes
+
+        async def write(writer: asyncio.StreamWriter) -> None:
+            if len(data) <= _ONE_WRITE_BYTES:
+                writer.write(prefix + data)
+            else:
+                writer.write(prefix)
+                for start in range(0, len(data), STREAM_CHUNK_BYTES):
+                    writer.write(data[start : start + STREAM_CHUNK_BYTES])
+                    await writer.drain()
             await writer.drain()
-            status, reason = await self._read_reply(reader, peer_id)
-        finally:
-            writer.close()
+
+        status, reason = await self._exchange(peer_id, HOP_PROTOCOL, write)
         if status != _OK:
             raise TransportError(f"{peer_id} refused the message: {reason}")
         self._stats["sent"] += 1
         self._stats["bytes_sent"] += len(data)
 
-    async def _open(self, peer_id: str, protocol: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    async def _exchange(self, peer_id: str, protocol: str,
+                        write: Callable[[asyncio.StreamWriter], Awaitable[None]]) -> tuple[int, str]:
+        """Write one message on an idle stream to ``peer_id`` (or a new one) and return the receiver's reply.
+
+        Only a stream whose message was accepted goes back to the idle pool; any other outcome (refusal, error,
+        timeout or cancellation midway) closes it, since its framing is no longer known.
+        """
+        key = (peer_id, protocol)
+        for attempt in range(2):
+            stream = self._checkout(key) if attempt == 0 else None
+            reused = stream is not None
+            if stream is None:
+                stream = await self._open(peer_id, protocol)
+            keep = False
+            try:
+                try:
+                    await write(stream.writer)
+                except ConnectionError:
+                    pass  # the receiver may have refused and closed before reading it all: its reply says why
+                status, reason = await self._read_reply(stream.reader, peer_id)
+                keep = status == _OK
+                return status, reason
+            except TransportError:
+                if not reused:
+                    raise
+                # closed before any reply: nothing was delivered on it; its idle siblings are likely dead too
+                logger.debug("a reused stream to %s was closed; sending again on a new one", peer_id)
+                self._close_idle(key)
+            finally:
+                if keep:
+                    self._checkin(key, stream)
+                else:
+                    stream.close()
+        raise AssertionError("unreachable: the second attempt uses a new stream, which returns or raises")
+
+    def _checkout(self, key: tuple[str, str]) -> _Stream | None:
+        idle = self._idle.get(key)
+        while idle:
+            stream = idle.pop()  # the most recently used is the most likely alive
+            if stream.alive():
+                return stream
+            stream.close()
+        return None
+
+    def _checkin(self, key: tuple[str, str], stream: _Stream) -> None:
+        now = time.monotonic()
+        stream.last_used = now
+        idle = self._idle.setdefault(key, [])
+        if len(idle) < _MAX_IDLE_STREAMS:
+            idle.append(stream)
+        else:
+            stream.close()
+        if now - self._last_sweep > _SWEEP_PERIOD:
+            self._last_sweep = now
+            for k in list(self._idle):
+                keep = [s for s in self._idle[k] if s.alive() and now - s.last_used < _IDLE_CLOSE]
+                for s in self._idle[k]:
+                    if s not in keep:
+                        s.close()
+                if keep:
+                    self._idle[k] = keep
+                else:
+                    del self._idle[k]
+
+    def _close_idle(self, key: tuple[str, str]) -> None:
+        for stream in self._idle.pop(key, []):
+            stream.close()
+
+    async def _open(self, peer_id: str, protocol: str) -> _Stream:
         try:
             _, reader, writer = await self._p2p.call_binary_stream_handler(PeerID.from_base58(peer_id), protocol)
         except (TimeoutError, asyncio.CancelledError):
             raise
         except Exception as e:  # p2pd reports unreachable peers with assorted error types
             raise TransportError(f"cannot open a stream to {peer_id}: {type(e).__name__}: {e}") from None
-        return reader, writer
+        self._stats["streams_opened"] += 1
+        return _Stream(reader, writer)
 
     @staticmethod
     async def _read_reply(reader: asyncio.StreamReader, peer_id: str) -> tuple[int, str]:
@@ -191,8 +305,47 @@ class Transport:
     # ---- receiving ---------------------------------------------------------------------------------------------
     async def _handle_hop(self, info: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         sender = info.peer_id.to_base58()
+        self._stats["streams_accepted"] += 1
         try:
-            header = await self._read_header(reader)
+            while (size := await self._next_message(reader, sender, "message")) is not None:
+                if not await self._receive_hop(sender, size, reader, writer):
+                    break
+        finally:
+            writer.close()
+
+    async def _next_message(self, reader: asyncio.StreamReader, sender: str, what: str) -> int | None:
+        """Wait for the u32 that opens the next message; None when the stream ends or idles at a message boundary.
+
+        Raises nothing: a sender that stalls inside the u32 is dropped (logged, counted) like any stalled sender.
+        """
+        try:
+            async with asyncio.timeout(self.recv_timeout):
+                first = await reader.read(4)
+        except TimeoutError:
+            logger.debug("closing a %s stream from %s: idle for %.0fs", what, sender, self.recv_timeout)
+            return None
+        except ConnectionError:
+            return None
+        if not first:
+            return None  # the sender closed its stream between messages: normal
+        try:
+            async with asyncio.timeout(self.recv_timeout):
+                rest = await reader.readexactly(4 - len(first)) if len(first) < 4 else b""
+        except (TimeoutError, asyncio.IncompleteReadError, ConnectionError) as e:
+            self._dropped(sender, what, e)
+            return None
+        return int.from_bytes(first + rest, "big")
+
+    def _dropped(self, sender: str, what: str, e: BaseException) -> None:
+        if what == "message":
+            self._stats["refused"] += 1
+        logger.warning("dropped a %s from %s: stream ended or stalled (%s)", what, sender, type(e).__name__)
+
+    async def _receive_hop(self, sender: str, size: int, reader: asyncio.StreamReader,
+                           writer: asyncio.StreamWriter) -> bool:
+        """Read, check and queue one message; reply. True when the stream may carry another message."""
+        try:
+            header = await self._read_header(reader, size)
             async with self._slots:  # only now, with the size known and checked, allocate the buffer
                 buffer = bytearray(header.descriptor.nbytes)
                 await self._read_into(reader, buffer)
@@ -202,22 +355,20 @@ class Transport:
                 await self._queue.put((sender, header, tensor))  # waits while the consumer is behind
             self._stats["received"] += 1
             self._stats["bytes_received"] += len(buffer)
-            await self._reply(writer, _OK, "")
+            return await self._reply(writer, _OK, "")
         except WireError as e:
             self._stats["refused"] += 1
             logger.warning("refused a message from %s: %s", sender, e)
             await self._reply(writer, _REFUSED, str(e))
         except (TimeoutError, asyncio.IncompleteReadError, ConnectionError) as e:
-            self._stats["refused"] += 1
-            logger.warning("dropped a message from %s: stream ended or stalled (%s)", sender, type(e).__name__)
-        finally:
-            writer.close()
+            self._dropped(sender, "message", e)
+        return False
 
-    async def _read_header(self, reader: asyncio.StreamReader) -> HopHeader:
-        size = int.from_bytes(await asyncio.wait_for(reader.readexactly(4), self.recv_timeout), "big")
+    async def _read_header(self, reader: asyncio.StreamReader, size: int) -> HopHeader:
         if size > MAX_HEADER_BYTES:
             raise WireError(f"header of {size} bytes exceeds the limit of {MAX_HEADER_BYTES}")
-        raw = await asyncio.wait_for(reader.readexactly(size), self.recv_timeout)
+        async with asyncio.timeout(self.recv_timeout):
+            raw = await reader.readexactly(size)
         header = HopHeader.from_msgpack(raw, max_tensor_bytes=self.max_tensor_bytes)
         if header.target != self.peer_id:
             raise WireError(f"hop {header.hop} is addressed to {header.target}, not to this peer")
@@ -226,22 +377,27 @@ class Transport:
         return header
 
     async def _read_into(self, reader: asyncio.StreamReader, buffer: bytearray) -> None:
-        view, pos = memoryview(buffer), 0
-        while pos < len(buffer):
-            chunk = await asyncio.wait_for(reader.read(min(len(buffer) - pos, STREAM_CHUNK_BYTES)), self.recv_timeout)
-            if not chunk:
-                raise WireError(f"stream ended after {pos} of {len(buffer)} tensor bytes")
-            view[pos : pos + len(chunk)] = chunk
-            pos += len(chunk)
+        """Fill ``buffer`` from the stream; a sender silent for ``recv_timeout`` between two reads is dropped."""
+        view, pos, loop = memoryview(buffer), 0, asyncio.get_running_loop()
+        async with asyncio.timeout(self.recv_timeout) as deadline:  # one timer, pushed back after every read
+            while pos < len(buffer):
+                chunk = await reader.read(min(len(buffer) - pos, STREAM_CHUNK_BYTES))
+                if not chunk:
+                    raise WireError(f"stream ended after {pos} of {len(buffer)} tensor bytes")
+                view[pos : pos + len(chunk)] = chunk
+                pos += len(chunk)
+                deadline.reschedule(loop.time() + self.recv_timeout)
 
     @staticmethod
-    async def _reply(writer: asyncio.StreamWriter, status: int, reason: str) -> None:
+    async def _reply(writer: asyncio.StreamWriter, status: int, reason: str) -> bool:
+        """Send a reply; False if the stream is gone."""
         data = reason[:MAX_ERROR_CHARS].encode()
         try:
             writer.write(bytes([status]) + len(data).to_bytes(2, "big") + data)
             await writer.drain()
         except ConnectionError:
-            pass
+            return False
+        return True
 
     async def _consume(self) -> None:
         loop = asyncio.get_running_loop()
@@ -257,17 +413,16 @@ class Transport:
         if not 0 <= nbytes <= MAX_PROBE_BYTES:
             raise ValueError(f"probe size must be in 0..{MAX_PROBE_BYTES}, got {nbytes}")
         filler = memoryview(bytes(min(nbytes, STREAM_CHUNK_BYTES)))
-        start = time.perf_counter()
-        reader, writer = await self._open(peer_id, PROBE_PROTOCOL)
-        try:
+
+        async def write(writer: asyncio.StreamWriter) -> None:
             writer.write(nbytes.to_bytes(4, "big"))
             for pos in range(0, nbytes, STREAM_CHUNK_BYTES):
                 writer.write(filler[: min(STREAM_CHUNK_BYTES, nbytes - pos)])
                 await writer.drain()
             await writer.drain()
-            status, reason = await self._read_reply(reader, peer_id)
-        finally:
-            writer.close()
+
+        start = time.perf_counter()
+        status, reason = await self._exchange(peer_id, PROBE_PROTOCOL, write)
         if status != _OK:
             raise TransportError(f"{peer_id} refused the probe: {reason}")
         return time.perf_counter() - start
@@ -275,20 +430,30 @@ class Transport:
     async def _handle_probe(self, info: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         sender = info.peer_id.to_base58()
         try:
-            nbytes = int.from_bytes(await asyncio.wait_for(reader.readexactly(4), self.recv_timeout), "big")
+            while (nbytes := await self._next_message(reader, sender, "probe")) is not None:
+                if not await self._receive_probe(sender, nbytes, reader, writer):
+                    break
+        finally:
+            writer.close()
+
+    async def _receive_probe(self, sender: str, nbytes: int, reader: asyncio.StreamReader,
+                             writer: asyncio.StreamWriter) -> bool:
+        """Read and discard one probe's filler; reply. True when the stream may carry another probe."""
+        try:
             if nbytes > MAX_PROBE_BYTES:
                 raise WireError(f"probe of {nbytes} bytes exceeds the limit of {MAX_PROBE_BYTES}")
-            remaining = nbytes
-            while remaining:
-                chunk = await asyncio.wait_for(reader.read(min(remaining, STREAM_CHUNK_BYTES)), self.recv_timeout)
-                if not chunk:
-                    raise WireError("probe stream ended early")
-                remaining -= len(chunk)
-            await self._reply(writer, _OK, "")
+            remaining, loop = nbytes, asyncio.get_running_loop()
+            async with asyncio.timeout(self.recv_timeout) as deadline:
+                while remaining:
+                    chunk = await reader.read(min(remaining, STREAM_CHUNK_BYTES))
+                    if not chunk:
+                        raise WireError("probe stream ended early")
+                    remaining -= len(chunk)
+                    deadline.reschedule(loop.time() + self.recv_timeout)
+            return await self._reply(writer, _OK, "")
         except WireError as e:
             logger.warning("refused a probe from %s: %s", sender, e)
             await self._reply(writer, _REFUSED, str(e))
         except (TimeoutError, asyncio.IncompleteReadError, ConnectionError) as e:
-            logger.warning("dropped a probe from %s: %s", sender, type(e).__name__)
-        finally:
-            writer.close()
+            self._dropped(sender, "probe", e)
+        return False

@@ -28,15 +28,16 @@ RUN = "e2e"
 ITERATIONS = 20
 PEERS = 6
 COORDINATOR_ARGS = ["--iterations", str(ITERATIONS), "--min-peers", str(PEERS), "--stages", "3", "--skip", "0.33",
-                    "--seed", "0", "--microbatches", "2"]
+                    "--seed", "0", "--microbatches", "2", "--checkpoint-every", "10"]
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     """The local swarm, started; hostile input is injected by the test while it trains."""
     run_dir = tmp_path_factory.mktemp("local-swarm")
-    swarm = LocalSwarm(run_dir, PEERS, run_id=RUN, coordinator_args=COORDINATOR_ARGS,
-                       peer_args=["--log-param-digest", "--iteration-deadline", "120"])
+    peer_args = [["--log-param-digest", "--iteration-deadline", "120", "--checkpoint-dir", str(run_dir / f"ckpt-{i}")]
+                 for i in range(PEERS)]
+    swarm = LocalSwarm(run_dir, PEERS, run_id=RUN, coordinator_args=COORDINATOR_ARGS, peer_args=peer_args)
     try:
         swarm.start()
         yield swarm
@@ -167,6 +168,15 @@ def test_local_swarm_trains_refuses_hostile_input_and_keeps_stages_identical(run
     group_sizes = {s: list(placement.values()).count(s) for s in set(placement.values())}
     assert len(digests) == ITERATIONS * len(group_sizes)
     assert all(len(d) == 1 for d in digests.values()), digests
+
+    # every peer wrote its own checkpoint at iterations 10 and 20, loadable without pickle
+    from safetensors.torch import load_file
+
+    for i in range(PEERS):
+        manifest = json.loads((run.run_dir / f"ckpt-{i}" / "peer.json").read_text())
+        assert manifest["iteration"] == ITERATIONS and manifest["steps"] == ITERATIONS
+        weights = load_file(str(run.run_dir / f"ckpt-{i}" / f"stage-{manifest['stage']}.safetensors"))
+        assert weights and all(torch.isfinite(t).all() for t in weights.values())
     (run.run_dir / "checked").write_text("ok")
 
 
