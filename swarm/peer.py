@@ -37,7 +37,7 @@ from swarm.link_probe import LinkProber
 from swarm.pipeline import Inbound, PipelineExecutor
 from swarm.records import SwarmRecords
 from swarm.run_config import RunConfig
-from swarm.stage_allgather import average_stage_group
+from swarm.stage_allgather import average_stage_group, flatten, unflatten
 from swarm.transport import Transport, TransportError
 from swarm.wire import Direction, HopHeader, PeerRecord, PeerState, WireError
 
@@ -123,7 +123,7 @@ class Peer:
         self._buckets: dict[tuple[int, str], list[Inbound]] = defaultdict(list)
         self._sender = ThreadPoolExecutor(4, thread_name_prefix="skippipe-send")
         self._schedule_notice = threading.Event()
-        self._dht = self._transport = self._gossip = self._heartbeat = None
+        self._dht = self._transport = self._gossip = self._heartbeat = self._averager = None
         self.records: SwarmRecords | None = None
 
     # ---- lifecycle --------------------------------------------------------------------------------
@@ -203,6 +203,9 @@ class Peer:
             self._gossip.close()
             self._gossip = None
         self._sender.shutdown(wait=True, cancel_futures=True)
+        if self._averager is not None:
+            self._averager.shutdown()
+            self._averager = None
         if self._transport is not None:
             self._transport.shutdown()
             self._transport = None
@@ -287,13 +290,20 @@ class Peer:
             batches = {r.microbatch: self.shard.next_batch() for r in own}
         executor = PipelineExecutor(me=self.peer_id, worker=worker, schedule=schedule, run_id=o.run_id,
                                     iteration=self.iteration, send=self._send, batches=batches)
+        t0 = time.perf_counter()
         result = executor.run(lambda t: self._receive("hop", t), deadline=o.iteration_deadline)
+        t1 = time.perf_counter()
         group = schedule.stage_peers(self.stage)
-        visits, heard = average_stage_group(me=self.peer_id, worker=worker, group=group, run_id=o.run_id,
-                                            iteration=self.iteration, epoch=schedule.epoch, send=self._send,
-                                            receive=lambda t: self._receive("avg", t),
-                                            deadline=o.averaging_deadline)
+        if self.config.averaging == "hivemind":
+            visits, heard = self._average_with_hivemind(len(group))
+        else:
+            visits, heard = average_stage_group(me=self.peer_id, worker=worker, group=group, run_id=o.run_id,
+                                                iteration=self.iteration, epoch=schedule.epoch, send=self._send,
+                                                receive=lambda t: self._receive("avg", t),
+                                                deadline=o.averaging_deadline)
+        t2 = time.perf_counter()
         stats = worker.step()
+        t3 = time.perf_counter()
         done = self.iteration + 1
         if o.checkpoint_dir and self.config.checkpoint_every and done % self.config.checkpoint_every == 0:
             save_stage_checkpoint(o.checkpoint_dir, worker, iteration=done, seed=self.config.seed,
@@ -311,8 +321,29 @@ class Peer:
                 self._gossip.publish(progress_topic(o.run_id), report, wait=False)
             except Exception as e:
                 logger.warning("progress report not sent: %s", e)
-        logger.info("iteration %d done: %d backward passes, stage %d averaged %d visits from %d/%d peers",
-                    self.iteration, result.backward_done, self.stage, visits, heard, len(group))
+        logger.info("iteration %d done: %d backward passes, stage %d averaged %d visits from %d/%d peers "
+                    "(pipeline %.3f s, averaging %.3f s, step %.3f s)", self.iteration, result.backward_done,
+                    self.stage, visits, heard, len(group), t1 - t0, t2 - t1, t3 - t2)
+
+    def _average_with_hivemind(self, group_size: int) -> tuple[int, int]:
+        """The stage group's visit-weighted mean through hivemind's DecentralizedAverager.
+
+        Its butterfly all-reduce hands each peer `local + (mean - local)`, so peers agree only up to float
+        rounding; averaging in float64 keeps that far below float32 resolution.
+        """
+        from swarm.averaging import StageAverager
+
+        sums = self.worker.gradient_sums()
+        own = flatten(sums).double() / max(1, self.worker.visits)
+        if group_size < 2:
+            self.worker.set_mean_gradients(unflatten(own, sums), self.worker.visits)
+            return self.worker.visits, 1
+        if self._averager is None:
+            self._averager = StageAverager(self._dht, run_id=self.options.run_id, stage=self.stage, tensors=[own],
+                                           target_group_size=group_size, min_matchmaking_time=1.0)
+        result = self._averager.average([own], self.worker.visits, timeout=self.options.averaging_deadline)
+        self.worker.set_mean_gradients(unflatten(own, sums), round(result.total_weight))
+        return round(result.total_weight), result.group_size
 
     # ---- messages ---------------------------------------------------------------------------------
     def _on_receive(self, sender: str, header: HopHeader, tensor: torch.Tensor) -> None:

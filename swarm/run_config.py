@@ -43,6 +43,7 @@ from scheduler.constants import DEFAULT_MEMORY_SLOTS
 from swarm.wire import RunSpec
 
 WireDtype = Literal["float32", "float16", "bfloat16"]
+Averaging = Literal["allgather", "hivemind"]
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,9 @@ class RunConfig:
     """dtype of activations and gradients on the wire."""
     profile: str = ""
     """Plan on this network preset or profile file instead of measured links ("" = measured)."""
+    averaging: Averaging = "allgather"
+    """Stage-group averaging: all-gather over the tensor transport (exact, one round trip, for small groups)
+    or hivemind's DecentralizedAverager (butterfly all-reduce, for large groups and models)."""
     checkpoint_every: int = 0
     """Iterations between a peer's own checkpoints (0 = never); written where the peer's --checkpoint-dir says."""
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=3e-3))
@@ -95,6 +99,8 @@ class RunConfig:
             raise ValueError(f"run.seed must be an integer, got {self.seed!r}")
         if self.wire_dtype not in ("float32", "float16", "bfloat16"):
             raise ValueError(f"swarm.wire_dtype must be float32, float16 or bfloat16, got {self.wire_dtype!r}")
+        if self.averaging not in ("allgather", "hivemind"):
+            raise ValueError(f"swarm.averaging must be allgather or hivemind, got {self.averaging!r}")
         if not isinstance(self.profile, str):
             raise ValueError("swarm.profile must be a string")
         self.optim.validate()
@@ -147,7 +153,8 @@ class RunConfig:
     # ---- the run spec the coordinator signs ----------------------------------------------------
     def to_spec(self, *, coordinator: str, vocab_size: int, control_addrs: tuple[str, ...] = ()) -> RunSpec:
         hyper = {k: getattr(self, k) for k in ("microbatches", "memory", "iterations", "seed", "min_peers",
-                                               "wire_dtype", "profile", "model", "checkpoint_every")}
+                                               "wire_dtype", "profile", "model", "checkpoint_every",
+                                               "averaging")}
         hyper["optim"] = dataclasses.asdict(self.optim)
         return RunSpec(run_id=self.run_id, model=self.model_config(vocab_size).to_dict(), stages=self.stages,
                        skip_ratio=float(self.skip), hyperparameters=hyper, data=self.data.to_dict(),

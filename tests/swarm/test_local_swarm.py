@@ -199,3 +199,34 @@ def test_parity_with_the_in_process_swarm(run):
     losses = [swarm.run_iteration().loss for _ in range(ITERATIONS)]
     assert networked[0]["loss"] == pytest.approx(losses[0], rel=1e-4)
     assert networked[-1]["loss"] == pytest.approx(losses[-1], rel=0.01)
+
+
+def test_hivemind_averaging_keeps_stage_groups_in_agreement(tmp_path):
+    """The DecentralizedAverager backend: 5 peers (stage groups of 2), a few iterations; same-stage weights agree
+    to float rounding (its butterfly all-reduce applies deltas, so not bit for bit)."""
+    from safetensors.torch import load_file
+
+    config = tmp_path / "run.toml"
+    config.write_text('[run]\nstages = 3\nskip = 0.33\nmicrobatches = 2\niterations = 4\nmin_peers = 5\n'
+                      'checkpoint_every = 4\n[swarm]\naveraging = "hivemind"\n')
+    peer_args = [["--iteration-deadline", "120", "--checkpoint-dir", str(tmp_path / f"ckpt-{i}")] for i in range(5)]
+    swarm = LocalSwarm(tmp_path / "run", 5, run_id="hm", coordinator_args=["--config", str(config)],
+                       peer_args=peer_args)
+    try:
+        swarm.start()
+        records = swarm.watch(4, timeout=180)
+    finally:
+        swarm.stop()
+    assert [r["iteration"] for r in records] == [1, 2, 3, 4]
+    for text in peer_logs(tmp_path / "run").values():
+        assert "averaging round failed" not in text and "no averaging group" not in text
+    by_stage: dict[int, list[dict[str, torch.Tensor]]] = defaultdict(list)
+    for i in range(5):
+        manifest = json.loads((tmp_path / f"ckpt-{i}" / "peer.json").read_text())
+        by_stage[manifest["stage"]].append(load_file(str(tmp_path / f"ckpt-{i}" / f"stage-{manifest['stage']}"
+                                                                                  ".safetensors")))
+    groups = [g for g in by_stage.values() if len(g) > 1]
+    assert groups
+    for group in groups:
+        for name, tensor in group[0].items():
+            assert torch.allclose(tensor, group[1][name], rtol=1e-5, atol=1e-7), name

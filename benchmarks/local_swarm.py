@@ -1,0 +1,94 @@
+"""Local swarm vs in-process swarm: iteration time on the same schedule, and memory per peer process tree.
+
+    .venv/bin/python benchmarks/local_swarm.py [--peers 6] [--iterations 20]
+
+Starts a real local swarm (coordinator + peer processes on loopback: DHT, p2pd, gossip sidecars), samples
+the resident memory of each peer's process tree (the peer, its p2pd, its gossip sidecar) while it trains,
+then runs the in-process swarm on the very schedule the coordinator planned, with the same data and seed.
+Prints the median iteration time of both and their ratio (target: local <= 1.5x in-process).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from peers.data import Corpus  # noqa: E402
+from peers.inprocess import InProcessSwarm  # noqa: E402
+from scheduler.schedule import Schedule  # noqa: E402
+from swarm.local_swarm import LocalSwarm  # noqa: E402
+from swarm.run_config import RunConfig  # noqa: E402
+
+
+def tree_rss(pid: int) -> int:
+    try:
+        proc = psutil.Process(pid)
+        return sum(p.memory_info().rss for p in [proc, *proc.children(recursive=True)])
+    except psutil.NoSuchProcess:
+        return 0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--peers", type=int, default=6)
+    parser.add_argument("--stages", type=int, default=3)
+    parser.add_argument("--skip", type=float, default=0.33)
+    parser.add_argument("--iterations", type=int, default=20)
+    parser.add_argument("--microbatches", type=int, default=4)
+    args = parser.parse_args()
+    flags = ["--iterations", str(args.iterations), "--min-peers", str(args.peers), "--stages", str(args.stages),
+             "--skip", str(args.skip), "--microbatches", str(args.microbatches), "--seed", "0"]
+    with tempfile.TemporaryDirectory() as tmp:
+        run = LocalSwarm(tmp, args.peers, run_id="bench", coordinator_args=flags)
+        peak: dict[int, int] = {}
+        stop = threading.Event()
+
+        def sample() -> None:
+            while not stop.is_set():
+                for p in run.peers:
+                    peak[p.pid] = max(peak.get(p.pid, 0), tree_rss(p.pid))
+                coordinator = run.coordinator.pid if run.coordinator else None
+                if coordinator:
+                    peak[coordinator] = max(peak.get(coordinator, 0), tree_rss(coordinator))
+                time.sleep(0.5)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        try:
+            start = time.monotonic()
+            run.start()
+            sampler.start()
+            records = run.watch(args.iterations, timeout=300)
+            wall = time.monotonic() - start
+            schedule = Schedule.from_json((Path(tmp) / "schedule-0.json").read_text())
+        finally:
+            stop.set()
+            run.stop()
+        coordinator_rss = peak.pop(run.coordinator.pid, 0)
+    local = [r["iteration_seconds"] for r in records[2:]]
+    config = RunConfig.from_tables({}, iterations=args.iterations, stages=args.stages, skip=args.skip, seed=0,
+                                   microbatches=args.microbatches, min_peers=args.peers)
+    corpus = Corpus.build(config.data)
+    swarm = InProcessSwarm(schedule, config.model_config(corpus.vocab_size), config.optim, corpus=corpus, seed=0)
+    inproc = [swarm.run_iteration(order="interleaved").seconds for _ in range(args.iterations)][2:]
+    lm, im = statistics.median(local), statistics.median(inproc)
+    print(f"local swarm: {args.peers} peers, {args.stages} stages, skip {args.skip}, {len(schedule.routes)} "
+          f"microbatches/iteration, tiny model; {args.iterations} iterations in {wall:.1f} s wall (with start-up)")
+    print(f"median iteration: local swarm {lm:.3f} s, in-process {im:.3f} s on the same schedule -> ratio "
+          f"{lm / im:.2f}x (target <= 1.5x)")
+    print(f"final loss: local {records[-1]['loss']:.4f}")
+    mib = [v / 2**20 for v in peak.values()]
+    print(f"peak RSS per peer process tree (peer + p2pd + gossip sidecar): median {statistics.median(mib):.0f} MiB, "
+          f"max {max(mib):.0f} MiB; coordinator tree {coordinator_rss / 2**20:.0f} MiB")
+
+
+if __name__ == "__main__":
+    main()
