@@ -214,7 +214,7 @@ def construct(problem: PathProblem, *, congestion: float = 1.0, rounds: int = 12
                 counts[s] += size
         routes = [r for r, (_, size) in zip(chosen, groups) for _ in range(size)]
         score, _ = evaluate(problem, routes, priority)
-        if score < best_score:
+        if score < best_score or not best_routes:  # keep a plan even if every round deadlocks in simulation
             best_score, best_routes = score, routes
         overuse = np.maximum(0.0, usage - share) / share
         if not np.any(overuse > 1e-6) and congestion > 0:

@@ -61,22 +61,29 @@ def make_schedule(tables: CostTables, stage_of: np.ndarray, routes: list[Planned
                     run_id=run_id, predicted_iteration_seconds=predicted, planner=planner, meta=full_meta)
 
 
-def problem_for(tables: CostTables, stage_of: np.ndarray, rules: PathRules, microbatches_per_holder: int
-                ) -> PathProblem:
+def problem_for(tables: CostTables, stage_of: np.ndarray, rules: PathRules, microbatches_per_holder: int,
+                counts: dict[int, int] | None = None) -> PathProblem:
+    """The path problem for a placement; `counts` (peer index -> microbatches) overrides the per-holder number."""
     holders = tuple(int(v) for v in np.flatnonzero(stage_of == 0))
-    return PathProblem(tables, stage_of, holders, (microbatches_per_holder,) * len(holders), rules)
+    per_holder = tuple((counts or {}).get(h, microbatches_per_holder) for h in holders)
+    return PathProblem(tables, stage_of, holders, per_holder, rules)
 
 
 def plan_tables(tables: CostTables, rules: PathRules, options: PlanOptions = PlanOptions(), *,
                 stage_of: np.ndarray | None = None, pinned: dict[int, int] | None = None,
-                goal: PlacementGoal | None = None, epoch: int = 0, run_id: str = "") -> Schedule:
-    """Place (unless `stage_of` is given) and plan paths on cost tables."""
+                goal: PlacementGoal | None = None, epoch: int = 0, run_id: str = "",
+                microbatch_counts: dict[int, int] | None = None) -> Schedule:
+    """Place (unless `stage_of` is given) and plan paths on cost tables.
+
+    :param microbatch_counts: peer index -> microbatches it injects, for holders that carry more (or fewer)
+        than `options.microbatches_per_holder` (e.g. a holder that took over a departed holder's shard)
+    """
     t0 = time.perf_counter()
     if stage_of is None:
         goal = goal or PlacementGoal(rules=rules, microbatches_per_holder=options.microbatches_per_holder)
         stage_of = place(tables, goal, pinned=pinned, seed=options.seed, iterations=options.placement_iterations)
     t_place = time.perf_counter() - t0
-    problem = problem_for(tables, stage_of, rules, options.microbatches_per_holder)
+    problem = problem_for(tables, stage_of, rules, options.microbatches_per_holder, microbatch_counts)
     plan = plan_paths(problem, seed=options.seed, iterations=options.iterations,
                       collision_aware=options.collision_aware, priority=options.priority)
     elapsed = time.perf_counter() - t0
