@@ -202,7 +202,9 @@ class Shard:
         if self.cursor + b > len(self._order):
             self.epoch, self.cursor = self.epoch + 1, 0
             self._order = self._order_for(self.epoch)
-        rows = [self.corpus.window(i) for i in self._order[self.cursor:self.cursor + b]]
+        self.last_indices = self._order[self.cursor:self.cursor + b]
+        """Training windows of the batch just returned (what a data ledger records)."""
+        rows = [self.corpus.window(i) for i in self.last_indices]
         self.cursor += b
         return torch.stack(rows)
 

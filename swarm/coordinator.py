@@ -1,12 +1,18 @@
-"""`Coordinator`: starts a run, plans it from the live swarm, and reports its progress.
+"""`Coordinator`: starts a run, plans it from the live swarm, commits its iterations and reports progress.
 
 Bootstraps the DHT, publishes the signed run spec (with its gossip address, where peers join the control
 plane), and prints the address peers join with. Once `min_peers` peers have announced themselves, it
 builds the scheduler's view from their signed records (measured compute speed, memory, probed links),
 places them and plans every microbatch's path, then signs and stores the schedule in the DHT and
-announces the epoch on gossip. Data holders report each iteration on gossip; the coordinator merges the
-reports into one swarm-wide line (loss, tokens/s, iteration time, peers online, epoch) in its log and
-its metrics file.
+announces the epoch on gossip.
+
+Each iteration, data holders report `done`; when all of the current epoch's holders have, the coordinator
+publishes `commit` (peers then average and step) and writes one swarm-wide line (loss, tokens/s, iteration
+time, peers online, epoch) to its log and metrics file. It watches the peers' heartbeats: when a scheduled
+peer's record expires (or it announces that it leaves) it re-plans without it, incrementally, as a new
+epoch that restarts the uncommitted iteration, handing a departed data holder's shards (at their last
+committed position) to the surviving holders; a peer that joins is placed where it helps most from the
+next iteration on.
 """
 
 from __future__ import annotations
@@ -21,11 +27,14 @@ from pathlib import Path
 from typing import Any
 
 import hivemind
+import numpy as np
 
 from peers.data import Corpus
 from peers.stage import balanced_split
+from scheduler.costs import CostTables
 from scheduler.path_rules import PathRules
-from scheduler.planner import PlanOptions, plan
+from scheduler.placement import PlacementGoal, place_joining
+from scheduler.planner import PlanOptions, plan, plan_tables
 from scheduler.profiles import swarm_from
 from scheduler.schedule import Schedule, validate
 from scheduler.swarm_view import ModelCost, PeerSpec, SwarmView
@@ -76,8 +85,12 @@ class Coordinator:
         self.identity = load_identity(options.identity_path)
         self.schedule: Schedule | None = None
         self.completed = 0
+        """Iterations committed; the one in progress is `completed`."""
         self.peers_online = 0
-        self._reports: dict[int, dict[str, dict[str, Any]]] = {}
+        self._reports: dict[tuple[int, int], dict[str, dict[str, Any]]] = {}
+        self.shard_positions: dict[str, Any] = {}
+        """Shard index -> its data position after the last committed iteration (for handing it over)."""
+        self._first_seen: dict[str, float] = {}
         self._gossip_inbox: queue.Queue[GossipMessage] = queue.Queue()
         self.run_dir = Path(options.run_dir) if options.run_dir else None
         metrics = options.metrics_path or (str(self.run_dir / "metrics.jsonl") if self.run_dir else None)
@@ -100,11 +113,22 @@ class Coordinator:
                         last_count, settled_since = len(peers), time.monotonic()
                     if len(peers) >= self.config.min_peers and time.monotonic() - settled_since >= SETTLE_SECONDS:
                         self.publish_schedule(self.plan(peers, epoch=0, start_iteration=0))
-                self._drain_gossip(timeout=1.0)
+                else:
+                    self._follow_membership(peers)
+                self._drain_gossip(timeout=0.5)
             if self.done:
                 logger.info("run %s finished: %d iterations", self.config.run_id, self.completed)
+                self._linger(stop)
         finally:
             self.shutdown()
+
+    def _linger(self, stop: threading.Event, timeout: float = 30.0) -> None:
+        """Stay on the control plane until the peers have taken the last commit and left."""
+        end = time.monotonic() + timeout
+        while not stop.is_set() and time.monotonic() < end:
+            if not any(p in self.schedule.placement for p in self._live_peers()):
+                return
+            self._drain_gossip(timeout=0.5)
 
     @property
     def done(self) -> bool:
@@ -147,28 +171,91 @@ class Coordinator:
         records = self.records.fetch_peers()
         return {p: r for p, r in records.items() if r.state != PeerState.LEAVING and p != self.peer_id}
 
+    def _model_cost(self) -> ModelCost:
+        cfg, model = self.config, self.spec.model
+        layers = balanced_split(model["n_layers"], cfg.stages)
+        activation = cfg.data.batch_size * cfg.data.seq_len * model["dim"] * WIRE_BYTES[cfg.wire_dtype]
+        return ModelCost(layers_per_stage=tuple(layers), activation_bytes=activation)
+
     def plan(self, peers: dict[str, PeerRecord], *, epoch: int, start_iteration: int) -> Schedule:
         """Place `peers` and plan their paths (on the measured view, or on the configured profile)."""
         cfg = self.config
-        model = self.spec.model
-        layers = balanced_split(model["n_layers"], cfg.stages)
-        activation = cfg.data.batch_size * cfg.data.seq_len * model["dim"] * WIRE_BYTES[cfg.wire_dtype]
-        cost = ModelCost(layers_per_stage=tuple(layers), activation_bytes=activation)
-        if cfg.profile:
-            preset = swarm_from(cfg.profile, len(peers), seed=cfg.seed, memory=cfg.memory)
-            view = SwarmView([PeerSpec(id=p, seconds_per_layer=s.seconds_per_layer, memory_slots=cfg.memory,
-                                       region=s.region, data_holder=peers[p].data_holder)
-                              for p, s in zip(sorted(peers), preset.peers)],
-                             preset.latency, preset.bandwidth, preset.message_overhead)
-        else:
-            view = view_from_records(peers)
+        cost = self._model_cost()
+        view = self._view(peers)
         rules = PathRules.from_skip_ratio(cfg.stages, cfg.skip)
         pinned = {p: r.stage for p, r in peers.items() if r.stage >= 0}
         options = PlanOptions(microbatches_per_holder=cfg.microbatches, seed=cfg.seed)
         schedule = plan(view, cost, rules, options, epoch=epoch, run_id=cfg.run_id, placement=pinned or None)
-        schedule.meta["start_iteration"] = start_iteration
+        holders = schedule.data_holders
+        schedule.meta.update(start_iteration=start_iteration, num_shards=len(holders),
+                             shards={h: [i] for i, h in enumerate(holders)}, shard_positions={})
         validate(schedule)
         return schedule
+
+    def replan(self, peers: dict[str, PeerRecord], *, start_iteration: int) -> Schedule:
+        """A new epoch for the live `peers`: survivors keep their stages, newcomers are placed one by one where
+        they help most, and departed holders' shards go to the surviving holders with the fewest."""
+        cfg, old = self.config, self.schedule
+        cost = self._model_cost()
+        view = self._view(peers)
+        tables = CostTables.from_view(view, cost)
+        rules = PathRules.from_skip_ratio(cfg.stages, cfg.skip)
+        goal = PlacementGoal(rules=rules, microbatches_per_holder=cfg.microbatches)
+        ids = list(tables.ids)
+        stage_of = np.array([old.placement.get(p, -1) for p in ids])
+        for i, p in enumerate(ids):
+            if stage_of[i] < 0:
+                stage_of = place_joining(tables, stage_of, i, goal, data_holder=peers[p].data_holder)
+                logger.info("placing joining peer %s on stage %d", p, stage_of[i])
+        empty = [st for st in range(cfg.stages) if not np.any(stage_of == st)]
+        if empty:
+            raise RuntimeError(f"stage(s) {empty} lost every peer; re-planning around an empty stage is not "
+                               "supported yet")
+        holders = [ids[i] for i in np.flatnonzero(stage_of == 0)]
+        shards: dict[str, list[int]] = {h: list(old.meta.get("shards", {}).get(h, [])) for h in holders}
+        owned = {k for ks in shards.values() for k in ks}
+        for k in range(int(old.meta.get("num_shards", 0))):
+            if k not in owned:
+                taker = min(holders, key=lambda h: (len(shards[h]), h))
+                shards[taker].append(k)
+                logger.info("shard %d goes to %s", k, taker)
+        counts = {ids.index(h): cfg.microbatches * max(1, len(ks)) for h, ks in shards.items()}
+        options = PlanOptions(microbatches_per_holder=cfg.microbatches, seed=cfg.seed)
+        schedule = plan_tables(tables, rules, options, stage_of=stage_of, epoch=old.epoch + 1, run_id=cfg.run_id,
+                               microbatch_counts=counts)
+        schedule.meta.update(start_iteration=start_iteration, num_shards=old.meta.get("num_shards", len(holders)),
+                             shards=shards, shard_positions=dict(self.shard_positions))
+        validate(schedule, balance_tolerance=None)
+        return schedule
+
+    def _follow_membership(self, peers: dict[str, PeerRecord]) -> None:
+        """Re-plan when a scheduled peer is gone (restart the uncommitted iteration) or a new one has settled."""
+        now = time.monotonic()
+        for p in peers:
+            self._first_seen.setdefault(p, now)
+        gone = [p for p in self.schedule.placement if p not in peers]
+        joining = [p for p, r in peers.items() if p not in self.schedule.placement and r.state == PeerState.JOINING
+                   and now - self._first_seen[p] >= SETTLE_SECONDS]
+        if not gone and not joining:
+            return
+        start = self.completed if gone else self.completed + 1
+        logger.warning("membership changed (gone: %s, joining: %s): re-planning from iteration %d", gone, joining,
+                       start)
+        live = {p: r for p, r in peers.items() if p in self.schedule.placement or p in joining}
+        try:
+            self.publish_schedule(self.replan(live, start_iteration=start))
+        except (RuntimeError, ValueError) as e:
+            logger.error("could not re-plan: %s", e)
+
+    def _view(self, peers: dict[str, PeerRecord]) -> SwarmView:
+        cfg = self.config
+        if cfg.profile:
+            preset = swarm_from(cfg.profile, len(peers), seed=cfg.seed, memory=cfg.memory)
+            return SwarmView([PeerSpec(id=p, seconds_per_layer=s.seconds_per_layer, memory_slots=cfg.memory,
+                                       region=s.region, data_holder=peers[p].data_holder)
+                              for p, s in zip(sorted(peers), preset.peers)],
+                             preset.latency, preset.bandwidth, preset.message_overhead)
+        return view_from_records(peers)
 
     def publish_schedule(self, schedule: Schedule) -> None:
         if not self.records.publish_schedule(ScheduleMsg.from_schedule(schedule)):
@@ -177,9 +264,10 @@ class Coordinator:
         if self.run_dir:
             (self.run_dir / f"schedule-{schedule.epoch}.json").write_text(schedule.to_json())
         paths = len({(r.origin, r.stages, r.peers) for r in schedule.routes})
-        logger.info("schedule epoch %d: %d peers, %d microbatches on %d distinct paths, predicted %.3f s/iteration",
-                    schedule.epoch, len(schedule.placement), len(schedule.routes), paths,
-                    schedule.predicted_iteration_seconds or float("nan"))
+        logger.info("schedule epoch %d from iteration %d: %d peers, %d microbatches on %d distinct paths, predicted "
+                    "%.3f s/iteration, planned in %.2f s", schedule.epoch, schedule.meta["start_iteration"],
+                    len(schedule.placement), len(schedule.routes), paths,
+                    schedule.predicted_iteration_seconds or float("nan"), schedule.meta.get("plan_seconds", 0.0))
         self._gossip.publish(schedule_topic(self.config.run_id), {"epoch": schedule.epoch})
 
     # ---- progress ---------------------------------------------------------------------------------
@@ -197,23 +285,39 @@ class Coordinator:
 
     def _handle(self, msg: GossipMessage) -> None:
         if msg.topic == membership_topic(self.config.run_id):
-            logger.info("membership: %s %s", msg.payload.get("event"), msg.sender)
+            logger.info("membership: %s %s", msg.payload.get("event"), msg.payload.get("peer", msg.sender))
             return
         if msg.topic != progress_topic(self.config.run_id) or self.schedule is None:
+            return
+        p = msg.payload
+        if p.get("kind") != "done":
             return
         if msg.sender not in self.schedule.data_holders:
             logger.warning("ignored a progress report from %s: not a data holder of the schedule", msg.sender)
             return
-        p = msg.payload
         try:
-            it = int(p["iteration"])
+            it, epoch = int(p["iteration"]), int(p["epoch"])
             report = {k: float(p[k]) for k in ("loss_sum", "losses", "tokens", "started", "finished")}
+            shards = dict(p.get("shards", {}))
         except (KeyError, TypeError, ValueError):
             logger.warning("ignored a malformed progress report from %s", msg.sender)
             return
-        self._reports.setdefault(it, {})[msg.sender] = report
-        if len(self._reports[it]) == len(self.schedule.data_holders):
-            self._emit(it, self._reports.pop(it))
+        report["shards"] = shards
+        self._reports.setdefault((it, epoch), {})[msg.sender] = report
+        self._try_commit()
+
+    def _try_commit(self) -> None:
+        """Commit the iteration in progress once every holder of the current epoch has reported it done."""
+        key = (self.completed, self.schedule.epoch)
+        reports = self._reports.get(key, {})
+        if not set(self.schedule.data_holders) <= set(reports):
+            return
+        self._gossip.publish(progress_topic(self.config.run_id),
+                             {"kind": "commit", "iteration": self.completed, "epoch": self.schedule.epoch})
+        for r in reports.values():
+            self.shard_positions.update(r["shards"])
+        self._emit(self.completed, reports)
+        self._reports = {k: v for k, v in self._reports.items() if k[0] > key[0]}
 
     def _emit(self, iteration: int, reports: dict[str, dict[str, float]]) -> None:
         losses = sum(r["losses"] for r in reports.values())

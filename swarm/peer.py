@@ -2,11 +2,19 @@
 
 Joins the DHT through any known peer, reads the signed run spec, measures its own compute speed and its
 links to a sample of peers, and announces itself (a signed record refreshed by heartbeat). Once the
-coordinator's schedule places it, it builds its stage's worker (weights from the run's seed, so every
-peer of a stage starts equal), then iterates: its part of the pipeline (`PipelineExecutor`), the stage
-group's averaging (`average_stage_group`), one optimizer step; data holders report progress on the
-gossip control plane. A newer schedule epoch is adopted at the iteration boundary it names. On stop
-(Ctrl+C, SIGTERM or the run's last iteration) it announces that it leaves and shuts everything down.
+coordinator's schedule places it, it builds its stage's worker: from the run's seed at the start, or from a
+same-stage peer's weights and optimizer state when it joins mid-run. Then it iterates:
+
+1. its part of the pipeline (`PipelineExecutor`); a data holder draws its microbatches from the shards the
+   schedule gives it and records each draw in its `DataLedger`;
+2. data holders report `done`; every peer waits for the scheduler's `commit` of the iteration (the point
+   after which its samples count as processed);
+3. the stage group's averaging and one optimizer step.
+
+Iterations are atomic: when a peer dies or joins, the scheduler publishes a new schedule epoch that starts
+at the uncommitted iteration; every peer abandons that iteration (gradients dropped, data holders requeue
+their draws and rewind), adopts the new epoch and runs the iteration again, so no sample is lost or trained
+twice. On stop (Ctrl+C, SIGTERM or the run's last iteration) it announces that it leaves and shuts down.
 """
 
 from __future__ import annotations
@@ -25,7 +33,8 @@ import hivemind
 import torch
 
 from peers.checkpoint import save_stage_checkpoint
-from peers.data import Corpus
+from peers.data import Corpus, Shard
+from peers.data_ledger import DataLedger
 from peers.model import Block, ModelConfig
 from peers.stage import balanced_split
 from peers.worker import StageWorker
@@ -34,10 +43,11 @@ from swarm.constants import DHT_TIMEOUT, LOOPBACK_HOST
 from swarm.gossip import GossipClient, GossipMessage, membership_topic, progress_topic, schedule_topic
 from swarm.identity import ensure_identity, load_identity
 from swarm.link_probe import LinkProber
-from swarm.pipeline import Inbound, PipelineExecutor
+from swarm.pipeline import Inbound, IterationAborted, IterationTimeout, PipelineExecutor
 from swarm.records import SwarmRecords
 from swarm.run_config import RunConfig
 from swarm.stage_allgather import average_stage_group, flatten, unflatten
+from swarm.state_transfer import load_state, send_state
 from swarm.transport import Transport, TransportError
 from swarm.wire import Direction, HopHeader, PeerRecord, PeerState, WireError
 
@@ -47,6 +57,8 @@ MAX_ITERATIONS_AHEAD = 2
 """Messages for iterations further ahead than this are refused, so a flood cannot fill memory."""
 PROBE_SAMPLE = 8
 """Peers whose links a joining peer measures."""
+COMMIT_TIMEOUT = 120.0
+"""Seconds to wait for the scheduler's commit (or a replacing epoch) before giving up on the run."""
 
 
 @dataclass(frozen=True)
@@ -73,6 +85,8 @@ class PeerOptions:
     join_timeout: float = 120.0
     """Seconds to wait for the run spec and for a schedule that places this peer."""
     log_gossip: str | None = None
+    ledger_path: str | None = None
+    """Where a data holder appends its data ledger (JSON lines)."""
     checkpoint_dir: str | None = None
     """Where this peer writes its own checkpoint every `checkpoint_every` iterations of the run."""
     log_param_digest: bool = False
@@ -119,10 +133,16 @@ class Peer:
         self.worker: StageWorker | None = None
         self.links: dict[str, tuple[float, float]] = {}
         self.seconds_per_layer = 1.0
+        self.shards: dict[int, Shard] = {}
+        self.ledger = DataLedger(options.ledger_path, holder=self.peer_id)
         self._raw: queue.Queue[Inbound] = queue.Queue()
         self._buckets: dict[tuple[int, str], list[Inbound]] = defaultdict(list)
         self._sender = ThreadPoolExecutor(4, thread_name_prefix="skippipe-send")
         self._schedule_notice = threading.Event()
+        self._newer: Schedule | None = None
+        self._commits: set[tuple[int, int]] = set()
+        self._commit_event = threading.Event()
+        self._unreachable_reported: set[str] = set()
         self._dht = self._transport = self._gossip = self._heartbeat = self._averager = None
         self.records: SwarmRecords | None = None
 
@@ -133,9 +153,22 @@ class Peer:
             if self.schedule is None:
                 return
             while not stop.is_set() and (not self.config.iterations or self.iteration < self.config.iterations):
-                self._maybe_adopt_newer_schedule()
-                self._run_iteration()
-                self.iteration += 1
+                self._adopt_due_schedule()
+                if self.peer_id not in self.schedule.placement:
+                    logger.error("the schedule of epoch %d no longer includes this peer; leaving", self.schedule.epoch)
+                    return
+                try:
+                    self._run_iteration()
+                    self.iteration += 1
+                except IterationAborted as e:
+                    logger.warning("%s", e)
+                    self._abandon_iteration()
+                except IterationTimeout as e:
+                    logger.warning("%s; waiting for the scheduler to replace the schedule", e)
+                    self._report_unreachable_peers()
+                    if not self._wait_for_replacement(stop):
+                        raise
+                    self._abandon_iteration()
             logger.info("peer %s stops after iteration %d", self.peer_id, self.iteration)
         finally:
             self.shutdown()
@@ -160,7 +193,7 @@ class Peer:
         self._transport = Transport(self._dht, self._on_receive, run_id=o.run_id)
         self._gossip = GossipClient(on_message=self._on_gossip)
         self._gossip.start(o.identity_path, listen_host=o.host, bootstrap=spec.control_addrs, log_path=o.log_gossip)
-        for topic in (schedule_topic(o.run_id), membership_topic(o.run_id)):
+        for topic in (schedule_topic(o.run_id), membership_topic(o.run_id), progress_topic(o.run_id)):
             self._gossip.subscribe(topic)
         self.corpus = Corpus.build(self.config.data)
         if self.corpus.vocab_size != self.model_config.vocab_size:
@@ -170,7 +203,8 @@ class Peer:
             self.corpus = self.corpus.with_documents(o.data_paths)
         self.seconds_per_layer = measure_seconds_per_layer(self.model_config, self.config.data.batch_size,
                                                            self.config.data.seq_len, o.device)
-        self._heartbeat = self.records.start_heartbeat(self._record)
+        self._heartbeat = self.records.start_heartbeat(self._record, period=self.config.heartbeat,
+                                                       ttl=3 * self.config.heartbeat)
         self._probe_links()
         self._gossip.publish(membership_topic(o.run_id), {"event": "join", "peer": self.peer_id}, wait=False)
         logger.info("peer %s joined run %s (%.4f s/layer); waiting to be placed", self.peer_id, o.run_id,
@@ -178,7 +212,7 @@ class Peer:
         while not stop.is_set() and time.monotonic() < deadline:
             schedule = self._fetch_schedule()
             if schedule is not None and self.peer_id in schedule.placement:
-                self._adopt(schedule, first=True)
+                self._start_on(schedule)
                 return
             self._schedule_notice.wait(0.5)
             self._schedule_notice.clear()
@@ -229,51 +263,132 @@ class Peer:
         except (TransportError, WireError, TimeoutError) as e:
             logger.warning("link probing failed: %s", e)
 
+    def _report_unreachable_peers(self) -> None:
+        """Tell the scheduler which peers this iteration waited on in vain (it checks their heartbeats)."""
+        if self._gossip is not None:
+            self._gossip.publish(membership_topic(self.options.run_id),
+                                 {"event": "stuck", "peer": self.peer_id, "iteration": self.iteration}, wait=False)
+
     # ---- schedules --------------------------------------------------------------------------------
     def _on_gossip(self, msg: GossipMessage) -> None:
-        if msg.topic == schedule_topic(self.options.run_id):
+        run = self.options.run_id
+        if msg.topic == schedule_topic(run):
             if msg.sender != self.coordinator:
                 logger.warning("ignored a schedule notice from %s: not the run's scheduler", msg.sender)
                 return
             self._schedule_notice.set()
+        elif msg.topic == progress_topic(run) and msg.payload.get("kind") == "commit":
+            if msg.sender != self.coordinator:
+                logger.warning("ignored a commit from %s: not the run's scheduler", msg.sender)
+                return
+            it, epoch = msg.payload.get("iteration"), msg.payload.get("epoch")
+            if isinstance(it, int) and isinstance(epoch, int):
+                self._commits.add((it, epoch))
+                self._commit_event.set()
 
     def _fetch_schedule(self) -> Schedule | None:
         msg = self.records.fetch_schedule(signers=[self.coordinator])
         return msg.to_schedule() if msg is not None else None
 
-    def _maybe_adopt_newer_schedule(self) -> None:
-        if not self._schedule_notice.is_set():
-            return
-        self._schedule_notice.clear()
-        schedule = self._fetch_schedule()
-        if schedule is None or schedule.epoch <= self.schedule.epoch:
-            return
-        start = int(schedule.meta.get("start_iteration", 0))
-        if start > self.iteration:
-            self._schedule_notice.set()  # not yet: look again at the next boundary
-            return
-        if schedule.placement.get(self.peer_id) != self.stage:
-            logger.error("schedule epoch %d moves this peer to stage %s; moving stages is not supported yet",
-                         schedule.epoch, schedule.placement.get(self.peer_id))
-            return
-        self._adopt(schedule)
+    def _poll_newer(self) -> Schedule | None:
+        """The newest announced schedule if it is newer than the one in use (fetched once per notice)."""
+        if self._schedule_notice.is_set():
+            self._schedule_notice.clear()
+            schedule = self._fetch_schedule()
+            if schedule is not None and schedule.epoch > self.schedule.epoch and \
+                    (self._newer is None or schedule.epoch > self._newer.epoch):
+                self._newer = schedule
+        return self._newer
 
-    def _adopt(self, schedule: Schedule, *, first: bool = False) -> None:
+    def _replaced(self) -> bool:
+        """A newer epoch starts at (or before) the iteration in progress: that iteration is to be abandoned."""
+        newer = self._poll_newer()
+        return newer is not None and int(newer.meta.get("start_iteration", 0)) <= self.iteration
+
+    def _adopt_due_schedule(self) -> None:
+        newer = self._poll_newer()
+        if newer is not None and int(newer.meta.get("start_iteration", 0)) <= self.iteration:
+            self._newer = None
+            self._adopt(newer)
+
+    def _wait_for_replacement(self, stop: threading.Event) -> bool:
+        end = time.monotonic() + COMMIT_TIMEOUT
+        while not stop.is_set() and time.monotonic() < end:
+            if self._replaced():
+                return True
+            time.sleep(0.2)
+        return False
+
+    def _start_on(self, schedule: Schedule) -> None:
+        """First placement: build the worker, from the seed or from a same-stage peer's state."""
         self.schedule = schedule
-        if first:
-            self.stage = schedule.placement[self.peer_id]
-            split = balanced_split(self.model_config.n_layers, schedule.num_stages)
-            self.worker = StageWorker(self.peer_id, self.stage, self.model_config, split, self.config.optim,
-                                      memory_slots=schedule.memory[self.peer_id], device=self.options.device,
-                                      precision=self._precision(), seed=self.config.seed)
-            self.iteration = int(schedule.meta.get("start_iteration", 0))
-            if self.stage == 0:
-                holders = schedule.data_holders
-                index, count = (0, 1) if self.options.data_paths else (holders.index(self.peer_id), len(holders))
-                self.shard = self.corpus.shard(index, count)
-            self.state = PeerState.ONLINE
+        self.stage = schedule.placement[self.peer_id]
+        self.iteration = int(schedule.meta.get("start_iteration", 0))
+        split = balanced_split(self.model_config.n_layers, schedule.num_stages)
+        self.worker = StageWorker(self.peer_id, self.stage, self.model_config, split, self.config.optim,
+                                  memory_slots=schedule.memory[self.peer_id], device=self.options.device,
+                                  precision=self._precision(), seed=self.config.seed)
+        if self.iteration > 0:
+            steps = self._receive_state()
+            logger.info("loaded stage %d's state (step %d) from a same-stage peer", self.stage, steps)
+        self._set_shards(schedule)
+        self.state = PeerState.ONLINE
         logger.info("peer %s runs schedule epoch %d on stage %d from iteration %d", self.peer_id, schedule.epoch,
                     self.stage, self.iteration)
+
+    def _adopt(self, schedule: Schedule) -> None:
+        old = self.schedule
+        if self.peer_id in schedule.placement and schedule.placement[self.peer_id] != self.stage:
+            logger.error("schedule epoch %d moves this peer to stage %d; moving stages is not supported yet",
+                         schedule.epoch, schedule.placement[self.peer_id])
+            return
+        self.schedule = schedule
+        self._buckets = defaultdict(list, {k: v for k, v in self._buckets.items() if k[1] == "state"})
+        if self.peer_id not in schedule.placement:
+            return
+        newcomers = [p for p in schedule.stage_peers(self.stage) if p not in old.placement]
+        veterans = [p for p in schedule.stage_peers(self.stage) if p in old.placement]
+        if newcomers and veterans and veterans[0] == self.peer_id:
+            for peer in newcomers:
+                send_state(me=self.peer_id, worker=self.worker, to=peer, run_id=self.options.run_id,
+                           iteration=self.iteration, epoch=schedule.epoch, send=self._send)
+                logger.info("sent stage %d's state to joining peer %s", self.stage, peer)
+        self._set_shards(schedule)
+        logger.info("adopted schedule epoch %d at iteration %d (%d peers)", schedule.epoch, self.iteration,
+                    len(schedule.placement))
+
+    def _set_shards(self, schedule: Schedule) -> None:
+        """The data shards this holder draws from: its own, plus any taken over from departed holders."""
+        if self.stage != 0:
+            return
+        if self.options.data_paths:
+            self.shards = self.shards or {0: self.corpus.shard(0, 1)}
+            return
+        specs = schedule.meta.get("shards", {}).get(self.peer_id)
+        total = int(schedule.meta.get("num_shards", len(schedule.data_holders)))
+        if specs is None:
+            specs = [schedule.data_holders.index(self.peer_id)]
+        positions = schedule.meta.get("shard_positions", {})
+        shards = {}
+        for k in specs:
+            shard = self.shards.get(k) or self.corpus.shard(int(k), total)
+            if k not in self.shards and positions.get(str(k)) is not None:
+                shard.load_state_dict(positions[str(k)])
+            shards[int(k)] = shard
+        self.shards = shards
+
+    def _receive_state(self) -> int:
+        end = time.monotonic() + COMMIT_TIMEOUT
+        parts: dict[int, Inbound] = {}
+        while len(parts) < 2 and time.monotonic() < end:
+            for m in self._receive("state", 0.5, any_iteration=True):
+                if m.sender in self.schedule.placement and self.schedule.placement[m.sender] == self.stage:
+                    parts[m.header.microbatch] = m
+                else:
+                    logger.warning("dropped stage state from %s: not a peer of stage %d", m.sender, self.stage)
+        if len(parts) < 2:
+            raise TimeoutError(f"no same-stage peer sent stage {self.stage}'s state")
+        return load_state(self.worker, parts)
 
     def _precision(self) -> str:
         if self.options.precision != "auto":
@@ -281,17 +396,49 @@ class Peer:
         return "bf16" if self.options.device.startswith("cuda") else "fp32"
 
     # ---- one iteration ----------------------------------------------------------------------------
+    def _draw(self, schedule: Schedule) -> dict[int, torch.Tensor]:
+        """This holder's microbatches for the iteration, round-robin over its shards, each draw ledgered."""
+        own = sorted((r for r in schedule.routes if r.origin == self.peer_id),
+                     key=lambda r: (r.inject_after, r.microbatch))
+        self._snapshot = {k: s.state_dict() for k, s in self.shards.items()}
+        keys = sorted(self.shards)
+        batches = {}
+        for j, r in enumerate(own):
+            k = keys[j % len(keys)]
+            batches[r.microbatch] = self.shards[k].next_batch()
+            self.ledger.draw(iteration=self.iteration, epoch=schedule.epoch, shard=k, microbatch=r.microbatch,
+                             windows=self.shards[k].last_indices)
+        return batches
+
+    def _abandon_iteration(self) -> None:
+        """Drop the iteration's gradients and stashes; a holder requeues its draws and rewinds its shards."""
+        self.worker.reset()
+        if self.stage == 0 and getattr(self, "_snapshot", None):
+            self.ledger.requeue(self.iteration)
+            for k, state in self._snapshot.items():
+                if k in self.shards:
+                    self.shards[k].load_state_dict(state)
+            self._snapshot = {}
+        self._adopt_due_schedule()
+
     def _run_iteration(self) -> None:
         o, schedule, worker = self.options, self.schedule, self.worker
-        batches = {}
-        if self.stage == 0:
-            own = sorted((r for r in schedule.routes if r.origin == self.peer_id),
-                         key=lambda r: (r.inject_after, r.microbatch))
-            batches = {r.microbatch: self.shard.next_batch() for r in own}
+        batches = self._draw(schedule) if self.stage == 0 else {}
         executor = PipelineExecutor(me=self.peer_id, worker=worker, schedule=schedule, run_id=o.run_id,
                                     iteration=self.iteration, send=self._send, batches=batches)
         t0 = time.perf_counter()
-        result = executor.run(lambda t: self._receive("hop", t), deadline=o.iteration_deadline)
+        result = executor.run(lambda t: self._receive("hop", t), deadline=o.iteration_deadline,
+                              aborted=self._replaced)
+        if self.stage == 0:
+            report = {"kind": "done", "peer": self.peer_id, "iteration": self.iteration, "epoch": schedule.epoch,
+                      "loss_sum": result.loss_sum, "losses": result.losses, "tokens": result.tokens,
+                      "started": result.started, "finished": time.time(), "dropped": result.dropped,
+                      "shards": {str(k): s.state_dict() for k, s in self.shards.items()}}
+            self._gossip.publish(progress_topic(o.run_id), report, wait=False)
+        self._wait_for_commit()
+        if self.stage == 0:
+            self.ledger.commit(self.iteration)
+            self._snapshot = {}
         t1 = time.perf_counter()
         group = schedule.stage_peers(self.stage)
         if self.config.averaging == "hivemind":
@@ -300,30 +447,38 @@ class Peer:
             visits, heard = average_stage_group(me=self.peer_id, worker=worker, group=group, run_id=o.run_id,
                                                 iteration=self.iteration, epoch=schedule.epoch, send=self._send,
                                                 receive=lambda t: self._receive("avg", t),
-                                                deadline=o.averaging_deadline)
+                                                deadline=o.averaging_deadline, alive=self._still_scheduled)
         t2 = time.perf_counter()
         stats = worker.step()
         t3 = time.perf_counter()
         done = self.iteration + 1
         if o.checkpoint_dir and self.config.checkpoint_every and done % self.config.checkpoint_every == 0:
             save_stage_checkpoint(o.checkpoint_dir, worker, iteration=done, seed=self.config.seed,
-                                  shard=getattr(self, "shard", None),
+                                  shard=next(iter(self.shards.values()), None),
                                   extra={"run_id": o.run_id, "peer": self.peer_id, "epoch": schedule.epoch})
             logger.info("checkpoint of stage %d at iteration %d written to %s", self.stage, done, o.checkpoint_dir)
         if o.log_param_digest:
             logger.info("params iteration %d stage %d digest %s", self.iteration, self.stage, param_digest(worker))
-        if self.stage == 0 and self._gossip is not None:
-            report = {"peer": self.peer_id, "iteration": self.iteration, "epoch": schedule.epoch,
-                      "loss_sum": result.loss_sum, "losses": result.losses, "tokens": result.tokens,
-                      "started": result.started, "finished": time.time(), "dropped": result.dropped,
-                      "lr": stats.lr}
-            try:
-                self._gossip.publish(progress_topic(o.run_id), report, wait=False)
-            except Exception as e:
-                logger.warning("progress report not sent: %s", e)
-        logger.info("iteration %d done: %d backward passes, stage %d averaged %d visits from %d/%d peers "
-                    "(pipeline %.3f s, averaging %.3f s, step %.3f s)", self.iteration, result.backward_done,
-                    self.stage, visits, heard, len(group), t1 - t0, t2 - t1, t3 - t2)
+        logger.info("iteration %d done: %d backward passes, stage %d averaged %d visits from %d/%d peers, lr %.2e "
+                    "(pipeline+commit %.3f s, averaging %.3f s, step %.3f s)", self.iteration, result.backward_done,
+                    self.stage, visits, heard, len(group), stats.lr, t1 - t0, t2 - t1, t3 - t2)
+
+    def _wait_for_commit(self) -> None:
+        """Block until the scheduler commits this iteration; a replacing epoch aborts it instead."""
+        key = (self.iteration, self.schedule.epoch)
+        end = time.monotonic() + COMMIT_TIMEOUT
+        while key not in self._commits:
+            if self._replaced():
+                raise IterationAborted(f"iteration {self.iteration} replaced before its commit")
+            if time.monotonic() > end:
+                raise IterationTimeout(f"no commit of iteration {self.iteration} within {COMMIT_TIMEOUT:.0f} s")
+            self._commit_event.wait(0.05)
+            self._commit_event.clear()
+        self._commits = {c for c in self._commits if c[0] >= self.iteration}
+
+    def _still_scheduled(self, peer: str) -> bool:
+        newer = self._poll_newer()
+        return newer is None or peer in newer.placement
 
     def _average_with_hivemind(self, group_size: int) -> tuple[int, int]:
         """The stage group's visit-weighted mean through hivemind's DecentralizedAverager.
@@ -352,17 +507,20 @@ class Peer:
 
     def _file(self, m: Inbound) -> None:
         it = m.header.iteration
-        if it < self.iteration:
+        kind = {Direction.AVERAGE: "avg", Direction.STATE: "state"}.get(m.header.direction, "hop")
+        if kind == "state":
+            self._buckets[(it, kind)].append(m)
+        elif it < self.iteration:
             logger.debug("stale message of iteration %d from %s dropped", it, m.sender)
         elif it > self.iteration + MAX_ITERATIONS_AHEAD:
             logger.warning("dropped a message of iteration %d from %s: this peer is at iteration %d", it, m.sender,
                            self.iteration)
         else:
-            self._buckets[(it, "avg" if m.header.direction == Direction.AVERAGE else "hop")].append(m)
+            self._buckets[(it, kind)].append(m)
 
-    def _receive(self, kind: str, timeout: float) -> list[Inbound]:
-        key = (self.iteration, kind)
-        if not self._buckets.get(key):
+    def _receive(self, kind: str, timeout: float, *, any_iteration: bool = False) -> list[Inbound]:
+        keys = lambda: [k for k in self._buckets if k[1] == kind and (any_iteration or k[0] == self.iteration)]  # noqa: E731
+        if not any(self._buckets[k] for k in keys()):
             try:
                 self._file(self._raw.get(timeout=timeout))
             except queue.Empty:
@@ -372,13 +530,16 @@ class Peer:
                 self._file(self._raw.get_nowait())
             except queue.Empty:
                 break
-        for old in [k for k in self._buckets if k[0] < self.iteration]:
+        for old in [k for k in self._buckets if k[0] < self.iteration and k[1] != "state"]:
             del self._buckets[old]
-        return self._buckets.pop(key, [])
+        out: list[Inbound] = []
+        for k in keys():
+            out.extend(self._buckets.pop(k, []))
+        return out
 
     def _send(self, peer: str, header: HopHeader, tensor: torch.Tensor) -> None:
-        wire = None if header.direction == Direction.AVERAGE or self.config.wire_dtype == "float32" \
-            else self.config.wire_dtype
+        plain = header.direction in (Direction.AVERAGE, Direction.STATE) or self.config.wire_dtype == "float32"
+        wire = None if plain else self.config.wire_dtype
 
         def deliver() -> None:
             try:
@@ -386,5 +547,9 @@ class Peer:
             except (TransportError, ValueError) as e:
                 logger.warning("could not send %s of microbatch %d to %s: %s", header.direction.name.lower(),
                                header.microbatch, peer, e)
+                if peer not in self._unreachable_reported and self._gossip is not None:
+                    self._unreachable_reported.add(peer)
+                    self._gossip.publish(membership_topic(self.options.run_id),
+                                         {"event": "unreachable", "peer": peer}, wait=False)
 
         self._sender.submit(deliver)

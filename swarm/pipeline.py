@@ -46,6 +46,10 @@ class IterationTimeout(RuntimeError):
     """The iteration did not complete before its deadline (a peer or link failed)."""
 
 
+class IterationAborted(RuntimeError):
+    """The scheduler replaced this iteration's schedule (a peer died or joined): abandon it and run it again."""
+
+
 @dataclass
 class IterationResult:
     """What this peer did in one iteration."""
@@ -84,11 +88,18 @@ class PipelineExecutor:
         self.result = IterationResult(iteration=iteration)
         self._deferred: list[Inbound] = []
 
-    def run(self, receive: Receive, *, deadline: float) -> IterationResult:
-        """Process until every backward this peer expects has run; raises IterationTimeout past `deadline`."""
+    def run(self, receive: Receive, *, deadline: float, aborted: Callable[[], bool] = lambda: False
+            ) -> IterationResult:
+        """Process until every backward this peer expects has run.
+
+        :param aborted: polled between messages; True abandons the iteration (IterationAborted)
+        :raises IterationTimeout: past `deadline` seconds
+        """
         start = time.monotonic()
         pending = list(self.own)
         while self.result.backward_done < self.expected:
+            if aborted():
+                raise IterationAborted(f"iteration {self.iteration} abandoned for a newer schedule")
             now = time.monotonic() - start
             while pending and pending[0].inject_after <= now and len(self.worker.stashed) < self.worker.memory_slots:
                 self._inject(pending.pop(0))

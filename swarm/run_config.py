@@ -70,6 +70,8 @@ class RunConfig:
     """dtype of activations and gradients on the wire."""
     profile: str = ""
     """Plan on this network preset or profile file instead of measured links ("" = measured)."""
+    heartbeat: float = 2.0
+    """Seconds between a peer's record refreshes; a record expires after three missed ones (failure detection)."""
     averaging: Averaging = "allgather"
     """Stage-group averaging: all-gather over the tensor transport (exact, one round trip, for small groups)
     or hivemind's DecentralizedAverager (butterfly all-reduce, for large groups and models)."""
@@ -99,6 +101,9 @@ class RunConfig:
             raise ValueError(f"run.seed must be an integer, got {self.seed!r}")
         if self.wire_dtype not in ("float32", "float16", "bfloat16"):
             raise ValueError(f"swarm.wire_dtype must be float32, float16 or bfloat16, got {self.wire_dtype!r}")
+        if isinstance(self.heartbeat, bool) or not isinstance(self.heartbeat, (int, float)) or \
+                not 0.2 <= self.heartbeat <= 60:
+            raise ValueError(f"swarm.heartbeat must be 0.2-60 seconds, got {self.heartbeat!r}")
         if self.averaging not in ("allgather", "hivemind"):
             raise ValueError(f"swarm.averaging must be allgather or hivemind, got {self.averaging!r}")
         if not isinstance(self.profile, str):
@@ -154,7 +159,7 @@ class RunConfig:
     def to_spec(self, *, coordinator: str, vocab_size: int, control_addrs: tuple[str, ...] = ()) -> RunSpec:
         hyper = {k: getattr(self, k) for k in ("microbatches", "memory", "iterations", "seed", "min_peers",
                                                "wire_dtype", "profile", "model", "checkpoint_every",
-                                               "averaging")}
+                                               "averaging", "heartbeat")}
         hyper["optim"] = dataclasses.asdict(self.optim)
         return RunSpec(run_id=self.run_id, model=self.model_config(vocab_size).to_dict(), stages=self.stages,
                        skip_ratio=float(self.skip), hyperparameters=hyper, data=self.data.to_dict(),

@@ -40,11 +40,13 @@ def unflatten(flat: torch.Tensor, like: dict[str, torch.Tensor]) -> dict[str, to
 
 
 def average_stage_group(*, me: str, worker: StageWorker, group: list[str], run_id: str, iteration: int, epoch: int,
-                        send: Send, receive: Callable[[float], list[Inbound]], deadline: float) -> tuple[int, int]:
+                        send: Send, receive: Callable[[float], list[Inbound]], deadline: float,
+                        alive: Callable[[str], bool] = lambda peer: True) -> tuple[int, int]:
     """Install the stage group's visit-weighted mean gradient on `worker`.
 
     :param group: peer ids serving this stage (this peer included)
     :param receive: this iteration's AVERAGE messages, waiting up to the timeout for the first
+    :param alive: whether a member is still worth waiting for (False once the scheduler dropped it)
     :returns: (total visits averaged, members heard from, this peer included)
     """
     sums = worker.gradient_sums()
@@ -57,7 +59,7 @@ def average_stage_group(*, me: str, worker: StageWorker, group: list[str], run_i
                            stages=(worker.stage, worker.stage), weight=worker.visits)
         send(peer, header, flat)
     end = time.monotonic() + deadline
-    while len(contributions) < len(group) and time.monotonic() < end:
+    while time.monotonic() < end and any(p not in contributions and alive(p) for p in others):
         for m in receive(min(0.2, max(0.0, end - time.monotonic()))):
             h = m.header
             if m.sender not in others or h.route != (m.sender, me):

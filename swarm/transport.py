@@ -112,7 +112,8 @@ class Transport:
         self.run_id, self.recv_timeout = run_id, recv_timeout
         self._stats = {"received": 0, "refused": 0, "sent": 0, "bytes_received": 0, "bytes_sent": 0,
                        "streams_opened": 0, "streams_accepted": 0}
-        self._idle: dict[tuple[str, str], list[_Stream]] = {}  # touched only in the loop's thread
+        self._idle: dict[tuple[str, str], list[_Stream]] = {}  # these two touched only in the loop's thread
+        self._inbound: set[asyncio.StreamWriter] = set()
         self._last_sweep = time.monotonic()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="skippipe-transport", daemon=True)
@@ -173,6 +174,9 @@ class Transport:
             for stream in streams:
                 stream.close()
         self._idle.clear()
+        for writer in list(self._inbound):  # ends the handlers waiting for a next message: senders see EOF
+            writer.close()
+        await asyncio.sleep(0)
         for name in (HOP_PROTOCOL, PROBE_PROTOCOL):
             try:
                 await self._p2p.remove_binary_stream_handler(name)
@@ -306,11 +310,13 @@ class Transport:
     async def _handle_hop(self, info: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         sender = info.peer_id.to_base58()
         self._stats["streams_accepted"] += 1
+        self._inbound.add(writer)
         try:
             while (size := await self._next_message(reader, sender, "message")) is not None:
                 if not await self._receive_hop(sender, size, reader, writer):
                     break
         finally:
+            self._inbound.discard(writer)
             writer.close()
 
     async def _next_message(self, reader: asyncio.StreamReader, sender: str, what: str) -> int | None:
@@ -429,11 +435,13 @@ class Transport:
 
     async def _handle_probe(self, info: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         sender = info.peer_id.to_base58()
+        self._inbound.add(writer)
         try:
             while (nbytes := await self._next_message(reader, sender, "probe")) is not None:
                 if not await self._receive_probe(sender, nbytes, reader, writer):
                     break
         finally:
+            self._inbound.discard(writer)
             writer.close()
 
     async def _receive_probe(self, sender: str, nbytes: int, reader: asyncio.StreamReader,

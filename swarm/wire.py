@@ -254,6 +254,8 @@ class Direction(IntEnum):
     BACKWARD = 1
     AVERAGE = 2
     """A stage peer's summed gradients for its group's all-gather (route = (sender, receiver))."""
+    STATE = 3
+    """A stage's weights or optimizer moments for a peer joining that stage (route = (sender, receiver))."""
 
 
 @dataclass(frozen=True)

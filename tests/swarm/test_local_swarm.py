@@ -142,6 +142,8 @@ def test_local_swarm_trains_refuses_hostile_input_and_keeps_stages_identical(run
         assert coordinator["coordinator"] != intruder.peer_id
 
         records = run.watch(ITERATIONS, timeout=180)
+        for proc in run.peers:  # after the last commit each peer averages, steps, logs and leaves by itself
+            proc.wait(timeout=60)
     finally:
         gossip.close()
         intruder.close()
@@ -215,6 +217,8 @@ def test_hivemind_averaging_keeps_stage_groups_in_agreement(tmp_path):
     try:
         swarm.start()
         records = swarm.watch(4, timeout=180)
+        for proc in swarm.peers:
+            proc.wait(timeout=60)
     finally:
         swarm.stop()
     assert [r["iteration"] for r in records] == [1, 2, 3, 4]

@@ -159,3 +159,141 @@ def test_concurrent_senders_all_delivered(local, remote):
         th.join(30)
     assert not errors
     assert sorted(remote.received()[1].microbatch for _ in range(6)) == list(range(6))
+
+
+# ---- stream reuse ------------------------------------------------------------------------------------------------
+def test_many_messages_share_one_stream(local, remote):
+    opened, accepted = local.stats()["streams_opened"], remote.call("stats")["streams_accepted"]
+    sent = [torch.full((256,), float(i)) for i in range(20)] + [torch.randn(1024, 1024)]
+    for i, t in enumerate(sent):
+        local.send(remote.id, header(local, remote, microbatch=i), t)
+    got = [remote.received() for _ in sent]
+    assert [g[1].microbatch for g in got] == list(range(len(sent)))
+    assert [g[3] for g in got] == [digest(t) for t in sent]
+    # one stream at most (none if an earlier test left an idle one), where one per message used to be opened
+    assert local.stats()["streams_opened"] - opened <= 1
+    assert remote.call("stats")["streams_accepted"] - accepted <= 1
+
+
+def test_refused_message_closes_its_stream_and_the_next_one_reopens(local, remote):
+    local._loop.call_soon_threadsafe(local._close_idle, (remote.id, HOP_PROTOCOL))  # start from no idle stream
+    opened = local.stats()["streams_opened"]
+    local.send(remote.id, header(local, remote), torch.zeros(4))  # leaves one idle stream
+    remote.received()
+    assert local.stats()["streams_opened"] == opened + 1
+    with pytest.raises(TransportError, match="refused.*run"):
+        local.send(remote.id, header(local, remote, run="other"), torch.zeros(4))
+    assert local.stats()["streams_opened"] == opened + 1  # the refused message went on the idle stream
+    t = torch.randn(1000)
+    local.send(remote.id, header(local, remote, microbatch=7), t)
+    assert local.stats()["streams_opened"] == opened + 2  # the refused one was closed, not reused
+    assert remote.received()[3] == digest(t)
+    assert any(local.peer_id in m and "run" in m for m in remote.logs())  # the refusal, logged with our id
+
+
+def test_hostile_long_lived_stream_is_checked_per_message_and_blocks_nobody(local, remote):
+    good = header(local, remote, dtype="float32", shape=(4,))
+    framed = len(good.to_msgpack()).to_bytes(4, "big") + good.to_msgpack() + bytes(16)
+    bad = header(local, remote, route=(remote.id, local.peer_id)).to_msgpack()
+
+    async def go():
+        _, reader, writer = await local._p2p.call_binary_stream_handler(PeerID.from_base58(remote.id),
+                                                                         HOP_PROTOCOL)
+        _, _, idler = await local._p2p.call_binary_stream_handler(PeerID.from_base58(remote.id), HOP_PROTOCOL)
+        idler.write(b"\0\0")  # stalls inside a length prefix, holding its stream open
+        try:
+            replies = []
+            for payload in (framed, framed, len(bad).to_bytes(4, "big") + bad):
+                writer.write(payload)
+                await writer.drain()
+                replies.append(await asyncio.wait_for(reader.readexactly(3), 10))
+            if replies[-1][0]:
+                await asyncio.wait_for(reader.readexactly(int.from_bytes(replies[-1][1:], "big")), 10)
+            replies.append(await asyncio.wait_for(reader.read(1), 10))  # the receiver closed the stream
+            return replies
+        finally:
+            writer.close()
+            idler.close()
+
+    future = asyncio.run_coroutine_threadsafe(go(), local._loop)
+    start = time.perf_counter()
+    local.send(remote.id, header(local, remote, microbatch=3), torch.ones(8), timeout=10)  # others go through
+    assert time.perf_counter() - start < 5
+    replies = future.result(30)
+    assert replies[:2] == [b"\0\0\0", b"\0\0\0"] and replies[2][0] == 1 and replies[3] == b""
+    assert sorted(remote.received()[1].microbatch for _ in range(3)) == [0, 0, 3]
+    assert any(local.peer_id in m and "addressed to" in m for m in remote.logs())
+
+
+def test_concurrent_senders_on_reused_streams(local, remote):
+    errors, threads_n, per_thread = [], 4, 8
+    tensors = {t * 100 + i: torch.randn(64 * (1 + i % 3), 1024) for t in range(threads_n) for i in range(per_thread)}
+    opened = local.stats()["streams_opened"]
+
+    def send(t):
+        try:
+            for i in range(per_thread):
+                mb = t * 100 + i
+                local.send(remote.id, header(local, remote, microbatch=mb), tensors[mb])
+        except Exception as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=send, args=(t,)) for t in range(threads_n)]
+    for th in threads:
+        th.start()
+    got = {}
+    for _ in tensors:
+        _, h, _, d = remote.received()
+        assert h.microbatch not in got  # each delivered once
+        got[h.microbatch] = d
+    for th in threads:
+        th.join(30)
+    assert not errors
+    assert got == {mb: digest(t) for mb, t in tensors.items()}
+    assert local.stats()["streams_opened"] - opened <= threads_n  # never more streams than concurrent sends
+
+
+@pytest.mark.timeout(180)
+def test_sender_reopens_after_receiver_idles_out_and_after_it_restarts(local, tmp_path):
+    """A receiver closes idle streams (here after 1 s) and may restart with the same identity: sends go on."""
+    import multiprocessing as mp
+
+    from tests.utils.processes import join_or_stop, spawn
+    from tests.utils.swarm_workers import transport_peer
+
+    key = str(tmp_path / "identity.key")
+    maddrs = [str(m) for m in local.dht.get_visible_maddrs()]
+    ctx = mp.get_context("spawn")
+
+    def start():
+        queues = ctx.Queue(), ctx.Queue(), ctx.Queue(), ctx.Queue()
+        proc = spawn(transport_peer, key, maddrs, {"recv_timeout": 1.0, "run_id": RUN}, *queues)
+        tag, (_, peer_id) = queues[1].get(timeout=60)
+        return proc, peer_id, queues
+
+    def stop(proc, queues):
+        queues[0].put(("stop",))
+        join_or_stop(proc, timeout=15)
+
+    proc, peer_id, queues = start()
+    target = type("R", (), {"id": peer_id})
+    try:
+        opened = local.stats()["streams_opened"]
+        for i in range(3):
+            local.send(peer_id, header(local, target, microbatch=i), torch.full((8,), float(i)), timeout=30)
+        assert local.stats()["streams_opened"] == opened + 1
+        time.sleep(2.0)  # the receiver closes the idle stream
+        local.send(peer_id, header(local, target, microbatch=3), torch.zeros(8), timeout=30)
+        assert local.stats()["streams_opened"] == opened + 2
+        assert [queues[2].get(timeout=30)[1].microbatch for _ in range(4)] == [0, 1, 2, 3]
+    finally:
+        stop(proc, queues)
+    proc, peer_id2, queues = start()
+    try:
+        assert peer_id2 == peer_id
+        t = torch.randn(2048)
+        local.send(peer_id, header(local, target, microbatch=9), t, timeout=30)  # the old stream died with it
+        assert queues[2].get(timeout=30)[1:] == (header(local, target, microbatch=9, shape=(2048,)), "torch.float32",
+                                                 digest(t))
+    finally:
+        stop(proc, queues)

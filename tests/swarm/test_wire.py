@@ -118,7 +118,7 @@ def test_oversized_message_rejected_before_unpacking():
     ({"hop": 3}, "hop: 3 outside"),
     ({"route": []}, "route: empty"),
     ({"route": [PEER_A, 5]}, "route"),
-    ({"direction": 2}, "direction"),
+    ({"direction": 7}, "direction"),
     ({"dtype": "complex64"}, "dtype"),
     ({"dtype": "object"}, "dtype"),
     ({"shape": [2, -1]}, "shape"),
