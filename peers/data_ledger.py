@@ -24,8 +24,10 @@ class DataLedger:
         if self.path:
             self.path.parent.mkdir(parents=True, exist_ok=True)
 
-    def draw(self, *, iteration: int, epoch: int, shard: int, microbatch: int, windows: list[int]) -> None:
-        self._log({"event": "draw", "iteration": iteration, "epoch": epoch, "shard": shard,
+    def draw(self, *, iteration: int, epoch: int, shard: int, data_epoch: int, microbatch: int,
+             windows: list[int]) -> None:
+        """`windows` of `shard` (in its `data_epoch`-th pass over the data) went into `microbatch`."""
+        self._log({"event": "draw", "iteration": iteration, "epoch": epoch, "shard": shard, "data_epoch": data_epoch,
                    "microbatch": microbatch, "windows": [int(w) for w in windows]})
 
     def commit(self, iteration: int) -> None:
@@ -48,12 +50,15 @@ def read_ledger(path: str | Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
 
 
-def sample_status(entries: list[dict[str, Any]]) -> dict[tuple[int, int], Counter]:
-    """(shard, window) -> how often it was processed / requeued / left pending, over one or more ledgers.
+def sample_status(entries: list[dict[str, Any]], commits: set[tuple[int, int]] | None = None
+                  ) -> dict[tuple[int, int, int], Counter]:
+    """(shard, data epoch, window) -> how often it was processed / requeued / left pending, over ledgers.
 
-    A draw's fate is the first `processed` or `requeued` event of its holder for its iteration after it.
+    A draw's fate is the first `processed` or `requeued` event of its holder for its iteration after it. With
+    `commits` (the scheduler's committed (iteration, epoch) pairs, the ground truth), a draw whose iteration was
+    committed in its epoch counts as processed even if its holder died before writing so.
     """
-    status: dict[tuple[int, int], Counter] = {}
+    status: dict[tuple[int, int, int], Counter] = {}
     open_draws: dict[tuple[str, int], list[dict[str, Any]]] = {}
     for e in entries:
         key = (e["holder"], e["iteration"])
@@ -62,9 +67,10 @@ def sample_status(entries: list[dict[str, Any]]) -> dict[tuple[int, int], Counte
         else:
             for d in open_draws.pop(key, []):
                 for w in d["windows"]:
-                    status.setdefault((d["shard"], w), Counter())[e["event"]] += 1
+                    status.setdefault((d["shard"], d["data_epoch"], w), Counter())[e["event"]] += 1
     for draws in open_draws.values():
         for d in draws:
+            fate = "processed" if commits is not None and (d["iteration"], d["epoch"]) in commits else "pending"
             for w in d["windows"]:
-                status.setdefault((d["shard"], w), Counter())["pending"] += 1
+                status.setdefault((d["shard"], d["data_epoch"], w), Counter())[fate] += 1
     return status

@@ -103,10 +103,12 @@ def start(config_path, run_id, iterations, min_peers, stages, skip, seed, microb
 @click.option("--log-file", type=click.Path(dir_okay=False), default=None)
 @click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING"]), default="INFO")
 @click.option("--log-param-digest", is_flag=True, help="log a digest of the stage's weights after each step")
+@click.option("--ledger", type=click.Path(dir_okay=False), default=None,
+              help="a data holder appends its data ledger here (JSON lines)")
 @click.option("--checkpoint-dir", type=click.Path(file_okay=False), default=None,
               help="write this peer's checkpoint here every run.checkpoint_every iterations")
 def join(initial_peers, run_id, device, precision, stage, data_paths, identity, host, port, iteration_deadline,
-         log_file, log_level, log_param_digest, checkpoint_dir) -> None:
+         log_file, log_level, log_param_digest, ledger, checkpoint_dir) -> None:
     """Join a run: measure, announce, get placed, train; Ctrl+C leaves cleanly."""
     from swarm.peer import Peer, PeerOptions
 
@@ -123,7 +125,7 @@ def join(initial_peers, run_id, device, precision, stage, data_paths, identity, 
                           port=port, stage=None if stage == "auto" else int(stage), data_paths=tuple(data_paths),
                           device=device, precision=precision, iteration_deadline=iteration_deadline,
                           log_gossip=(log_file + ".gossip") if log_file else None,
-                          log_param_digest=log_param_digest, checkpoint_dir=checkpoint_dir)
+                          log_param_digest=log_param_digest, checkpoint_dir=checkpoint_dir, ledger_path=ledger)
     Peer(options).run(_stop_event())
 
 

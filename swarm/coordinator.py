@@ -84,6 +84,9 @@ class Coordinator:
         self.peer_id = ensure_identity(options.identity_path)
         self.identity = load_identity(options.identity_path)
         self.schedule: Schedule | None = None
+        """The newest epoch published."""
+        self.schedules: list[Schedule] = []
+        """Every epoch published, oldest first."""
         self.completed = 0
         """Iterations committed; the one in progress is `completed`."""
         self.peers_online = 0
@@ -118,6 +121,8 @@ class Coordinator:
                 self._drain_gossip(timeout=0.5)
             if self.done:
                 logger.info("run %s finished: %d iterations", self.config.run_id, self.completed)
+                self._gossip.publish(membership_topic(self.config.run_id), {"event": "finished",
+                                                                            "iterations": self.completed})
                 self._linger(stop)
         finally:
             self.shutdown()
@@ -261,6 +266,7 @@ class Coordinator:
         if not self.records.publish_schedule(ScheduleMsg.from_schedule(schedule)):
             raise RuntimeError(f"could not store schedule epoch {schedule.epoch} in the DHT")
         self.schedule = schedule
+        self.schedules.append(schedule)
         if self.run_dir:
             (self.run_dir / f"schedule-{schedule.epoch}.json").write_text(schedule.to_json())
         paths = len({(r.origin, r.stages, r.peers) for r in schedule.routes})
@@ -292,7 +298,7 @@ class Coordinator:
         p = msg.payload
         if p.get("kind") != "done":
             return
-        if msg.sender not in self.schedule.data_holders:
+        if not any(msg.sender in sch.data_holders for sch in self.schedules):
             logger.warning("ignored a progress report from %s: not a data holder of the schedule", msg.sender)
             return
         try:
@@ -306,14 +312,19 @@ class Coordinator:
         self._reports.setdefault((it, epoch), {})[msg.sender] = report
         self._try_commit()
 
+    def in_force(self, iteration: int) -> Schedule:
+        """The epoch that runs `iteration`: the newest one starting at or before it."""
+        return max((s for s in self.schedules if s.meta["start_iteration"] <= iteration), key=lambda s: s.epoch)
+
     def _try_commit(self) -> None:
-        """Commit the iteration in progress once every holder of the current epoch has reported it done."""
-        key = (self.completed, self.schedule.epoch)
+        """Commit the iteration in progress once every holder of its epoch has reported it done."""
+        schedule = self.in_force(self.completed)
+        key = (self.completed, schedule.epoch)
         reports = self._reports.get(key, {})
-        if not set(self.schedule.data_holders) <= set(reports):
+        if not set(schedule.data_holders) <= set(reports):
             return
         self._gossip.publish(progress_topic(self.config.run_id),
-                             {"kind": "commit", "iteration": self.completed, "epoch": self.schedule.epoch})
+                             {"kind": "commit", "iteration": self.completed, "epoch": schedule.epoch})
         for r in reports.values():
             self.shard_positions.update(r["shards"])
         self._emit(self.completed, reports)
@@ -329,7 +340,7 @@ class Coordinator:
             "tokens_per_s": round(tokens / seconds, 1) if seconds > 0 else None,
             "iteration_seconds": round(seconds, 4),
             "peers_online": self.peers_online,
-            "epoch": self.schedule.epoch,
+            "epoch": self.in_force(iteration).epoch,
             "time": round(time.time(), 3),
         }
         self.completed = max(self.completed, iteration + 1)

@@ -90,6 +90,35 @@ class LocalSwarm:
         logger.info("started %s (pid %d)", name, proc.pid)
         return proc
 
+    def kill(self, proc: subprocess.Popen) -> None:
+        """SIGKILL a process and everything it started (its p2pd, its gossip sidecar): a machine that dies.
+
+        A killed process cannot remove its unix sockets (hivemind's p2pd control sockets), so this does.
+        """
+        import psutil
+
+        try:
+            tree = psutil.Process(proc.pid)
+            victims = [tree, *tree.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return
+        sockets = set()
+        for p in victims:
+            try:
+                sockets |= {c.laddr for c in p.net_connections(kind="unix") if c.laddr}
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                pass
+        for p in victims:
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(victims, timeout=10)
+        proc.wait(timeout=10)
+        for path in sockets:
+            if Path(path).name.startswith("hivemind-") and path.endswith(".sock"):
+                Path(path).unlink(missing_ok=True)
+
     @property
     def processes(self) -> list[subprocess.Popen]:
         return [p for p in [self.coordinator, *self.peers] if p is not None]
@@ -138,7 +167,7 @@ class LocalSwarm:
             seen = len(records)
             if seen >= iterations:
                 return records
-            dead = [p for p in self.peers if p.poll() not in (None, 0)]
+            dead = [p for p in self.peers if p.poll() not in (None, 0) and p.returncode != -9]
             if dead:
                 raise RuntimeError(f"{len(dead)} peer process(es) failed (exit {dead[0].returncode}); logs in "
                                    f"{self.run_dir}")

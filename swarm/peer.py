@@ -137,8 +137,11 @@ class Peer:
         self.ledger = DataLedger(options.ledger_path, holder=self.peer_id)
         self._raw: queue.Queue[Inbound] = queue.Queue()
         self._buckets: dict[tuple[int, str], list[Inbound]] = defaultdict(list)
+        self._held: list[Inbound] = []
+        """Messages of a newer epoch than the one in use, kept until this peer adopts it."""
         self._sender = ThreadPoolExecutor(4, thread_name_prefix="skippipe-send")
         self._schedule_notice = threading.Event()
+        self._finished = threading.Event()
         self._newer: Schedule | None = None
         self._commits: set[tuple[int, int]] = set()
         self._commit_event = threading.Event()
@@ -209,14 +212,14 @@ class Peer:
         self._gossip.publish(membership_topic(o.run_id), {"event": "join", "peer": self.peer_id}, wait=False)
         logger.info("peer %s joined run %s (%.4f s/layer); waiting to be placed", self.peer_id, o.run_id,
                     self.seconds_per_layer)
-        while not stop.is_set() and time.monotonic() < deadline:
+        while not stop.is_set() and not self._finished.is_set() and time.monotonic() < deadline:
             schedule = self._fetch_schedule()
             if schedule is not None and self.peer_id in schedule.placement:
                 self._start_on(schedule)
                 return
             self._schedule_notice.wait(0.5)
             self._schedule_notice.clear()
-        if not stop.is_set():
+        if not stop.is_set() and not self._finished.is_set():
             raise TimeoutError("no schedule placed this peer in time")
 
     def shutdown(self) -> None:
@@ -277,6 +280,11 @@ class Peer:
                 logger.warning("ignored a schedule notice from %s: not the run's scheduler", msg.sender)
                 return
             self._schedule_notice.set()
+        elif msg.topic == membership_topic(run) and msg.payload.get("event") == "finished":
+            if msg.sender == self.coordinator:
+                logger.info("the run has finished")
+                self._finished.set()
+                self._schedule_notice.set()
         elif msg.topic == progress_topic(run) and msg.payload.get("kind") == "commit":
             if msg.sender != self.coordinator:
                 logger.warning("ignored a commit from %s: not the run's scheduler", msg.sender)
@@ -343,7 +351,16 @@ class Peer:
                          schedule.epoch, schedule.placement[self.peer_id])
             return
         self.schedule = schedule
-        self._buckets = defaultdict(list, {k: v for k, v in self._buckets.items() if k[1] == "state"})
+        # messages of older epochs are void; newer ones (sent by peers that switched first) are kept
+        self._buckets = defaultdict(list, {k: kept for k, v in self._buckets.items()
+                                           if (kept := [m for m in v if k[1] == "state" or
+                                                        m.header.epoch >= schedule.epoch])})
+        held, self._held = self._held, []
+        for m in held:
+            if m.header.epoch > schedule.epoch:
+                self._held.append(m)
+            elif m.header.epoch == schedule.epoch:
+                self._file(m)
         if self.peer_id not in schedule.placement:
             return
         newcomers = [p for p in schedule.stage_peers(self.stage) if p not in old.placement]
@@ -406,7 +423,8 @@ class Peer:
         for j, r in enumerate(own):
             k = keys[j % len(keys)]
             batches[r.microbatch] = self.shards[k].next_batch()
-            self.ledger.draw(iteration=self.iteration, epoch=schedule.epoch, shard=k, microbatch=r.microbatch,
+            self.ledger.draw(iteration=self.iteration, epoch=schedule.epoch, shard=k,
+                             data_epoch=self.shards[k].epoch, microbatch=r.microbatch,
                              windows=self.shards[k].last_indices)
         return batches
 
@@ -425,7 +443,8 @@ class Peer:
         o, schedule, worker = self.options, self.schedule, self.worker
         batches = self._draw(schedule) if self.stage == 0 else {}
         executor = PipelineExecutor(me=self.peer_id, worker=worker, schedule=schedule, run_id=o.run_id,
-                                    iteration=self.iteration, send=self._send, batches=batches)
+                                    iteration=self.iteration, send=self._send, batches=batches,
+                                    hold=self._held.append)
         t0 = time.perf_counter()
         result = executor.run(lambda t: self._receive("hop", t), deadline=o.iteration_deadline,
                               aborted=self._replaced)
@@ -447,7 +466,8 @@ class Peer:
             visits, heard = average_stage_group(me=self.peer_id, worker=worker, group=group, run_id=o.run_id,
                                                 iteration=self.iteration, epoch=schedule.epoch, send=self._send,
                                                 receive=lambda t: self._receive("avg", t),
-                                                deadline=o.averaging_deadline, alive=self._still_scheduled)
+                                                deadline=o.averaging_deadline, alive=self._still_scheduled,
+                                                hold=self._held.append)
         t2 = time.perf_counter()
         stats = worker.step()
         t3 = time.perf_counter()

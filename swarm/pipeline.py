@@ -75,9 +75,12 @@ class PipelineExecutor:
     """Runs one iteration of `schedule` on this peer's `worker`."""
 
     def __init__(self, *, me: str, worker: StageWorker, schedule: Schedule, run_id: str, iteration: int,
-                 send: Send, batches: dict[int, torch.Tensor] | None = None) -> None:
+                 send: Send, batches: dict[int, torch.Tensor] | None = None,
+                 hold: Callable[[Inbound], None] | None = None) -> None:
+        """:param hold: takes messages of a newer schedule epoch (from peers that switched first) for later"""
         self.me, self.worker, self.schedule, self.run_id, self.iteration = me, worker, schedule, run_id, iteration
         self.send = send
+        self.hold = hold
         self.routes = {r.microbatch: r for r in schedule.routes}
         self.own = sorted((r for r in schedule.routes if r.origin == me), key=lambda r: (r.inject_after, r.microbatch))
         self.batches = batches or {}
@@ -148,6 +151,9 @@ class PipelineExecutor:
 
     def _handle(self, m: Inbound) -> None:
         h = m.header
+        if h.epoch > self.schedule.epoch and self.hold is not None:
+            self.hold(m)
+            return
         why = self._mismatch(m)
         if why:
             self.result.dropped += 1

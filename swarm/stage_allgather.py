@@ -41,12 +41,14 @@ def unflatten(flat: torch.Tensor, like: dict[str, torch.Tensor]) -> dict[str, to
 
 def average_stage_group(*, me: str, worker: StageWorker, group: list[str], run_id: str, iteration: int, epoch: int,
                         send: Send, receive: Callable[[float], list[Inbound]], deadline: float,
-                        alive: Callable[[str], bool] = lambda peer: True) -> tuple[int, int]:
+                        alive: Callable[[str], bool] = lambda peer: True,
+                        hold: Callable[[Inbound], None] | None = None) -> tuple[int, int]:
     """Install the stage group's visit-weighted mean gradient on `worker`.
 
     :param group: peer ids serving this stage (this peer included)
     :param receive: this iteration's AVERAGE messages, waiting up to the timeout for the first
     :param alive: whether a member is still worth waiting for (False once the scheduler dropped it)
+    :param hold: takes messages of a newer schedule epoch for later
     :returns: (total visits averaged, members heard from, this peer included)
     """
     sums = worker.gradient_sums()
@@ -62,7 +64,13 @@ def average_stage_group(*, me: str, worker: StageWorker, group: list[str], run_i
     while time.monotonic() < end and any(p not in contributions and alive(p) for p in others):
         for m in receive(min(0.2, max(0.0, end - time.monotonic()))):
             h = m.header
-            if m.sender not in others or h.route != (m.sender, me):
+            if h.epoch != epoch:
+                if h.epoch > epoch and hold is not None:
+                    hold(m)
+                else:
+                    logger.warning("dropped gradients from %s: schedule epoch %d, this round is epoch %d", m.sender,
+                                   h.epoch, epoch)
+            elif m.sender not in others or h.route != (m.sender, me):
                 logger.warning("dropped gradients from %s: not a member of stage %d's group", m.sender, worker.stage)
             elif h.stages and h.stages[0] != worker.stage:
                 logger.warning("dropped gradients from %s: stage %d, this group is stage %d", m.sender, h.stages[0],
