@@ -94,6 +94,9 @@ class Coordinator:
         self.shard_positions: dict[str, Any] = {}
         """Shard index -> its data position after the last committed iteration (for handing it over)."""
         self._first_seen: dict[str, float] = {}
+        self._last_seen: dict[str, float] = {}
+        self._leaving: set[str] = set()
+        self._records: dict[str, PeerRecord] = {}
         self._gossip_inbox: queue.Queue[GossipMessage] = queue.Queue()
         self.run_dir = Path(options.run_dir) if options.run_dir else None
         metrics = options.metrics_path or (str(self.run_dir / "metrics.jsonl") if self.run_dir else None)
@@ -173,8 +176,21 @@ class Coordinator:
 
     # ---- planning ---------------------------------------------------------------------------------
     def _live_peers(self) -> dict[str, PeerRecord]:
+        """Peers whose signed record was seen within three heartbeats and who have not announced leaving.
+
+        One DHT read can miss a record on a busy swarm, so a peer counts as gone only once its record has been
+        absent for longer than its lifetime, or it said it leaves.
+        """
+        now = time.monotonic()
         records = self.records.fetch_peers()
-        return {p: r for p, r in records.items() if r.state != PeerState.LEAVING and p != self.peer_id}
+        for p, r in records.items():
+            if r.state == PeerState.LEAVING:
+                self._leaving.add(p)
+            self._last_seen[p] = now
+            self._records[p] = r
+        grace = 3 * self.config.heartbeat + 2.0
+        return {p: r for p, r in self._records.items()
+                if p not in self._leaving and p != self.peer_id and now - self._last_seen[p] <= grace}
 
     def _model_cost(self) -> ModelCost:
         cfg, model = self.config, self.spec.model
@@ -228,8 +244,10 @@ class Coordinator:
         options = PlanOptions(microbatches_per_holder=cfg.microbatches, seed=cfg.seed)
         schedule = plan_tables(tables, rules, options, stage_of=stage_of, epoch=old.epoch + 1, run_id=cfg.run_id,
                                microbatch_counts=counts)
+        before = self.in_force(start_iteration - 1) if start_iteration > 0 else None
+        joiners = [p for p in schedule.placement if before is None or p not in before.placement]
         schedule.meta.update(start_iteration=start_iteration, num_shards=old.meta.get("num_shards", len(holders)),
-                             shards=shards, shard_positions=dict(self.shard_positions))
+                             shards=shards, shard_positions=dict(self.shard_positions), joiners=joiners)
         validate(schedule, balance_tolerance=None)
         return schedule
 

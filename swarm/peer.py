@@ -158,8 +158,11 @@ class Peer:
             while not stop.is_set() and (not self.config.iterations or self.iteration < self.config.iterations):
                 self._adopt_due_schedule()
                 if self.peer_id not in self.schedule.placement:
-                    logger.error("the schedule of epoch %d no longer includes this peer; leaving", self.schedule.epoch)
-                    return
+                    logger.warning("the schedule of epoch %d no longer includes this peer; asking to be placed again",
+                                   self.schedule.epoch)
+                    if not self._rejoin(stop):
+                        return
+                    continue
                 try:
                     self._run_iteration()
                     self.iteration += 1
@@ -221,6 +224,21 @@ class Peer:
             self._schedule_notice.clear()
         if not stop.is_set() and not self._finished.is_set():
             raise TimeoutError("no schedule placed this peer in time")
+
+    def _rejoin(self, stop: threading.Event) -> bool:
+        """Dropped by the scheduler (taken for dead): announce again and wait to be placed, then load the stage's
+        current state from a same-stage peer. False if the run ended first."""
+        self.state = PeerState.JOINING
+        end = time.monotonic() + self.options.join_timeout
+        while not stop.is_set() and not self._finished.is_set() and time.monotonic() < end:
+            schedule = self._fetch_schedule()
+            if schedule is not None and self.peer_id in schedule.placement and \
+                    schedule.epoch > self.schedule.epoch:
+                self._start_on(schedule)
+                return True
+            self._schedule_notice.wait(0.5)
+            self._schedule_notice.clear()
+        return False
 
     def shutdown(self) -> None:
         """Announce leaving, then stop heartbeat, gossip, transport and DHT (each only if it was started)."""
@@ -329,14 +347,19 @@ class Peer:
 
     def _start_on(self, schedule: Schedule) -> None:
         """First placement: build the worker, from the seed or from a same-stage peer's state."""
-        self.schedule = schedule
+        self.schedule, self._newer = schedule, None
+        joiner = self.peer_id in schedule.meta.get("joiners", ()) or self.worker is None
+        if self.worker is not None and schedule.placement[self.peer_id] != self.stage:
+            self.worker = None
         self.stage = schedule.placement[self.peer_id]
         self.iteration = int(schedule.meta.get("start_iteration", 0))
         split = balanced_split(self.model_config.n_layers, schedule.num_stages)
-        self.worker = StageWorker(self.peer_id, self.stage, self.model_config, split, self.config.optim,
-                                  memory_slots=schedule.memory[self.peer_id], device=self.options.device,
-                                  precision=self._precision(), seed=self.config.seed)
-        if self.iteration > 0:
+        if self.worker is None:
+            self.worker = StageWorker(self.peer_id, self.stage, self.model_config, split, self.config.optim,
+                                      memory_slots=schedule.memory[self.peer_id], device=self.options.device,
+                                      precision=self._precision(), seed=self.config.seed)
+        self.worker.reset()
+        if self.iteration > 0 and joiner:
             steps = self._receive_state()
             logger.info("loaded stage %d's state (step %d) from a same-stage peer", self.stage, steps)
         self._set_shards(schedule)
@@ -363,8 +386,9 @@ class Peer:
                 self._file(m)
         if self.peer_id not in schedule.placement:
             return
-        newcomers = [p for p in schedule.stage_peers(self.stage) if p not in old.placement]
-        veterans = [p for p in schedule.stage_peers(self.stage) if p in old.placement]
+        joiners = set(schedule.meta.get("joiners", ()))
+        newcomers = [p for p in schedule.stage_peers(self.stage) if p in joiners]
+        veterans = [p for p in schedule.stage_peers(self.stage) if p not in joiners and p in old.placement]
         if newcomers and veterans and veterans[0] == self.peer_id:
             for peer in newcomers:
                 send_state(me=self.peer_id, worker=self.worker, to=peer, run_id=self.options.run_id,
