@@ -103,12 +103,14 @@ def start(config_path, run_id, iterations, min_peers, stages, skip, seed, microb
 @click.option("--log-file", type=click.Path(dir_okay=False), default=None)
 @click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING"]), default="INFO")
 @click.option("--log-param-digest", is_flag=True, help="log a digest of the stage's weights after each step")
+@click.option("--metrics", "metrics_path", type=click.Path(dir_okay=False), default=None,
+              help="where to write the run's metrics if this peer becomes the scheduler")
 @click.option("--ledger", type=click.Path(dir_okay=False), default=None,
               help="a data holder appends its data ledger here (JSON lines)")
 @click.option("--checkpoint-dir", type=click.Path(file_okay=False), default=None,
               help="write this peer's checkpoint here every run.checkpoint_every iterations")
 def join(initial_peers, run_id, device, precision, stage, data_paths, identity, host, port, iteration_deadline,
-         log_file, log_level, log_param_digest, ledger, checkpoint_dir) -> None:
+         log_file, log_level, log_param_digest, metrics_path, ledger, checkpoint_dir) -> None:
     """Join a run: measure, announce, get placed, train; Ctrl+C leaves cleanly."""
     from swarm.peer import Peer, PeerOptions
 
@@ -125,7 +127,8 @@ def join(initial_peers, run_id, device, precision, stage, data_paths, identity, 
                           port=port, stage=None if stage == "auto" else int(stage), data_paths=tuple(data_paths),
                           device=device, precision=precision, iteration_deadline=iteration_deadline,
                           log_gossip=(log_file + ".gossip") if log_file else None,
-                          log_param_digest=log_param_digest, checkpoint_dir=checkpoint_dir, ledger_path=ledger)
+                          log_param_digest=log_param_digest, checkpoint_dir=checkpoint_dir, ledger_path=ledger,
+                          metrics_path=metrics_path)
     Peer(options).run(_stop_event())
 
 
@@ -161,6 +164,8 @@ def local(num_peers, config_path, iterations, stages, skip, seed, metrics, run_d
     if metrics:
         args += ["--metrics", metrics]
     run = LocalSwarm(run_dir, num_peers, run_id=config.run_id, coordinator_args=args)
+    if metrics:
+        run.metrics_path = Path(metrics)
     click.echo(f"starting a coordinator and {num_peers} peers ({config.model}, {config.stages} stages, "
                f"skip {config.skip}); logs in {run_dir}")
     shown_schedule = False

@@ -83,6 +83,10 @@ class Coordinator:
         self.config = options.config
         self.peer_id = ensure_identity(options.identity_path)
         self.identity = load_identity(options.identity_path)
+        self._init_state(run_dir=options.run_dir, metrics_path=options.metrics_path)
+        self._dht = self._gossip = self._heartbeat = None
+
+    def _init_state(self, *, run_dir: str | None, metrics_path: str | None) -> None:
         self.schedule: Schedule | None = None
         """The newest epoch published."""
         self.schedules: list[Schedule] = []
@@ -98,37 +102,67 @@ class Coordinator:
         self._leaving: set[str] = set()
         self._records: dict[str, PeerRecord] = {}
         self._gossip_inbox: queue.Queue[GossipMessage] = queue.Queue()
-        self.run_dir = Path(options.run_dir) if options.run_dir else None
-        metrics = options.metrics_path or (str(self.run_dir / "metrics.jsonl") if self.run_dir else None)
+        self.run_dir = Path(run_dir) if run_dir else None
+        metrics = metrics_path or (str(self.run_dir / "metrics.jsonl") if self.run_dir else None)
         self.metrics_path = Path(metrics) if metrics else None
-        self._dht = self._gossip = None
+        self._last_count, self._settled_since = 0, time.monotonic()
+        self._local = None
 
     def run(self, stop: threading.Event) -> None:
         try:
             self._start()
             last_spec = time.monotonic()
-            last_count, settled_since = 0, time.monotonic()
             while not stop.is_set() and not self.done:
                 if time.monotonic() - last_spec > RUN_SPEC_TTL / 3:
                     self.records.publish_run_spec(self.spec)
                     last_spec = time.monotonic()
-                peers = self._live_peers()
-                self.peers_online = len(peers)
-                if self.schedule is None:
-                    if len(peers) != last_count:
-                        last_count, settled_since = len(peers), time.monotonic()
-                    if len(peers) >= self.config.min_peers and time.monotonic() - settled_since >= SETTLE_SECONDS:
-                        self.publish_schedule(self.plan(peers, epoch=0, start_iteration=0))
-                else:
-                    self._follow_membership(peers)
-                self._drain_gossip(timeout=0.5)
-            if self.done:
-                logger.info("run %s finished: %d iterations", self.config.run_id, self.completed)
-                self._gossip.publish(membership_topic(self.config.run_id), {"event": "finished",
-                                                                            "iterations": self.completed})
-                self._linger(stop)
+                self.tick()
+            self.finish(stop)
         finally:
             self.shutdown()
+
+    @classmethod
+    def take_over(cls, *, config: RunConfig, spec: Any, peer_id: str, records: SwarmRecords, gossip: GossipClient,
+                  schedules: list[Schedule], completed: int, metrics_path: str | None,
+                  local: Any = None) -> Coordinator:
+        """The scheduler role inside a peer that succeeds a dead coordinator: same logic, the peer's DHT and gossip.
+
+        It restarts the iteration in progress under a new epoch of its own, so every holder reports it again to
+        the new scheduler.
+        """
+        self = cls.__new__(cls)
+        self.options, self.config, self.peer_id = None, config, peer_id
+        self._init_state(run_dir=None, metrics_path=metrics_path)
+        self.spec, self.records, self._gossip, self._dht = spec, records, gossip, None
+        self._local = local
+        self.schedules = sorted(schedules, key=lambda x: x.epoch)
+        self.schedule = self.schedules[-1]
+        self.completed = completed
+        self.shard_positions = dict(self.schedule.meta.get("shard_positions", {}))
+        peers = self._live_peers()
+        self.publish_schedule(self.replan({p: r for p, r in peers.items() if p in self.schedule.placement},
+                                          start_iteration=completed))
+        return self
+
+    def tick(self) -> None:
+        """One round: watch membership, plan or re-plan, handle reports."""
+        peers = self._live_peers()
+        self.peers_online = len(peers)
+        if self.schedule is None:
+            if len(peers) != self._last_count:
+                self._last_count, self._settled_since = len(peers), time.monotonic()
+            if len(peers) >= self.config.min_peers and time.monotonic() - self._settled_since >= SETTLE_SECONDS:
+                self.publish_schedule(self.plan(peers, epoch=0, start_iteration=0))
+        else:
+            self._follow_membership(peers)
+        self._drain_gossip(timeout=0.5)
+
+    def finish(self, stop: threading.Event) -> None:
+        if self.done:
+            logger.info("run %s finished: %d iterations", self.config.run_id, self.completed)
+            self._publish(membership_topic(self.config.run_id), {"event": "finished",
+                                                                        "iterations": self.completed})
+            self._linger(stop)
 
     def _linger(self, stop: threading.Event, timeout: float = 30.0) -> None:
         """Stay on the control plane until the peers have taken the last commit and left."""
@@ -159,6 +193,11 @@ class Coordinator:
                                         control_addrs=tuple(info.maddrs))
         if not self.records.publish_run_spec(self.spec):
             raise RuntimeError("could not store the run spec in the DHT")
+        # a heartbeat of its own, so that peers notice when the coordinator is gone and elect a successor
+        self._heartbeat = self.records.start_heartbeat(
+            lambda: PeerRecord(peer_id=self.peer_id, stage=-1, seconds_per_layer=1.0, memory_slots=1,
+                               state=PeerState.ONLINE, control_addrs=tuple(info.maddrs)),
+            period=self.config.heartbeat, ttl=3 * self.config.heartbeat)
         self.initial_peers = [str(a) for a in self._dht.get_visible_maddrs()]
         if self.run_dir:
             (self.run_dir / "coordinator.json").write_text(json.dumps(
@@ -167,6 +206,9 @@ class Coordinator:
                     self.config.run_id, self.config.run_id, self.initial_peers[0])
 
     def shutdown(self) -> None:
+        if self._heartbeat is not None:
+            self._heartbeat.stop(leave=True)
+            self._heartbeat = None
         if self._gossip is not None:
             self._gossip.close()
             self._gossip = None
@@ -190,7 +232,7 @@ class Coordinator:
             self._records[p] = r
         grace = 3 * self.config.heartbeat + 2.0
         return {p: r for p, r in self._records.items()
-                if p not in self._leaving and p != self.peer_id and now - self._last_seen[p] <= grace}
+                if p not in self._leaving and p != self.spec.coordinator and now - self._last_seen[p] <= grace}
 
     def _model_cost(self) -> ModelCost:
         cfg, model = self.config, self.spec.model
@@ -292,7 +334,7 @@ class Coordinator:
                     "%.3f s/iteration, planned in %.2f s", schedule.epoch, schedule.meta["start_iteration"],
                     len(schedule.placement), len(schedule.routes), paths,
                     schedule.predicted_iteration_seconds or float("nan"), schedule.meta.get("plan_seconds", 0.0))
-        self._gossip.publish(schedule_topic(self.config.run_id), {"epoch": schedule.epoch})
+        self._publish(schedule_topic(self.config.run_id), {"epoch": schedule.epoch})
 
     # ---- progress ---------------------------------------------------------------------------------
     def _drain_gossip(self, timeout: float) -> None:
@@ -330,9 +372,17 @@ class Coordinator:
         self._reports.setdefault((it, epoch), {})[msg.sender] = report
         self._try_commit()
 
+    def _publish(self, topic: str, payload: dict[str, Any]) -> None:
+        """Gossip `payload`; a scheduler living in a peer also hands it to that peer (gossip skips the sender)."""
+        self._gossip.publish(topic, payload)
+        if self._local is not None:
+            self._local(GossipMessage(topic=topic, sender=self.peer_id, seqno=0, payload=payload))
+
     def in_force(self, iteration: int) -> Schedule:
-        """The epoch that runs `iteration`: the newest one starting at or before it."""
-        return max((s for s in self.schedules if s.meta["start_iteration"] <= iteration), key=lambda s: s.epoch)
+        """The epoch that runs `iteration`: the newest one starting at or before it (a successor that knows only
+        later epochs takes its oldest)."""
+        started = [s for s in self.schedules if s.meta["start_iteration"] <= iteration]
+        return max(started, key=lambda s: s.epoch) if started else self.schedules[0]
 
     def _try_commit(self) -> None:
         """Commit the iteration in progress once every holder of its epoch has reported it done."""
@@ -341,7 +391,7 @@ class Coordinator:
         reports = self._reports.get(key, {})
         if not set(schedule.data_holders) <= set(reports):
             return
-        self._gossip.publish(progress_topic(self.config.run_id),
+        self._publish(progress_topic(self.config.run_id),
                              {"kind": "commit", "iteration": self.completed, "epoch": schedule.epoch})
         for r in reports.values():
             self.shard_positions.update(r["shards"])

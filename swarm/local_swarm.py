@@ -49,6 +49,8 @@ class LocalSwarm:
         self.coordinator: subprocess.Popen | None = None
         self.peers: list[subprocess.Popen] = []
         self.initial_peers: list[str] = []
+        self.metrics_path = self.run_dir / "metrics.jsonl"
+        """Where the coordinator (and any peer that succeeds it) writes the run's metrics."""
 
     # ---- processes --------------------------------------------------------------------------------
     def start(self) -> None:
@@ -78,7 +80,8 @@ class LocalSwarm:
             _python("peer_main") + ["join", "--run", self.run_id, "--host", self.host,
                                     "--initial-peers", self.initial_peers[0],
                                     "--identity", str(self.run_dir / f"peer-{index:02d}.key"),
-                                    "--log-file", str(self.run_dir / f"peer-{index:02d}.log"), *args, *extra],
+                                    "--log-file", str(self.run_dir / f"peer-{index:02d}.log"),
+                                    "--metrics", str(self.metrics_path), *args, *extra],
             f"peer-{index:02d}")
         self.peers.append(proc)
         return proc
@@ -113,8 +116,8 @@ class LocalSwarm:
                 p.kill()
             except psutil.NoSuchProcess:
                 pass
-        psutil.wait_procs(victims, timeout=10)
-        proc.wait(timeout=10)
+        proc.wait(timeout=10)  # reaped by Popen itself, so that its returncode says -9
+        psutil.wait_procs(victims[1:], timeout=10)
         for path in sockets:
             if Path(path).name.startswith("hivemind-") and path.endswith(".sock"):
                 Path(path).unlink(missing_ok=True)
@@ -171,7 +174,8 @@ class LocalSwarm:
             if dead:
                 raise RuntimeError(f"{len(dead)} peer process(es) failed (exit {dead[0].returncode}); logs in "
                                    f"{self.run_dir}")
-            if self.coordinator is not None and self.coordinator.poll() is not None:
+            if self.coordinator is not None and self.coordinator.poll() is not None and \
+                    self.coordinator.returncode != -9:  # a coordinator we killed is succeeded by a peer
                 if self.coordinator.returncode != 0:
                     raise RuntimeError(f"the coordinator failed (exit {self.coordinator.returncode}); see "
                                        f"{self.run_dir / 'coordinator.log'}")

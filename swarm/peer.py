@@ -89,6 +89,8 @@ class PeerOptions:
     """Where a data holder appends its data ledger (JSON lines)."""
     checkpoint_dir: str | None = None
     """Where this peer writes its own checkpoint every `checkpoint_every` iterations of the run."""
+    metrics_path: str | None = None
+    """Where this peer writes the run's metrics if it becomes the scheduler (the coordinator died)."""
     log_param_digest: bool = False
     """Log a digest of the stage's parameters after every step (to check that a stage group agrees)."""
 
@@ -142,6 +144,10 @@ class Peer:
         self._sender = ThreadPoolExecutor(4, thread_name_prefix="skippipe-send")
         self._schedule_notice = threading.Event()
         self._finished = threading.Event()
+        self._scheduler_seen = time.monotonic()
+        self._role = None
+        self._role_thread: threading.Thread | None = None
+        self._stop: threading.Event | None = None
         self._newer: Schedule | None = None
         self._commits: set[tuple[int, int]] = set()
         self._commit_event = threading.Event()
@@ -151,6 +157,7 @@ class Peer:
 
     # ---- lifecycle --------------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
+        self._stop = stop
         try:
             self._join(stop)
             if self.schedule is None:
@@ -195,10 +202,12 @@ class Peer:
                 raise TimeoutError(f"no run spec for run {o.run_id!r} found through {list(o.initial_peers)}")
             return
         self.config, self.model_config = RunConfig.from_spec(spec)
-        self.coordinator = spec.coordinator
+        self.spec = spec
+        self.coordinator = self.scheduler = spec.coordinator
         self._transport = Transport(self._dht, self._on_receive, run_id=o.run_id)
         self._gossip = GossipClient(on_message=self._on_gossip)
-        self._gossip.start(o.identity_path, listen_host=o.host, bootstrap=spec.control_addrs, log_path=o.log_gossip)
+        self._gossip_info = self._gossip.start(o.identity_path, listen_host=o.host, bootstrap=spec.control_addrs,
+                                               log_path=o.log_gossip)
         for topic in (schedule_topic(o.run_id), membership_topic(o.run_id), progress_topic(o.run_id)):
             self._gossip.subscribe(topic)
         self.corpus = Corpus.build(self.config.data)
@@ -212,6 +221,9 @@ class Peer:
         self._heartbeat = self.records.start_heartbeat(self._record, period=self.config.heartbeat,
                                                        ttl=3 * self.config.heartbeat)
         self._probe_links()
+        self._connected: set[str] = set()
+        self._connect_control_plane(self.records.fetch_peers())
+        threading.Thread(target=self._watch_scheduler, args=(stop,), name="skippipe-watchdog", daemon=True).start()
         self._gossip.publish(membership_topic(o.run_id), {"event": "join", "peer": self.peer_id}, wait=False)
         logger.info("peer %s joined run %s (%.4f s/layer); waiting to be placed", self.peer_id, o.run_id,
                     self.seconds_per_layer)
@@ -273,7 +285,75 @@ class Peer:
         return PeerRecord(peer_id=self.peer_id, stage=self.stage, seconds_per_layer=self.seconds_per_layer,
                           memory_slots=self.config.memory, links=dict(self.links),
                           addresses=tuple(str(a) for a in self._dht.get_visible_maddrs()), state=self.state,
-                          data_holder=bool(self.options.data_paths))
+                          data_holder=bool(self.options.data_paths), control_addrs=tuple(self._gossip_info.maddrs))
+
+    # ---- the scheduler and its successor ------------------------------------------------------------
+    def _connect_control_plane(self, records: dict[str, PeerRecord], limit: int = 8) -> None:
+        """Gossip links to other peers' sidecars, so the control plane survives the coordinator."""
+        for p, r in sorted(records.items()):
+            if len(self._connected) >= limit:
+                return
+            if p == self.peer_id or p in self._connected or not r.control_addrs:
+                continue
+            try:
+                self._gossip.connect(r.control_addrs[0], timeout=5)
+                self._connected.add(p)
+            except Exception as e:  # an unreachable sidecar is skipped; others will do
+                logger.debug("gossip link to %s failed: %s", p, e)
+
+    def _successor(self, records: dict[str, PeerRecord]) -> str | None:
+        """The deterministic successor of a dead scheduler: the smallest live peer id of the schedule."""
+        schedule = self._newer or self.schedule
+        live = [p for p in (schedule.placement if schedule else ()) if p in records]
+        return min(live) if live else None
+
+    def _trusted(self, sender: str) -> bool:
+        """The scheduler, or (once the scheduler has missed a heartbeat) its would-be successor."""
+        if sender == self.scheduler:
+            return True
+        stale = time.monotonic() - self._scheduler_seen > self.config.heartbeat * 1.5
+        return stale and sender == getattr(self, "_candidate", None)
+
+    def _watch_scheduler(self, stop: threading.Event) -> None:
+        """Background: follow the scheduler's heartbeat; when it is gone, the successor takes over planning."""
+        grace = 3 * self.config.heartbeat + 2.0
+        while not stop.is_set() and not self._finished.is_set():
+            time.sleep(self.config.heartbeat)
+            try:
+                records = self.records.fetch_peers()
+            except Exception as e:
+                logger.debug("watchdog could not read the DHT: %s", e)
+                continue
+            live = {p: r for p, r in records.items() if r.state != PeerState.LEAVING}
+            self._connect_control_plane(live)
+            if self.scheduler in live:
+                self._scheduler_seen = time.monotonic()
+                continue
+            self._candidate = self._successor(live)
+            if time.monotonic() - self._scheduler_seen < grace or self._candidate is None:
+                continue
+            logger.warning("scheduler %s is gone; %s takes over", self.scheduler, self._candidate)
+            self.scheduler, self._scheduler_seen = self._candidate, time.monotonic()
+            self._schedule_notice.set()
+            if self._candidate == self.peer_id and self._role is None:
+                self._role_thread = threading.Thread(target=self._run_scheduler, args=(stop,), daemon=True,
+                                                     name="skippipe-scheduler")
+                self._role_thread.start()
+
+    def _run_scheduler(self, stop: threading.Event) -> None:
+        from swarm.coordinator import Coordinator
+
+        try:
+            schedules = [s for s in (self.schedule, self._newer) if s is not None]
+            self._role = Coordinator.take_over(config=self.config, spec=self.spec, peer_id=self.peer_id,
+                                               records=self.records, gossip=self._gossip, schedules=schedules,
+                                               completed=self.iteration, metrics_path=self.options.metrics_path,
+                                               local=self._on_gossip)
+            while not stop.is_set() and not self._role.done:
+                self._role.tick()
+            self._role.finish(stop)
+        except Exception:
+            logger.exception("the scheduler role failed")
 
     def _probe_links(self) -> None:
         """Measure latency and goodput to a sample of peers already announced (the planner's cost matrix)."""
@@ -293,18 +373,20 @@ class Peer:
     # ---- schedules --------------------------------------------------------------------------------
     def _on_gossip(self, msg: GossipMessage) -> None:
         run = self.options.run_id
+        if self._role is not None:
+            self._role._gossip_inbox.put(msg)
         if msg.topic == schedule_topic(run):
-            if msg.sender != self.coordinator:
+            if not self._trusted(msg.sender):
                 logger.warning("ignored a schedule notice from %s: not the run's scheduler", msg.sender)
                 return
             self._schedule_notice.set()
         elif msg.topic == membership_topic(run) and msg.payload.get("event") == "finished":
-            if msg.sender == self.coordinator:
+            if self._trusted(msg.sender):
                 logger.info("the run has finished")
                 self._finished.set()
                 self._schedule_notice.set()
         elif msg.topic == progress_topic(run) and msg.payload.get("kind") == "commit":
-            if msg.sender != self.coordinator:
+            if not self._trusted(msg.sender):
                 logger.warning("ignored a commit from %s: not the run's scheduler", msg.sender)
                 return
             it, epoch = msg.payload.get("iteration"), msg.payload.get("epoch")
@@ -313,7 +395,7 @@ class Peer:
                 self._commit_event.set()
 
     def _fetch_schedule(self) -> Schedule | None:
-        msg = self.records.fetch_schedule(signers=[self.coordinator])
+        msg = self.records.fetch_schedule(signers={self.coordinator, self.scheduler})
         return msg.to_schedule() if msg is not None else None
 
     def _poll_newer(self) -> Schedule | None:
@@ -478,6 +560,9 @@ class Peer:
                       "started": result.started, "finished": time.time(), "dropped": result.dropped,
                       "shards": {str(k): s.state_dict() for k, s in self.shards.items()}}
             self._gossip.publish(progress_topic(o.run_id), report, wait=False)
+            if self._role is not None:  # gossip does not deliver a peer's own messages back to it
+                self._role._gossip_inbox.put(GossipMessage(topic=progress_topic(o.run_id), sender=self.peer_id,
+                                                           seqno=0, payload=report))
         self._wait_for_commit()
         if self.stage == 0:
             self.ledger.commit(self.iteration)

@@ -367,6 +367,8 @@ class PeerRecord:
     state: PeerState = PeerState.JOINING
     data_holder: bool = False
     """Holds a data shard, so it is pinned to stage 0."""
+    control_addrs: tuple[str, ...] = ()
+    """Multiaddrs of its gossip sidecar, so peers stay connected on the control plane without the coordinator."""
     version: int = WIRE_VERSION
 
     def to_msgpack(self) -> bytes:
@@ -375,6 +377,7 @@ class PeerRecord:
             "seconds_per_layer": self.seconds_per_layer, "memory_slots": self.memory_slots,
             "links": {p: [float(lat), float(bw)] for p, (lat, bw) in self.links.items()},
             "addresses": list(self.addresses), "state": int(self.state), "data_holder": self.data_holder,
+            "control_addrs": list(self.control_addrs),
         })
 
     @classmethod
@@ -406,6 +409,8 @@ class PeerRecord:
             addresses=addresses,
             state=PeerState(_int(d.get("state"), "peer.state", 0, len(PeerState) - 1)),
             data_holder=data_holder,
+            control_addrs=tuple(_str(a, "peer.control_addrs[]", MAX_ADDRESS_CHARS)
+                                for a in _list(d.get("control_addrs", []), "peer.control_addrs", MAX_ADDRESSES)),
             version=version,
         )
 

@@ -1,8 +1,9 @@
 """Churn: peers die (kill -9, whole machine) and join mid-run; the run finishes and no sample is lost or doubled.
 
 A local swarm of 8 peers (4 data holders, stage groups of 2) trains; a relay is killed mid-iteration, a new peer
-joins, a data holder is killed, another peer joins. Every data holder keeps a ledger on disk; together they must
-show every sample that was handed out processed exactly once (a dead holder's shard is taken over by another).
+joins, a data holder is killed, another peer joins, then the coordinator is killed and a peer takes over as
+scheduler. Every data holder keeps a ledger on disk; together they must show every sample that was handed out
+processed exactly once (a dead holder's shard is taken over by another).
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ def test_run_survives_deaths_and_joins_without_losing_or_doubling_samples(tmp_pa
         wait_iteration(swarm, len(swarm.metrics()) + 2)
         swarm.add_peer(PEERS + 1, args(PEERS + 1))
         wait_placed(swarm, PEERS + 1)
+        swarm.kill(swarm.coordinator)  # a peer must take over planning, signing and committing
         records = swarm.watch(ITERATIONS, timeout=240)
         for i, proc in enumerate(swarm.peers):
             if i not in (relay, holder):
@@ -79,7 +81,8 @@ def test_run_survives_deaths_and_joins_without_losing_or_doubling_samples(tmp_pa
     assert [r["iteration"] for r in records] == list(range(1, ITERATIONS + 1))
     assert records[-1]["loss"] < records[0]["loss"]
     epochs = [r["epoch"] for r in records]
-    assert epochs[-1] >= 4, epochs  # two departures and two joins, each a new epoch
+    assert epochs[-1] >= 5, epochs  # two departures, two joins and a new scheduler, each a new epoch
+    assert any("takes over" in (run_dir / f"peer-{i:02d}.log").read_text() for i in range(PEERS + 2))
     coordinator_log = (run_dir / "coordinator.log").read_text()
     assert "placing joining peer" in coordinator_log and "goes to" in coordinator_log
     joiner_logs = [(run_dir / f"peer-{i:02d}.log").read_text() for i in (PEERS, PEERS + 1)]
