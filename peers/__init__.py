@@ -8,6 +8,7 @@ The code is organized as follows:
 - averaging.py: same-stage gradient averaging weighted by the microbatches each peer processed
 - tokenizer.py: a local tokenizer.json, or a byte-level BPE trained once on the corpus and cached
 - data.py: `DataConfig`, `Corpus` (local text/jsonl or the bundled pydoc corpus, validation split), `Shard`
+- data_ledger.py: `DataLedger`, a data holder's record of every sample drawn, processed or requeued
 - inprocess.py: `InProcessSwarm`, a whole `Schedule` executed in one process; `simple_schedule` for studies
 - checkpoint.py: safetensors + JSON checkpoints with hashes, exact resume, clear refusals
 - evaluate.py: validation perplexity of the whole model and with a fraction of the stages omitted

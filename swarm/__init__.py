@@ -5,6 +5,15 @@ The code is organized as follows:
 - cli_plan.py: `skippipe plan` and `skippipe simulate`
 - cli_demo.py: `skippipe demo`, the README's main job
 - cli_train.py: `skippipe swarm inprocess` and `skippipe eval`
+- cli_run.py: `skippipe coordinator start`, `skippipe-peer join` and `skippipe swarm local`
+- run_config.py: RunConfig, a run as TOML data, and the signed run spec it becomes
+- coordinator.py: Coordinator, plans from the live swarm, commits iterations, re-plans on churn (also the role a
+  peer takes over when the coordinator dies)
+- peer.py: Peer, one volunteer's process: join, announce, get placed, iterate, leave
+- pipeline.py: PipelineExecutor, one peer's part of one iteration, driven by the messages it receives
+- stage_allgather.py: exact visit-weighted gradient averaging of a stage group over the transport
+- state_transfer.py: a stage's weights and optimizer state handed to a joining peer
+- local_swarm.py: LocalSwarm, a coordinator and N peers as processes on loopback
 - constants.py: network limits (header/tensor sizes, dtypes, timeouts, heartbeat, expiry); ports default to 0
 - wire.py: WireError and the msgpack wire records (TensorDescriptor, HopHeader, PeerRecord, RunSpec, ScheduleMsg)
 - identity.py: one RSA key file per peer (same peer id in p2pd and the gossip sidecar), sign / verify
