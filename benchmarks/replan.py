@@ -1,0 +1,67 @@
+"""Re-planning time after a membership change (the churn target: <= 2 s for 50 peers).
+
+    .venv/bin/python benchmarks/replan.py [--peers 50] [--stages 6]
+
+Places and plans a random heterogeneous swarm once (the start of a run), then times what the scheduler does when
+a peer dies or joins: survivors keep their stages, a joiner is placed incrementally, and paths are planned
+again on the fixed placement (no placement search).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from scheduler.costs import CostTables  # noqa: E402
+from scheduler.path_rules import PathRules  # noqa: E402
+from scheduler.placement import PlacementGoal, place, place_joining  # noqa: E402
+from scheduler.planner import PlanOptions, default_model, plan_tables  # noqa: E402
+from scheduler.profiles import random_swarm  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--peers", type=int, default=50)
+    parser.add_argument("--stages", type=int, default=6)
+    args = parser.parse_args()
+    view = random_swarm(args.peers + 1, seed=3)
+    tables_all = CostTables.from_view(view, default_model(args.stages))
+    rules = PathRules.from_skip_ratio(args.stages, 0.33)
+    goal = PlacementGoal(rules, 6)
+    ids = list(tables_all.ids)
+    base_view = view.subset(ids[:-1])  # the last peer joins later
+    tables = CostTables.from_view(base_view, default_model(args.stages))
+    t0 = time.perf_counter()
+    stage_of = place(tables, goal, seed=0, iterations=30 if args.peers > 30 else 100)
+    first = plan_tables(tables, rules, PlanOptions(), stage_of=stage_of)
+    t_first = time.perf_counter() - t0
+    # a relay dies: survivors keep their stages
+    victim = int(np.flatnonzero(stage_of == 1)[0])
+    keep = [p for i, p in enumerate(tables.ids) if i != victim]
+    survivors = CostTables.from_view(base_view.subset(keep), default_model(args.stages))
+    t0 = time.perf_counter()
+    after_death = plan_tables(survivors, rules, PlanOptions(), stage_of=np.delete(stage_of, victim), epoch=1)
+    t_death = time.perf_counter() - t0
+    # a peer joins: placed incrementally, then paths again
+    t0 = time.perf_counter()
+    joined = np.append(stage_of, -1)
+    joined = place_joining(tables_all, joined, len(ids) - 1, goal)
+    after_join = plan_tables(tables_all, rules, PlanOptions(), stage_of=joined, epoch=2)
+    t_join = time.perf_counter() - t0
+    print(f"{args.peers} peers, {args.stages} stages, 33% skip, 6 microbatches per data holder (one core)")
+    print(f"initial placement + paths: {t_first:.2f} s (iteration {first.predicted_iteration_seconds:.2f} s)")
+    print(f"re-plan after a relay died: {t_death:.2f} s (iteration {after_death.predicted_iteration_seconds:.2f} s)")
+    print(f"re-plan after a peer joined (incremental placement + paths): {t_join:.2f} s (iteration "
+          f"{after_join.predicted_iteration_seconds:.2f} s)")
+
+
+if __name__ == "__main__":
+    main()
