@@ -362,9 +362,9 @@ def local_search(problem: PathProblem, routes: list[PlannedRoute], *, rng: np.ra
                 stale += 1
                 continue
             x, y = int(rng.choice(xs)), int(rng.choice(ys))
-            load = _loads(routes, finder, n, skip=i) * 0
-            new_r = _best_with_stages(finder, r.origin, set(r.stages) - {x} | {y}, load)
-            new_q = _best_with_stages(finder, q.origin, set(q.stages) - {y} | {x}, load)
+            zero = np.zeros(n)
+            new_r = _best_with_stages(finder, r.origin, set(r.stages) - {x} | {y}, zero)
+            new_q = _best_with_stages(finder, q.origin, set(q.stages) - {y} | {x}, zero)
             if new_r is None or new_q is None:
                 stale += 1
                 continue

@@ -146,7 +146,10 @@ class RunConfig:
                     raise ValueError(f"unknown field {section}.{key}")
                 flat[key] = value
         flat.update({k: v for k, v in overrides.items() if v is not None})
-        optim = _sub(OptimConfig, {"lr": cls().optim.lr, **raw.get("optim", {})}, "optim")
+        table = raw.get("optim", {})
+        if not isinstance(table, dict):
+            raise ValueError("[optim] must be a table")
+        optim = OptimConfig.from_dict({"lr": cls().optim.lr, **table})
         data = DataConfig.from_dict(raw.get("data", {}))
         if "iterations" in flat and "optim" not in raw:
             optim = dataclasses.replace(optim, total_steps=max(1, flat["iterations"] or optim.total_steps),
@@ -169,7 +172,7 @@ class RunConfig:
     def from_spec(cls, spec: RunSpec) -> tuple[RunConfig, ModelConfig]:
         """The config and exact model a signed run spec describes (untrusted data: checked field by field)."""
         hyper = dict(spec.hyperparameters)
-        optim = _sub(OptimConfig, hyper.pop("optim", {}), "optim")
+        optim = OptimConfig.from_dict(hyper.pop("optim", {}))
         own = {f.name for f in fields(cls)} - {"optim", "data", "run_id", "stages", "skip"}
         unknown = set(hyper) - own
         if unknown:
@@ -183,14 +186,3 @@ class RunConfig:
             raise ValueError(f"run spec model does not match flavor {cfg.model}")
         return cfg, model
 
-
-def _sub(kind: type, table: Any, name: str) -> Any:
-    if not isinstance(table, dict):
-        raise ValueError(f"[{name}] must be a table")
-    known = {f.name for f in fields(kind)}
-    unknown = set(table) - known
-    if unknown:
-        raise ValueError(f"unknown field(s) {', '.join(f'{name}.{k}' for k in sorted(unknown))}")
-    obj = kind(**table)
-    obj.validate()
-    return obj

@@ -22,6 +22,7 @@ def test_coordinator_refuses_bad_flags(args, message):
     ("[run]\nmodel = 'huge'", "run.model must be one of"),
     ("[run]\nbogus = 1", "unknown field run.bogus"),
     ("[optim]\nlr = -1", "lr"),
+    ("optim = 3", "[optim] must be a table"),
     ("[data]\nseq_len = 100000", "data.seq_len"),
     ("not toml [", "not valid TOML"),
 ])
