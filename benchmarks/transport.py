@@ -29,6 +29,7 @@ CHUNK = 2**20
 def receiver_peer(initial_peers: list[str], info_q: mp.Queue, stop_ev) -> None:
     import hivemind
 
+    from swarm.dht_shutdown import stop_dht
     from swarm.transport import Transport
 
     dht = hivemind.DHT(initial_peers=initial_peers, host_maddrs=["/ip4/127.0.0.1/tcp/0"], start=True)
@@ -36,7 +37,7 @@ def receiver_peer(initial_peers: list[str], info_q: mp.Queue, stop_ev) -> None:
     info_q.put(transport.peer_id)
     stop_ev.wait(600)
     transport.shutdown()
-    dht.shutdown()
+    stop_dht(dht)
 
 
 def raw_p2p_server(info_q: mp.Queue, stop_ev) -> None:
@@ -162,6 +163,7 @@ def main() -> None:
     import hivemind
     import torch
 
+    from swarm.dht_shutdown import stop_dht
     from swarm.transport import Transport
     from swarm.wire import Direction, HopHeader
 
@@ -225,7 +227,7 @@ def main() -> None:
             p.join(30)
             if p.is_alive():
                 p.terminate()
-        dht.shutdown()
+        stop_dht(dht)
 
     report: dict = {"streams_opened": streams}
     print(f"{'payload':>8} {'swarm MB/s':>11} {'tcp MB/s':>9} {'ratio':>6} {'p2pd MB/s':>10} {'vs p2pd':>8}")

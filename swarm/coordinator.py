@@ -39,6 +39,7 @@ from scheduler.profiles import swarm_from
 from scheduler.schedule import Schedule, validate
 from scheduler.swarm_view import ModelCost, PeerSpec, SwarmView
 from swarm.constants import LOOPBACK_HOST, RUN_SPEC_TTL
+from swarm.dht_shutdown import stop_dht
 from swarm.gossip import GossipClient, GossipMessage, membership_topic, progress_topic, schedule_topic
 from swarm.identity import ensure_identity, load_identity
 from swarm.link_probe import link_matrices
@@ -213,7 +214,7 @@ class Coordinator:
             self._gossip.close()
             self._gossip = None
         if self._dht is not None:
-            self._dht.shutdown()
+            stop_dht(self._dht)
             self._dht = None
 
     # ---- planning ---------------------------------------------------------------------------------

@@ -40,6 +40,7 @@ from peers.stage import balanced_split
 from peers.worker import StageWorker
 from scheduler.schedule import Schedule
 from swarm.constants import DHT_TIMEOUT, LOOPBACK_HOST
+from swarm.dht_shutdown import stop_dht
 from swarm.gossip import GossipClient, GossipMessage, membership_topic, progress_topic, schedule_topic
 from swarm.identity import ensure_identity, load_identity
 from swarm.link_probe import LinkProber
@@ -277,7 +278,7 @@ class Peer:
             self._transport.shutdown()
             self._transport = None
         if self._dht is not None:
-            self._dht.shutdown()
+            stop_dht(self._dht)
             self._dht = None
 
     # ---- announcements ----------------------------------------------------------------------------

@@ -69,6 +69,7 @@ def local(tmp_path_factory):
     """This process: a DHT and a Transport (it sends; what it receives goes to a queue)."""
     import hivemind
 
+    from swarm.dht_shutdown import stop_dht
     from swarm.identity import ensure_identity
     from swarm.transport import Transport
 
@@ -82,7 +83,7 @@ def local(tmp_path_factory):
         yield transport
     finally:
         transport.shutdown()
-        dht.shutdown()
+        stop_dht(dht)
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from swarm.averaging import StageAverager
+from swarm.dht_shutdown import stop_dht
 from tests.utils.processes import join_or_stop, spawn
 from tests.utils.swarm_workers import averaging_peer
 
@@ -21,7 +22,7 @@ def bootstrap():
     try:
         yield dht
     finally:
-        dht.shutdown()
+        stop_dht(dht)
 
 
 def test_weighted_mean_across_three_processes(bootstrap):

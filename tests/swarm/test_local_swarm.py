@@ -18,6 +18,7 @@ import pytest
 import torch
 from hivemind.utils import get_dht_time
 
+from swarm.dht_shutdown import stop_dht
 from swarm.local_swarm import LocalSwarm
 from swarm.records import record_key
 from swarm.wire import Direction, HopHeader, PeerRecord, ScheduleMsg
@@ -93,7 +94,7 @@ class Intruder:
 
     def close(self) -> None:
         self.transport.shutdown()
-        self.dht.shutdown()
+        stop_dht(self.dht)
 
 
 def peer_logs(run_dir: Path) -> dict[str, str]:

@@ -12,6 +12,7 @@ from hivemind.utils import get_dht_time
 
 from scheduler.path_rules import PathRules
 from scheduler.schedule import Route, Schedule
+from swarm.dht_shutdown import stop_dht
 from swarm.identity import ensure_identity, load_identity
 from swarm.records import SwarmRecords, record_key
 from swarm.wire import PeerRecord, PeerState, RunSpec, ScheduleMsg, SignedRecord, pack
@@ -31,7 +32,7 @@ def coordinator(tmp_path_factory):
     try:
         yield SwarmRecords(dht, load_identity(key), RUN)
     finally:
-        dht.shutdown()
+        stop_dht(dht)
 
 
 @pytest.fixture(scope="module")

@@ -21,6 +21,7 @@ def records_peer(initial_peers: list[str], key_path: str, run_id: str, cmd_q: mp
     """A peer with its own DHT: publishes/fetches records and runs a heartbeat on command."""
     import hivemind
 
+    from swarm.dht_shutdown import stop_dht
     from swarm.identity import ensure_identity, load_identity
     from swarm.records import SwarmRecords
     from swarm.wire import PeerRecord, PeerState
@@ -59,7 +60,7 @@ def records_peer(initial_peers: list[str], key_path: str, run_id: str, cmd_q: mp
     finally:
         if heartbeat is not None:
             heartbeat.stop(leave=False)
-        dht.shutdown()
+        stop_dht(dht)
 
 
 def transport_peer(key_path: str, initial_peers: list[str], options: dict[str, Any], cmd_q: mp.Queue,
@@ -69,6 +70,7 @@ def transport_peer(key_path: str, initial_peers: list[str], options: dict[str, A
     import hivemind
     import torch
 
+    from swarm.dht_shutdown import stop_dht
     from swarm.identity import ensure_identity
     from swarm.transport import Transport
 
@@ -104,7 +106,7 @@ def transport_peer(key_path: str, initial_peers: list[str], options: dict[str, A
                 res_q.put(("stats", transport.stats()))
     finally:
         transport.shutdown()
-        dht.shutdown()
+        stop_dht(dht)
 
 
 def averaging_peer(idx: int, initial_peers: list[str], barrier: Any, res_q: mp.Queue,
@@ -115,6 +117,7 @@ def averaging_peer(idx: int, initial_peers: list[str], barrier: Any, res_q: mp.Q
     import torch
 
     from swarm.averaging import StageAverager
+    from swarm.dht_shutdown import stop_dht
 
     dht = hivemind.DHT(initial_peers=initial_peers, host_maddrs=["/ip4/127.0.0.1/tcp/0"], start=True)
     grads = [torch.zeros(3, 1000), torch.zeros(7)]
@@ -134,4 +137,4 @@ def averaging_peer(idx: int, initial_peers: list[str], barrier: Any, res_q: mp.Q
         barrier.wait(timeout=60)
     finally:
         averager.shutdown()
-        dht.shutdown()
+        stop_dht(dht)

@@ -1,0 +1,66 @@
+"""Stopping a hivemind DHT without leaving its p2pd socket file behind.
+
+When a DHT does not finish its shutdown within its grace period (a request from a process that already exited can
+wedge its loop), hivemind terminates it; its p2pd then dies without unlinking its unix socket, and the files pile up
+in the temp dir. :func:`stop_dht` asks the DHT for its daemon's socket first and, once the DHT is gone, removes that
+file if nothing listens on it any more. It only ever touches the socket of the DHT it is given.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import time
+
+from hivemind import DHT
+
+logger = logging.getLogger(__name__)
+
+_ASK_TIMEOUT = 5.0
+"""How long to wait for the DHT to name its daemon's socket (it may already be wedged)."""
+_UNLINK_GRACE = 2.0
+"""How long p2pd gets to remove its own socket after the DHT stopped."""
+
+
+def daemon_socket_path(dht: DHT) -> str | None:
+    """The unix socket the DHT's p2pd listens on, or None if the DHT does not answer."""
+    if not dht.is_alive():
+        return None
+    try:
+        future = dht.run_coroutine(DHT._get_p2p_daemon_listen_maddr, return_future=True)
+        maddr = future.result(timeout=_ASK_TIMEOUT)
+        return maddr.value_for_protocol("unix")
+    except Exception as e:  # a DHT that cannot answer is stopped all the same
+        logger.debug("could not ask the DHT for its daemon socket: %s: %s", type(e).__name__, e)
+        return None
+
+
+def is_listened_on(path: str) -> bool:
+    """Whether a process accepts connections on the unix socket at ``path``."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(1.0)
+        try:
+            s.connect(path)
+        except (ConnectionRefusedError, FileNotFoundError):
+            return False
+        except OSError:
+            return True  # busy or not ours to judge: leave it alone
+        return True
+
+
+def stop_dht(dht: DHT) -> None:
+    """Shut ``dht`` down; if its daemon left its socket file behind, unlink it."""
+    path = daemon_socket_path(dht)
+    dht.shutdown()
+    dht.join(_UNLINK_GRACE)  # after a hard terminate, hivemind does not wait for the process to end
+    if path is None or dht.is_alive():
+        return
+    deadline = time.monotonic() + _UNLINK_GRACE
+    while os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if os.path.exists(path) and not is_listened_on(path):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        logger.debug("removed the socket %s its p2pd left behind", path)
