@@ -71,11 +71,28 @@ def tune_columns(problem: PathProblem, *, seed: int = 0, iterations: int = 300,
     return final, evaluate(problem, full_pipeline(problem, final), priority)[1].makespan
 
 
-def random_skip(problem: PathProblem, *, seed: int = 0) -> list[PlannedRoute]:
+def random_skip(problem: PathProblem, *, seed: int = 0, attempts: int = 64) -> list[PlannedRoute]:
     """Balanced random routes: random valid stage sequences within each stage's visit budget, and for each
-    hop a random peer among the stage's least-used ones. Blind to links and speeds, as the reference's."""
+    hop a random peer among the stage's least-used ones. Blind to links and speeds, as the reference's.
+
+    Drawing sequences one by one can corner itself (no sequence left fits the budgets), so it draws again, up
+    to `attempts` times, and keeps the first draw within budget (else the least unbalanced one).
+    """
     rng = np.random.default_rng(seed)
     budget = stage_budget(problem)
+    best, best_excess = None, None
+    for _ in range(attempts):
+        routes, counts = _random_routes(problem, rng, budget)
+        excess = int(np.maximum(counts - budget, 0).sum())
+        if best_excess is None or excess < best_excess:
+            best, best_excess = routes, excess
+        if excess == 0:
+            break
+    return best
+
+
+def _random_routes(problem: PathProblem, rng: np.random.Generator, budget: np.ndarray
+                   ) -> tuple[list[PlannedRoute], np.ndarray]:
     counts = np.zeros_like(budget)
     members = problem.stage_members()
     used = np.zeros(problem.tables.num_peers, dtype=int)
@@ -96,4 +113,4 @@ def random_skip(problem: PathProblem, *, seed: int = 0) -> list[PlannedRoute]:
                 nodes.append(v)
                 counts[s] += 1
             routes.append(PlannedRoute(h, tuple(seq), tuple(nodes)))
-    return routes
+    return routes, counts

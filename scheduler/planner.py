@@ -114,26 +114,31 @@ def plan(view: SwarmView, model: ModelCost, rules: PathRules, options: PlanOptio
 
 
 def baseline_schedule(schedule: Schedule, tables: CostTables, method: str, *, seed: int = 0,
-                      tune: bool = False, priority: Priority = "backward_first") -> Schedule:
+                      tune: bool = False, priority: Priority = "backward_first",
+                      microbatch_counts: dict[int, int] | None = None) -> Schedule:
     """`full_pipeline` (DT-FM; `tune` = columns tuned on the simulator) or `random_skip`, for the same swarm,
-    placement and work (every data holder's microbatches) as `schedule`."""
+    placement and work (every data holder's microbatches) as `schedule`.
+
+    :param microbatch_counts: peer index -> microbatches it injects, as in `plan_tables`
+    """
     stage_of = np.array([schedule.placement.get(i, -1) for i in tables.ids])
     per_holder = len(schedule.routes) // max(1, len(schedule.data_holders))
     mb = int(schedule.meta.get("microbatches_per_holder") or max(1, per_holder))
     if method == "full_pipeline":
         rules = PathRules(schedule.num_stages, schedule.num_stages, max_swaps=0)
-        problem = problem_for(tables, stage_of, rules, mb)
+        problem = problem_for(tables, stage_of, rules, mb, microbatch_counts)
         columns = tune_columns(problem, seed=seed, priority=priority)[0] if tune else None
         routes = full_pipeline(problem, columns)
     elif method == "random_skip":
         rules = schedule.rules
-        problem = problem_for(tables, stage_of, rules, mb)
+        problem = problem_for(tables, stage_of, rules, mb, microbatch_counts)
         routes = random_skip(problem, seed=seed)
     else:
         raise ValueError(f"unknown baseline {method!r}")
     score, res = evaluate(problem, routes, priority)
     return make_schedule(tables, stage_of, routes, rules, epoch=schedule.epoch, planner=method,
-                         predicted=res.makespan, meta={"microbatches_per_holder": mb})
+                         predicted=res.makespan, run_id=schedule.run_id,
+                         meta={"microbatches_per_holder": mb, "seed": seed})
 
 
 def plan_for_profile(profile: str = "single-cluster", *, num_peers: int, num_stages: int, skip: float,

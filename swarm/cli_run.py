@@ -109,8 +109,15 @@ def start(config_path, run_id, iterations, min_peers, stages, skip, seed, microb
               help="a data holder appends its data ledger here (JSON lines)")
 @click.option("--checkpoint-dir", type=click.Path(file_okay=False), default=None,
               help="write this peer's checkpoint here every run.checkpoint_every iterations")
+@click.option("--trace", "trace_path", type=click.Path(dir_okay=False), default=None,
+              help="append this peer's timeline (compute and send spans, JSON lines) here")
+@click.option("--emulate-speed", "emulate_speed", type=click.FloatRange(min=0, max=60, min_open=True), default=None,
+              help="compute emulation: seconds per layer of the device to emulate (operations are padded to it)")
+@click.option("--emulate-latency", "latency_file", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="link emulation: JSON file of one-way latencies to peers, added by the transport")
 def join(initial_peers, run_id, device, precision, stage, data_paths, identity, host, port, iteration_deadline,
-         log_file, log_level, log_param_digest, metrics_path, ledger, checkpoint_dir) -> None:
+         log_file, log_level, log_param_digest, metrics_path, ledger, checkpoint_dir, trace_path, emulate_speed,
+         latency_file) -> None:
     """Join a run: measure, announce, get placed, train; Ctrl+C leaves cleanly."""
     from swarm.peer import Peer, PeerOptions
 
@@ -122,13 +129,22 @@ def join(initial_peers, run_id, device, precision, stage, data_paths, identity, 
 
         if not torch.cuda.is_available():
             _fail("--device cuda, but CUDA is not available on this machine")
+    latency = None
+    if latency_file:
+        from swarm.emulated_network import read_latency_file
+
+        try:
+            latency = read_latency_file(latency_file)
+        except ValueError as e:
+            _fail(str(e))
     Path(identity).parent.mkdir(parents=True, exist_ok=True)
     options = PeerOptions(initial_peers=tuple(initial_peers), identity_path=identity, run_id=run_id, host=host,
                           port=port, stage=None if stage == "auto" else int(stage), data_paths=tuple(data_paths),
                           device=device, precision=precision, iteration_deadline=iteration_deadline,
                           log_gossip=(log_file + ".gossip") if log_file else None,
                           log_param_digest=log_param_digest, checkpoint_dir=checkpoint_dir, ledger_path=ledger,
-                          metrics_path=metrics_path)
+                          metrics_path=metrics_path, trace_path=trace_path, emulate_seconds_per_layer=emulate_speed,
+                          link_latency=latency)
     Peer(options).run(_stop_event())
 
 

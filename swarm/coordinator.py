@@ -34,7 +34,7 @@ from peers.stage import balanced_split
 from scheduler.costs import CostTables
 from scheduler.path_rules import PathRules
 from scheduler.placement import PlacementGoal, place_joining
-from scheduler.planner import PlanOptions, plan, plan_tables
+from scheduler.planner import PlanOptions, baseline_schedule, plan, plan_tables
 from scheduler.profiles import swarm_from
 from scheduler.schedule import Schedule, validate
 from scheduler.swarm_view import ModelCost, PeerSpec, SwarmView
@@ -248,13 +248,29 @@ class Coordinator:
         view = self._view(peers)
         rules = PathRules.from_skip_ratio(cfg.stages, cfg.skip)
         pinned = {p: r.stage for p, r in peers.items() if r.stage >= 0}
-        options = PlanOptions(microbatches_per_holder=cfg.microbatches, seed=cfg.seed)
-        schedule = plan(view, cost, rules, options, epoch=epoch, run_id=cfg.run_id, placement=pinned or None)
+        schedule = plan(view, cost, rules, self._plan_options(), epoch=epoch, run_id=cfg.run_id,
+                        placement=pinned or None)
+        schedule = self._as_configured(schedule, CostTables.from_view(view, cost))
         holders = schedule.data_holders
         schedule.meta.update(start_iteration=start_iteration, num_shards=len(holders),
                              shards={h: [i] for i, h in enumerate(holders)}, shard_positions={})
         validate(schedule)
         return schedule
+
+    def _plan_options(self) -> PlanOptions:
+        return PlanOptions(microbatches_per_holder=self.config.microbatches, seed=self.config.seed,
+                           collision_aware=self.config.planner != "skippipe-no-collision")
+
+    def _as_configured(self, schedule: Schedule, tables: CostTables,
+                       counts: dict[int, int] | None = None) -> Schedule:
+        """SkipPipe's schedule, or the configured baseline's on the same placement and work."""
+        method = {"full-pipeline": "full_pipeline", "random-skip": "random_skip"}.get(self.config.planner)
+        if method is None:
+            return schedule
+        baseline = baseline_schedule(schedule, tables, method, seed=self.config.seed, tune=True,
+                                     microbatch_counts=counts)
+        baseline.meta.update({k: v for k, v in schedule.meta.items() if k not in baseline.meta})
+        return baseline
 
     def replan(self, peers: dict[str, PeerRecord], *, start_iteration: int) -> Schedule:
         """A new epoch for the live `peers`: survivors keep their stages, newcomers are placed one by one where
@@ -284,9 +300,9 @@ class Coordinator:
                 shards[taker].append(k)
                 logger.info("shard %d goes to %s", k, taker)
         counts = {ids.index(h): cfg.microbatches * max(1, len(ks)) for h, ks in shards.items()}
-        options = PlanOptions(microbatches_per_holder=cfg.microbatches, seed=cfg.seed)
-        schedule = plan_tables(tables, rules, options, stage_of=stage_of, epoch=old.epoch + 1, run_id=cfg.run_id,
-                               microbatch_counts=counts)
+        schedule = plan_tables(tables, rules, self._plan_options(), stage_of=stage_of, epoch=old.epoch + 1,
+                               run_id=cfg.run_id, microbatch_counts=counts)
+        schedule = self._as_configured(schedule, tables, counts)
         before = self.in_force(start_iteration - 1) if start_iteration > 0 else None
         joiners = [p for p in schedule.placement if before is None or p not in before.placement]
         schedule.meta.update(start_iteration=start_iteration, num_shards=old.meta.get("num_shards", len(holders)),

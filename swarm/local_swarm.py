@@ -17,7 +17,10 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from swarm.emulated_network import EmulatedNetwork
 
 logger = logging.getLogger(__name__)
 
@@ -33,13 +36,15 @@ class LocalSwarm:
 
     :param coordinator_args: extra `skippipe coordinator start` flags (e.g. ["--config", "run.toml"])
     :param peer_args: extra `skippipe-peer join` flags for each peer (one list per peer, or one for all)
+    :param network: run peer i in host i of this (started) emulated network, the coordinator on its bridge
     """
 
     def __init__(self, run_dir: str | Path, num_peers: int, *, run_id: str, coordinator_args: Sequence[str] = (),
                  peer_args: Sequence[Sequence[str]] | Sequence[str] = (), host: str = "127.0.0.1",
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, network: EmulatedNetwork | None = None) -> None:
         self.run_dir = Path(run_dir)
-        self.num_peers, self.run_id, self.host = num_peers, run_id, host
+        self.num_peers, self.run_id, self.network = num_peers, run_id, network
+        self.host = network.gateway if network is not None else host
         self.coordinator_args = list(coordinator_args)
         if peer_args and isinstance(peer_args[0], str):
             peer_args = [list(peer_args)] * num_peers  # type: ignore[list-item]
@@ -76,8 +81,13 @@ class LocalSwarm:
 
     def add_peer(self, index: int, extra: Sequence[str] = ()) -> subprocess.Popen:
         args = self.peer_args[index] if index < len(self.peer_args) else []
+        prefix, host = [], self.host
+        if self.network is not None:
+            if index >= self.network.num_hosts:
+                raise ValueError(f"the emulated network has {self.network.num_hosts} hosts, no host for peer {index}")
+            prefix, host = self.network.exec_prefix(index), self.network.host(index)
         proc = self._spawn(
-            _python("peer_main") + ["join", "--run", self.run_id, "--host", self.host,
+            prefix + _python("peer_main") + ["join", "--run", self.run_id, "--host", host,
                                     "--initial-peers", self.initial_peers[0],
                                     "--identity", str(self.run_dir / f"peer-{index:02d}.key"),
                                     "--log-file", str(self.run_dir / f"peer-{index:02d}.log"),

@@ -26,6 +26,7 @@ import statistics
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -36,6 +37,7 @@ from peers.checkpoint import save_stage_checkpoint
 from peers.data import Corpus, Shard
 from peers.data_ledger import DataLedger
 from peers.model import Block, ModelConfig
+from peers.paced_worker import PacedWorker
 from peers.stage import balanced_split
 from peers.worker import StageWorker
 from scheduler.schedule import Schedule
@@ -49,6 +51,7 @@ from swarm.records import SwarmRecords
 from swarm.run_config import RunConfig
 from swarm.stage_allgather import average_stage_group, flatten, unflatten
 from swarm.state_transfer import load_state, send_state
+from swarm.timeline import Timeline
 from swarm.transport import Transport, TransportError
 from swarm.wire import Direction, HopHeader, PeerRecord, PeerState, WireError
 
@@ -94,6 +97,12 @@ class PeerOptions:
     """Where this peer writes the run's metrics if it becomes the scheduler (the coordinator died)."""
     log_param_digest: bool = False
     """Log a digest of the stage's parameters after every step (to check that a stage group agrees)."""
+    trace_path: str | None = None
+    """Where this peer appends its timeline (compute and send spans, JSON lines) for a Chrome trace."""
+    emulate_seconds_per_layer: float | None = None
+    """Compute emulation: announce this speed instead of the measured one and pad every operation to it."""
+    link_latency: Mapping[str, float] | None = None
+    """Link emulation: one-way seconds the transport waits before each message to that peer."""
 
 
 def measure_seconds_per_layer(model: ModelConfig, batch_size: int, seq_len: int, device: str,
@@ -154,6 +163,7 @@ class Peer:
         self._commit_event = threading.Event()
         self._unreachable_reported: set[str] = set()
         self._dht = self._transport = self._gossip = self._heartbeat = self._averager = None
+        self.timeline = Timeline(options.trace_path, peer=self.peer_id)
         self.records: SwarmRecords | None = None
 
     # ---- lifecycle --------------------------------------------------------------------------------
@@ -205,7 +215,9 @@ class Peer:
         self.config, self.model_config = RunConfig.from_spec(spec)
         self.spec = spec
         self.coordinator = self.scheduler = spec.coordinator
-        self._transport = Transport(self._dht, self._on_receive, run_id=o.run_id)
+        latency = dict(o.link_latency or {})
+        self._transport = Transport(self._dht, self._on_receive, run_id=o.run_id,
+                                    link_delay=(lambda p: latency.get(p, 0.0)) if latency else None)
         self._gossip = GossipClient(on_message=self._on_gossip)
         self._gossip_info = self._gossip.start(o.identity_path, listen_host=o.host, bootstrap=spec.control_addrs,
                                                log_path=o.log_gossip)
@@ -217,8 +229,11 @@ class Peer:
                              f"{self.model_config.vocab_size}")
         if o.data_paths:
             self.corpus = self.corpus.with_documents(o.data_paths)
-        self.seconds_per_layer = measure_seconds_per_layer(self.model_config, self.config.data.batch_size,
-                                                           self.config.data.seq_len, o.device)
+        if o.emulate_seconds_per_layer:
+            self.seconds_per_layer = o.emulate_seconds_per_layer
+        else:
+            self.seconds_per_layer = measure_seconds_per_layer(self.model_config, self.config.data.batch_size,
+                                                               self.config.data.seq_len, o.device)
         self._heartbeat = self.records.start_heartbeat(self._record, period=self.config.heartbeat,
                                                        ttl=3 * self.config.heartbeat)
         self._probe_links()
@@ -438,9 +453,14 @@ class Peer:
         self.iteration = int(schedule.meta.get("start_iteration", 0))
         split = balanced_split(self.model_config.n_layers, schedule.num_stages)
         if self.worker is None:
-            self.worker = StageWorker(self.peer_id, self.stage, self.model_config, split, self.config.optim,
-                                      memory_slots=schedule.memory[self.peer_id], device=self.options.device,
-                                      precision=self._precision(), seed=self.config.seed)
+            kwargs = {"memory_slots": schedule.memory[self.peer_id], "device": self.options.device,
+                      "precision": self._precision(), "seed": self.config.seed}
+            if self.options.emulate_seconds_per_layer:
+                self.worker = PacedWorker(self.peer_id, self.stage, self.model_config, split, self.config.optim,
+                                          seconds_per_layer=self.options.emulate_seconds_per_layer, **kwargs)
+            else:
+                self.worker = StageWorker(self.peer_id, self.stage, self.model_config, split, self.config.optim,
+                                          **kwargs)
         self.worker.reset()
         if self.iteration > 0 and joiner:
             steps = self._receive_state()
@@ -551,7 +571,7 @@ class Peer:
         batches = self._draw(schedule) if self.stage == 0 else {}
         executor = PipelineExecutor(me=self.peer_id, worker=worker, schedule=schedule, run_id=o.run_id,
                                     iteration=self.iteration, send=self._send, batches=batches,
-                                    hold=self._held.append)
+                                    hold=self._held.append, timeline=self.timeline)
         t0 = time.perf_counter()
         result = executor.run(lambda t: self._receive("hop", t), deadline=o.iteration_deadline,
                               aborted=self._replaced)
@@ -564,7 +584,9 @@ class Peer:
             if self._role is not None:  # gossip does not deliver a peer's own messages back to it
                 self._role._gossip_inbox.put(GossipMessage(topic=progress_topic(o.run_id), sender=self.peer_id,
                                                            seqno=0, payload=report))
+        waited = time.time()
         self._wait_for_commit()
+        self.timeline.record("commit", waited, time.time(), iteration=self.iteration)
         if self.stage == 0:
             self.ledger.commit(self.iteration)
             self._snapshot = {}
@@ -579,6 +601,7 @@ class Peer:
                                                 deadline=o.averaging_deadline, alive=self._still_scheduled,
                                                 hold=self._held.append)
         t2 = time.perf_counter()
+        self.timeline.record("average", time.time() - (t2 - t1), time.time(), iteration=self.iteration)
         stats = worker.step()
         t3 = time.perf_counter()
         done = self.iteration + 1
@@ -589,6 +612,10 @@ class Peer:
             logger.info("checkpoint of stage %d at iteration %d written to %s", self.stage, done, o.checkpoint_dir)
         if o.log_param_digest:
             logger.info("params iteration %d stage %d digest %s", self.iteration, self.stage, param_digest(worker))
+        self.timeline.flush()
+        if getattr(worker, "overruns", 0):
+            logger.warning("compute emulation: %d operations so far took longer than the emulated device",
+                           worker.overruns)
         logger.info("iteration %d done: %d backward passes, stage %d averaged %d visits from %d/%d peers, lr %.2e "
                     "(pipeline+commit %.3f s, averaging %.3f s, step %.3f s)", self.iteration, result.backward_done,
                     self.stage, visits, heard, len(group), stats.lr, t1 - t0, t2 - t1, t3 - t2)
@@ -673,7 +700,11 @@ class Peer:
 
         def deliver() -> None:
             try:
+                start = time.time()
                 self._transport.send(peer, header, tensor, wire_dtype=wire)
+                self.timeline.record(f"send_{header.direction.name.lower()}", start, time.time(), to=peer,
+                                     microbatch=header.microbatch, iteration=header.iteration,
+                                     bytes=tensor.numel() * tensor.element_size())
             except (TransportError, ValueError) as e:
                 logger.warning("could not send %s of microbatch %d to %s: %s", header.direction.name.lower(),
                                header.microbatch, peer, e)

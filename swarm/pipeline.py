@@ -22,6 +22,7 @@ import torch
 
 from peers.worker import MemoryLimitError, StageWorker, WorkerError
 from scheduler.schedule import Route, Schedule
+from swarm.timeline import Timeline
 from swarm.wire import Direction, HopHeader
 
 logger = logging.getLogger(__name__)
@@ -76,9 +77,12 @@ class PipelineExecutor:
 
     def __init__(self, *, me: str, worker: StageWorker, schedule: Schedule, run_id: str, iteration: int,
                  send: Send, batches: dict[int, torch.Tensor] | None = None,
-                 hold: Callable[[Inbound], None] | None = None) -> None:
-        """:param hold: takes messages of a newer schedule epoch (from peers that switched first) for later"""
+                 hold: Callable[[Inbound], None] | None = None, timeline: Timeline | None = None) -> None:
+        """:param hold: takes messages of a newer schedule epoch (from peers that switched first) for later
+        :param timeline: records each operation's span (forward, backward, ...)
+        """
         self.me, self.worker, self.schedule, self.run_id, self.iteration = me, worker, schedule, run_id, iteration
+        self.timeline = timeline
         self.send = send
         self.hold = hold
         self.routes = {r.microbatch: r for r in schedule.routes}
@@ -126,21 +130,32 @@ class PipelineExecutor:
     # ---- steps of a microbatch --------------------------------------------------------------------
     def _inject(self, r: Route) -> None:
         tokens = self.batches[r.microbatch]
+        start = time.time()
         act = self.worker.inject(r.microbatch, tokens)
+        self._span("inject", start, r.microbatch, 0)
         self.result.tokens += tokens.shape[0] * (tokens.shape[1] - 1)
         if not r.peers:  # R = 1: the path is stage 0 alone
             self._loss(r, act)
             return
         self._emit(r, 1, Direction.FORWARD, act)
 
+    def _span(self, kind: str, start: float, microbatch: int, stage: int | None) -> None:
+        if self.timeline is not None:
+            self.timeline.record(kind, start, time.time(), microbatch=microbatch, stage=stage,
+                                 iteration=self.iteration)
+
     def _loss(self, r: Route, act: torch.Tensor) -> None:
+        start = time.time()
         loss, grad = self.worker.loss(r.microbatch, act)
+        self._span("loss", start, r.microbatch, 0)
         self.result.loss_sum += loss
         self.result.losses += 1
         if r.peers:
             self._emit(r, len(r.peers), Direction.BACKWARD, grad)
         else:
+            start = time.time()
             self.worker.backward(r.microbatch, grad)
+            self._span("backward", start, r.microbatch, 0)
             self.result.backward_done += 1
 
     def _emit(self, r: Route, hop: int, direction: Direction, tensor: torch.Tensor) -> None:
@@ -166,15 +181,19 @@ class PipelineExecutor:
                 self._loss(r, m.tensor)
             elif h.direction == Direction.FORWARD:
                 try:
+                    start = time.time()
                     act = self.worker.forward(h.microbatch, m.tensor, stage=r.stages[h.hop - 1])
                 except MemoryLimitError:
                     self._deferred.append(m)
                     return
+                self._span("forward", start, h.microbatch, r.stages[h.hop - 1])
                 nxt = h.hop + 1 if h.hop < len(r.peers) else 0
                 self._emit(r, nxt, Direction.FORWARD, act)
             else:
                 stage = r.stages[h.hop - 1] if h.hop > 0 else None
+                start = time.time()
                 grad = self.worker.backward(h.microbatch, m.tensor, stage=stage)
+                self._span("backward", start, h.microbatch, 0 if stage is None else stage)
                 self.result.backward_done += 1
                 if h.hop > 0:
                     self._emit(r, h.hop - 1, Direction.BACKWARD, grad)

@@ -25,6 +25,7 @@ batch_size = 8
 [swarm]
 wire_dtype = "float32"  # or float16 / bfloat16 on the wire
 profile = ""            # plan on a network preset instead of the measured links (studies, emulation)
+planner = "skippipe"    # or skippipe-no-collision / full-pipeline / random-skip (baselines, for benchmarks)
 ```
 """
 
@@ -44,6 +45,8 @@ from swarm.wire import RunSpec
 
 WireDtype = Literal["float32", "float16", "bfloat16"]
 Averaging = Literal["allgather", "hivemind"]
+Planner = Literal["skippipe", "skippipe-no-collision", "full-pipeline", "random-skip"]
+PLANNERS: tuple[str, ...] = ("skippipe", "skippipe-no-collision", "full-pipeline", "random-skip")
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,9 @@ class RunConfig:
     """dtype of activations and gradients on the wire."""
     profile: str = ""
     """Plan on this network preset or profile file instead of measured links ("" = measured)."""
+    planner: Planner = "skippipe"
+    """How paths are chosen: SkipPipe (with or without collision awareness), or a baseline on the same placement:
+    the DT-FM full pipeline (every stage in order, columns tuned on the simulator) or network-oblivious random skip."""
     heartbeat: float = 2.0
     """Seconds between a peer's record refreshes; a record expires after three missed ones (failure detection)."""
     averaging: Averaging = "allgather"
@@ -104,6 +110,8 @@ class RunConfig:
         if isinstance(self.heartbeat, bool) or not isinstance(self.heartbeat, (int, float)) or \
                 not 0.2 <= self.heartbeat <= 60:
             raise ValueError(f"swarm.heartbeat must be 0.2-60 seconds, got {self.heartbeat!r}")
+        if self.planner not in PLANNERS:
+            raise ValueError(f"swarm.planner must be one of {', '.join(PLANNERS)}, got {self.planner!r}")
         if self.averaging not in ("allgather", "hivemind"):
             raise ValueError(f"swarm.averaging must be allgather or hivemind, got {self.averaging!r}")
         if not isinstance(self.profile, str):
@@ -162,7 +170,7 @@ class RunConfig:
     def to_spec(self, *, coordinator: str, vocab_size: int, control_addrs: tuple[str, ...] = ()) -> RunSpec:
         hyper = {k: getattr(self, k) for k in ("microbatches", "memory", "iterations", "seed", "min_peers",
                                                "wire_dtype", "profile", "model", "checkpoint_every",
-                                               "averaging", "heartbeat")}
+                                               "averaging", "heartbeat", "planner")}
         hyper["optim"] = dataclasses.asdict(self.optim)
         return RunSpec(run_id=self.run_id, model=self.model_config(vocab_size).to_dict(), stages=self.stages,
                        skip_ratio=float(self.skip), hyperparameters=hyper, data=self.data.to_dict(),

@@ -101,15 +101,17 @@ class Transport:
     :param run_id: if set, refuse messages of other runs
     :param recv_timeout: a sender that stalls longer than this between two reads is dropped, and an inbound stream
       idle this long between two messages is closed
+    :param link_delay: link emulation only: peer id -> one-way seconds each message to it waits before it is
+      written (and each probe's reply after it is read), so that a local swarm pays a WAN's latencies
     """
 
     def __init__(self, dht: DHT, on_receive: OnReceive, *, max_tensor_bytes: int = MAX_TENSOR_BYTES,
                  queue_size: int = INBOUND_QUEUE_SIZE, run_id: str | None = None, recv_timeout: float = RECV_TIMEOUT,
-                 start_timeout: float = CONNECT_TIMEOUT):
+                 start_timeout: float = CONNECT_TIMEOUT, link_delay: Callable[[str], float] | None = None):
         if queue_size < 1:
             raise ValueError(f"queue_size must be >= 1, got {queue_size}")
         self.on_receive, self.max_tensor_bytes, self.queue_size = on_receive, max_tensor_bytes, queue_size
-        self.run_id, self.recv_timeout = run_id, recv_timeout
+        self.run_id, self.recv_timeout, self.link_delay = run_id, recv_timeout, link_delay
         self._stats = {"received": 0, "refused": 0, "sent": 0, "bytes_received": 0, "bytes_sent": 0,
                        "streams_opened": 0, "streams_accepted": 0}
         self._idle: dict[tuple[str, str], list[_Stream]] = {}  # these two touched only in the loop's thread
@@ -227,6 +229,8 @@ class Transport:
         timeout or cancellation midway) closes it, since its framing is no longer known.
         """
         key = (peer_id, protocol)
+        if self.link_delay is not None:
+            await asyncio.sleep(self.link_delay(peer_id))
         for attempt in range(2):
             stream = self._checkout(key) if attempt == 0 else None
             reused = stream is not None
@@ -431,6 +435,8 @@ class Transport:
         status, reason = await self._exchange(peer_id, PROBE_PROTOCOL, write)
         if status != _OK:
             raise TransportError(f"{peer_id} refused the probe: {reason}")
+        if self.link_delay is not None:  # the acknowledgement's way back
+            await asyncio.sleep(self.link_delay(peer_id))
         return time.perf_counter() - start
 
     async def _handle_probe(self, info: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -27,6 +27,19 @@ def test_probe_round_measures_loopback_link(local, remote, caplog):
     assert prober.links() == {}
 
 
+def test_emulated_latency_is_paid_by_probes_and_measured(local, remote):
+    """Link emulation: the transport waits the link's one-way latency before a message and after a probe's reply,
+    so a prober measures it; a link without an entry is not slowed."""
+    prober = LinkProber(local, sample_size=1, goodput_bytes=256 * 1024, rng=random.Random(0))
+    local.link_delay = lambda peer: {remote.id: 0.15}.get(peer, 0.0)
+    try:
+        latency = prober.measure(remote.id).latency_s
+    finally:
+        local.link_delay = None
+    assert 0.15 <= latency < 0.15 + 0.1
+    assert prober.measure(remote.id).latency_s < 0.1
+
+
 def test_ewma_smooths():
     est = None
     for lat in (1.0, 0.0, 0.0):
