@@ -31,6 +31,8 @@ from peers.worker import StageWorker
 
 CHECKPOINT_FORMAT = 1
 MANIFEST = "checkpoint.json"
+PEER_MANIFEST = "peer.json"
+"""Manifest of one peer's own checkpoint of its stage."""
 MAX_MANIFEST_BYTES = 16 << 20
 _MOMENTS = ("exp_avg", "exp_avg_sq", "step")
 
@@ -153,18 +155,23 @@ def save_stage_checkpoint(path: str | os.PathLike, worker: StageWorker, *, itera
         "split": list(worker.split), "shard": shard.state_dict() if shard is not None else None,
         "files": files, **(extra or {}),
     }
-    tmp = out / ".peer.json.tmp"
+    tmp = out / f".{PEER_MANIFEST}.tmp"
     tmp.write_text(json.dumps(manifest, indent=1))
-    os.replace(tmp, out / "peer.json")
-    return out / "peer.json"
+    os.replace(tmp, out / PEER_MANIFEST)
+    return out / PEER_MANIFEST
 
 
-def read_manifest(path: str | os.PathLike) -> dict[str, Any]:
-    """The checked manifest of checkpoint directory `path`: format, fields, every file's hash."""
+def read_manifest(path: str | os.PathLike, name: str = MANIFEST,
+                  fields: tuple[tuple[str, type], ...] = ()) -> dict[str, Any]:
+    """The checked manifest of checkpoint directory `path`: format, fields, every file's hash.
+
+    :param name: the manifest file (`checkpoint.json` for a whole model, `peer.json` for one peer's stage)
+    :param fields: the fields it must have (default: those of a whole-model checkpoint)
+    """
     root = Path(path)
-    mf = root / MANIFEST
+    mf = root / name
     if not mf.is_file():
-        raise CheckpointError(f"{root} is not a checkpoint directory (no {MANIFEST})")
+        raise CheckpointError(f"{root} is not a checkpoint directory (no {name})")
     if mf.stat().st_size > MAX_MANIFEST_BYTES:
         raise CheckpointError(f"{mf} is larger than {MAX_MANIFEST_BYTES} bytes")
     try:
@@ -175,8 +182,8 @@ def read_manifest(path: str | os.PathLike) -> dict[str, Any]:
         found = manifest.get("format") if isinstance(manifest, dict) else "?"
         raise CheckpointError(f"{mf}: checkpoint format {found} is not supported (this build reads format "
                               f"{CHECKPOINT_FORMAT})")
-    for key, kind in (("iteration", int), ("steps", int), ("seed", int), ("model", dict), ("optim", dict),
-                      ("split", list), ("shards", dict), ("files", dict)):
+    for key, kind in fields or (("iteration", int), ("steps", int), ("seed", int), ("model", dict), ("optim", dict),
+                                ("split", list), ("shards", dict), ("files", dict)):
         if not isinstance(manifest.get(key), kind) or isinstance(manifest.get(key), bool):
             raise CheckpointError(f"{mf}: field {key!r} is missing or not a {kind.__name__}")
     for name, digest in manifest["files"].items():
@@ -229,6 +236,21 @@ def load_checkpoint(path: str | os.PathLike, swarm: Any) -> dict[str, Any]:
     if rng is not None:
         torch.set_rng_state(rng)
     swarm.iteration = manifest["iteration"]
+    return manifest
+
+
+def load_stage_checkpoint(path: str | os.PathLike, worker: StageWorker) -> dict[str, Any]:
+    """Restore `worker` from a peer's own checkpoint of the same stage (`save_stage_checkpoint`); returns its
+    manifest. Raises CheckpointError when it is missing, corrupted, or of another stage, model or split."""
+    root = Path(path)
+    manifest = read_manifest(root, PEER_MANIFEST, (("iteration", int), ("steps", int), ("stage", int),
+                                                   ("model", dict), ("split", list), ("files", dict)))
+    _expect_equal("stage", manifest["stage"], worker.stage)
+    _expect_equal("model", manifest["model"], worker.config.to_dict())
+    _expect_equal("split", manifest["split"], list(worker.split))
+    weights = _load_tensors(root, f"stage-{worker.stage}.safetensors", manifest)
+    optim = _load_tensors(root, f"stage-{worker.stage}-optimizer.safetensors", manifest)
+    load_stage_tensors(worker, weights, optim, steps=manifest["steps"])
     return manifest
 
 

@@ -6,7 +6,9 @@ the LM head, so every microbatch starts and ends at a data holder. Stages 1..S-1
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+
+import torch
 
 from peers.model import ModelConfig, Transformer
 
@@ -42,3 +44,33 @@ def build_stage(cfg: ModelConfig, split: Sequence[int], stage: int, *, seed: int
     split = check_split(split, cfg.n_layers)
     return Transformer(cfg, layers=stage_layers(split, stage), with_embedding=stage == 0, with_head=stage == 0,
                        seed=seed)
+
+
+def stage_template(cfg: ModelConfig, split: Sequence[int], stage: int) -> dict[str, torch.Size]:
+    """Parameter names and shapes of `stage`, without allocating it."""
+    with torch.device("meta"):
+        return {k: v.shape for k, v in build_stage(cfg, split, stage).state_dict().items()}
+
+
+def neighbour_blocks(module: Transformer, neighbour: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Weights for `module`'s stage made of a neighbouring stage's decoder blocks (its k-th block for this
+    stage's k-th, cycling if it has fewer), and `module`'s own embedding and head where it has them.
+
+    How a stage that lost every peer restarts when no checkpoint of it exists: a copy of the adjacent blocks
+    starts far closer to the trained network than a fresh initialisation (layers of a residual stream change
+    slowly from one to the next).
+    """
+    theirs = sorted({int(k.split(".")[1]) for k in neighbour if k.startswith("layers.")})
+    if not theirs:
+        raise ValueError("the neighbouring stage has no decoder blocks")
+    out = {k: v.detach().clone() for k, v in module.state_dict().items()}
+    for k, mine in enumerate(module.layer_ids):
+        src = theirs[k % len(theirs)]
+        for name in [n for n in out if n.startswith(f"layers.{mine}.")]:
+            rest = name[len(f"layers.{mine}."):]
+            t = neighbour.get(f"layers.{src}.{rest}")
+            if t is None or t.shape != out[name].shape:
+                raise ValueError(f"the neighbouring stage's block {src} has no {rest} of shape "
+                                 f"{tuple(out[name].shape)}")
+            out[name] = t.detach().to(out[name].dtype).clone()
+    return out

@@ -22,21 +22,28 @@ def full_pipeline(problem: PathProblem, columns: list[list[int]] | None = None) 
     :param columns: default: the k-th peer (by index) of every stage.
     """
     columns = columns or default_columns(problem)
+    stages = tuple(served_stages(problem))
     total = sum(problem.microbatches)
     per_column = [total // len(columns) + (1 if k < total % len(columns) else 0) for k in range(len(columns))]
     routes = []
     for j in range(max(per_column, default=0)):
         for col, count in zip(columns, per_column):
             if j < count:
-                routes.append(PlannedRoute(col[0], tuple(range(1, len(col))), tuple(col[1:])))
+                routes.append(PlannedRoute(col[0], stages, tuple(col[1:])))
     return routes
+
+
+def served_stages(problem: PathProblem) -> list[int]:
+    """The non-zero stages a full pipeline visits: all but those no peer serves."""
+    return [s for s in range(1, problem.rules.num_stages) if s not in problem.rules.unserved]
 
 
 def default_columns(problem: PathProblem) -> list[list[int]]:
     members = problem.stage_members()
     holders = list(problem.holders)
-    n = min([len(m) for m in members[1:]] + [len(holders)])
-    return [[holders[k]] + [int(members[s][k]) for s in range(1, len(members))] for k in range(n)]
+    stages = served_stages(problem)
+    n = min([len(members[s]) for s in stages] + [len(holders)])
+    return [[holders[k]] + [int(members[s][k]) for s in stages] for k in range(n)]
 
 
 def tune_columns(problem: PathProblem, *, seed: int = 0, iterations: int = 300,
@@ -47,8 +54,8 @@ def tune_columns(problem: PathProblem, *, seed: int = 0, iterations: int = 300,
     default assignment leaves idle. Returns the best columns and their simulated makespan.
     """
     rng = np.random.default_rng(seed)
-    members = [list(map(int, m)) for m in problem.stage_members()]
-    members[0] = list(problem.holders)
+    all_members = problem.stage_members()
+    members = [list(problem.holders)] + [list(map(int, all_members[s])) for s in served_stages(problem)]
     n = min(len(m) for m in members)
     # order[s] lists stage s's peers; the first n form the columns.
     order = [list(m) for m in members]

@@ -65,6 +65,7 @@ class CostTables:
             forward=view.forward_seconds(model),
             message=view.message_seconds(model.activation_bytes),
             memory=np.array([p.memory_slots for p in view.peers]),
+            loss_factor=model.loss_factor,
             op_gap=op_gap,
         )
 

@@ -6,6 +6,7 @@ A path is the sequence of non-zero stages a microbatch visits after leaving its 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -26,6 +27,8 @@ class PathRules:
     """How far below the frontier a swapped hop may land."""
     max_jump: int = DEFAULT_MAX_JUMP
     """How far above the frontier one hop may go."""
+    unserved: frozenset[int] = frozenset()
+    """Non-zero stages no peer serves at the moment (all left): paths skip them until a peer takes one over."""
 
     def __post_init__(self) -> None:
         if self.num_stages < 1:
@@ -38,6 +41,12 @@ class PathRules:
             raise ValueError("max_swaps and max_swap_distance must be >= 0")
         if self.max_jump < 1:
             raise ValueError(f"max_jump must be >= 1, got {self.max_jump}")
+        if any(not 1 <= s < self.num_stages for s in self.unserved):
+            raise ValueError(f"unserved stages must be non-zero stages of 1..{self.num_stages - 1}, got "
+                             f"{sorted(self.unserved)}")
+        if self.stages_per_path > self.num_stages - len(self.unserved):
+            raise ValueError(f"stages_per_path (R) = {self.stages_per_path} cannot be met with stages "
+                             f"{sorted(self.unserved)} unserved")
 
     @property
     def hops(self) -> int:
@@ -57,6 +66,19 @@ class PathRules:
         return cls(num_stages=num_stages, stages_per_path=stages_per_path, **kwargs)
 
 
+def rules_around(rules: PathRules, unserved: set[int] | frozenset[int]) -> tuple[PathRules, bool]:
+    """`rules` for a swarm in which the non-zero stages `unserved` have no peer: paths skip them, and when that
+    leaves too few stages (or no valid path) for R, R is lowered until paths exist. Returns the rules and
+    whether R was relaxed (the caller says so: the skip ratio is then above what the run asked for)."""
+    unserved = frozenset(unserved)
+    r = min(rules.stages_per_path, rules.num_stages - len(unserved))
+    while True:
+        relaxed = dataclasses.replace(rules, stages_per_path=max(1, r), unserved=unserved)
+        if r <= 1 or valid_stage_sequences(relaxed):
+            return relaxed, relaxed.stages_per_path < rules.stages_per_path
+        r -= 1
+
+
 def path_violation(stages: tuple[int, ...] | list[int], rules: PathRules) -> str | None:
     """Why `stages` is not a valid path under `rules`, or None when it is.
 
@@ -69,6 +91,8 @@ def path_violation(stages: tuple[int, ...] | list[int], rules: PathRules) -> str
     for hop, stage in enumerate(stages, start=1):
         if not 1 <= stage < rules.num_stages:
             return f"hop {hop}: stage {stage} is not a non-zero stage of 1..{rules.num_stages - 1}"
+        if stage in rules.unserved:
+            return f"hop {hop}: stage {stage} has no peer (unserved stages are skipped)"
         if stage in seen:
             return f"hop {hop}: stage {stage} visited twice (each stage at most once)"
         seen.add(stage)
@@ -96,7 +120,7 @@ def valid_stage_sequences(rules: PathRules, limit: int = 20_000) -> tuple[tuple[
     the method allows; `limit` guards pathological rule sets (then the first `limit` are kept).
     """
     out: list[tuple[int, ...]] = []
-    nonzero = range(1, rules.num_stages)
+    nonzero = [s for s in range(1, rules.num_stages) if s not in rules.unserved]
 
     def extend(prefix: list[int], frontier: int, swaps: int) -> None:
         if len(out) >= limit:

@@ -46,8 +46,8 @@ class PathProblem:
         if self.rules.num_stages != self.tables.num_stages:
             raise ValueError(f"rules are for {self.rules.num_stages} stages, costs for {self.tables.num_stages}")
         for s in range(1, self.rules.num_stages):
-            if not np.any(self.stage_of == s) and self.rules.hops > 0:
-                raise ValueError(f"stage {s} has no peer")
+            if not np.any(self.stage_of == s) and self.rules.hops > 0 and s not in self.rules.unserved:
+                raise ValueError(f"stage {s} has no peer (paths can skip it only if the rules list it as unserved)")
 
     def stage_members(self) -> list[np.ndarray]:
         return [np.flatnonzero(self.stage_of == s) for s in range(self.rules.num_stages)]
@@ -138,14 +138,15 @@ class RouteFinder:
 
 
 def stage_budget(problem: PathProblem) -> np.ndarray:
-    """Visits each non-zero stage may take so that all stages are within one of each other."""
+    """Visits each served non-zero stage may take so that all of them are within one of each other."""
     s = problem.rules.num_stages
     hops = sum(problem.microbatches) * problem.rules.hops
     budget = np.zeros(s, dtype=int)
-    if s > 1:
-        base, extra = divmod(hops, s - 1)
-        budget[1:] = base
-        budget[1:1 + extra] += 1
+    served = [st for st in range(1, s) if st not in problem.rules.unserved]
+    if served:
+        base, extra = divmod(hops, len(served))
+        budget[served] = base
+        budget[served[:extra]] += 1
     return budget
 
 

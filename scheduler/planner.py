@@ -13,7 +13,7 @@ import numpy as np
 from scheduler.baselines import full_pipeline, random_skip, tune_columns
 from scheduler.constants import DEFAULT_MEMORY_SLOTS
 from scheduler.costs import CostTables, tables_to_dict
-from scheduler.path_rules import PathRules
+from scheduler.path_rules import PathRules, rules_around
 from scheduler.paths import PathProblem, PlannedRoute, evaluate, plan_paths
 from scheduler.placement import PlacementGoal, place
 from scheduler.profiles import swarm_from
@@ -126,6 +126,8 @@ def baseline_schedule(schedule: Schedule, tables: CostTables, method: str, *, se
     mb = int(schedule.meta.get("microbatches_per_holder") or max(1, per_holder))
     if method == "full_pipeline":
         rules = PathRules(schedule.num_stages, schedule.num_stages, max_swaps=0)
+        if schedule.rules.unserved:  # a stage without peers: the pipeline runs without it
+            rules = rules_around(rules, schedule.rules.unserved)[0]
         problem = problem_for(tables, stage_of, rules, mb, microbatch_counts)
         columns = tune_columns(problem, seed=seed, priority=priority)[0] if tune else None
         routes = full_pipeline(problem, columns)

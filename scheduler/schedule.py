@@ -115,6 +115,7 @@ class Schedule:
                 "max_swaps": self.rules.max_swaps,
                 "max_swap_distance": self.rules.max_swap_distance,
                 "max_jump": self.rules.max_jump,
+                "unserved": sorted(self.rules.unserved),
             },
             "placement": dict(sorted(self.placement.items())),
             "memory": dict(sorted(self.memory.items())),
@@ -132,6 +133,10 @@ class Schedule:
             raise ScheduleError(f"schedule format version {version} is not supported (this build reads "
                                 f"version {SCHEDULE_FORMAT_VERSION})")
         r = _expect(d.get("rules"), dict, "rules")
+        unserved_raw = _expect(r.get("unserved", []), list, "rules.unserved")
+        if len(unserved_raw) > MAX_STAGES:
+            raise ScheduleError(f"rules.unserved lists {len(unserved_raw)} stages, the limit is {MAX_STAGES}")
+        unserved = frozenset(_int(v, "rules.unserved[]", 1, MAX_STAGES) for v in unserved_raw)
         try:
             rules = PathRules(
                 num_stages=_int(r.get("num_stages"), "rules.num_stages", 1, MAX_STAGES),
@@ -139,6 +144,7 @@ class Schedule:
                 max_swaps=_int(r.get("max_swaps"), "rules.max_swaps", 0, MAX_STAGES),
                 max_swap_distance=_int(r.get("max_swap_distance"), "rules.max_swap_distance", 0, MAX_STAGES),
                 max_jump=_int(r.get("max_jump"), "rules.max_jump", 1, MAX_STAGES),
+                unserved=unserved,
             )
         except ValueError as e:
             raise ScheduleError(f"rules: {e}") from None

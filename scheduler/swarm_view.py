@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from scheduler.constants import DEFAULT_MEMORY_SLOTS, DEFAULT_MESSAGE_OVERHEAD_SECONDS
+from scheduler.constants import DEFAULT_MEMORY_SLOTS, DEFAULT_MESSAGE_OVERHEAD_SECONDS, LOSS_FACTOR
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,8 @@ class ModelCost:
     """Bytes of each stage's parameters, for the data-parallel (averaging) cost; empty = ignore."""
     head_layers: float = 0.0
     """Extra forward work at stage 0 for embedding, final norm and LM head, in layer-equivalents."""
+    loss_factor: float = LOSS_FACTOR
+    """Time of the loss step (head, loss, its backward) relative to the stage-0 forward (measured by peers)."""
 
     def __post_init__(self) -> None:
         if not self.layers_per_stage or any(n < 0 for n in self.layers_per_stage):
@@ -56,6 +58,8 @@ class ModelCost:
             raise ValueError(f"activation_bytes must be positive, got {self.activation_bytes}")
         if self.stage_param_bytes and len(self.stage_param_bytes) != len(self.layers_per_stage):
             raise ValueError("stage_param_bytes must have one entry per stage")
+        if not (self.loss_factor >= 0 and np.isfinite(self.loss_factor)):
+            raise ValueError(f"loss_factor must be finite and >= 0, got {self.loss_factor}")
 
     @property
     def num_stages(self) -> int:

@@ -109,6 +109,8 @@ def start(config_path, run_id, iterations, min_peers, stages, skip, seed, microb
               help="a data holder appends its data ledger here (JSON lines)")
 @click.option("--checkpoint-dir", type=click.Path(file_okay=False), default=None,
               help="write this peer's checkpoint here every run.checkpoint_every iterations")
+@click.option("--probe-sample", type=click.IntRange(1, 256), default=8, show_default=True,
+              help="peers whose links one probing round measures")
 @click.option("--trace", "trace_path", type=click.Path(dir_okay=False), default=None,
               help="append this peer's timeline (compute and send spans, JSON lines) here")
 @click.option("--emulate-speed", "emulate_speed", type=click.FloatRange(min=0, max=60, min_open=True), default=None,
@@ -116,8 +118,8 @@ def start(config_path, run_id, iterations, min_peers, stages, skip, seed, microb
 @click.option("--emulate-latency", "latency_file", type=click.Path(exists=True, dir_okay=False), default=None,
               help="link emulation: JSON file of one-way latencies to peers, added by the transport")
 def join(initial_peers, run_id, device, precision, stage, data_paths, identity, host, port, iteration_deadline,
-         log_file, log_level, log_param_digest, metrics_path, ledger, checkpoint_dir, trace_path, emulate_speed,
-         latency_file) -> None:
+         log_file, log_level, log_param_digest, metrics_path, ledger, checkpoint_dir, probe_sample, trace_path,
+         emulate_speed, latency_file) -> None:
     """Join a run: measure, announce, get placed, train; Ctrl+C leaves cleanly."""
     from swarm.peer import Peer, PeerOptions
 
@@ -144,7 +146,7 @@ def join(initial_peers, run_id, device, precision, stage, data_paths, identity, 
                           log_gossip=(log_file + ".gossip") if log_file else None,
                           log_param_digest=log_param_digest, checkpoint_dir=checkpoint_dir, ledger_path=ledger,
                           metrics_path=metrics_path, trace_path=trace_path, emulate_seconds_per_layer=emulate_speed,
-                          link_latency=latency)
+                          link_latency=latency, probe_sample=probe_sample)
     Peer(options).run(_stop_event())
 
 

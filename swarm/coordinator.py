@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import queue
+import statistics
 import threading
 import time
 from dataclasses import dataclass
@@ -31,8 +32,9 @@ import numpy as np
 
 from peers.data import Corpus
 from peers.stage import balanced_split
+from scheduler.constants import LOSS_FACTOR
 from scheduler.costs import CostTables
-from scheduler.path_rules import PathRules
+from scheduler.path_rules import PathRules, rules_around
 from scheduler.placement import PlacementGoal, place_joining
 from scheduler.planner import PlanOptions, baseline_schedule, plan, plan_tables
 from scheduler.profiles import swarm_from
@@ -42,7 +44,7 @@ from swarm.constants import LOOPBACK_HOST, RUN_SPEC_TTL
 from swarm.dht_shutdown import stop_dht
 from swarm.gossip import GossipClient, GossipMessage, membership_topic, progress_topic, schedule_topic
 from swarm.identity import ensure_identity, load_identity
-from swarm.link_probe import link_matrices
+from swarm.link_probe import link_matrices, links_complete
 from swarm.records import SwarmRecords
 from swarm.run_config import RunConfig
 from swarm.wire import PeerRecord, PeerState, ScheduleMsg
@@ -51,6 +53,9 @@ logger = logging.getLogger(__name__)
 
 SETTLE_SECONDS = 2.0
 """After the last new peer announced itself, wait this long (for its link probes) before planning."""
+LINK_WAIT_SECONDS = 30.0
+"""Before the first plan, wait at most this long for the peers to have measured every link (a large swarm
+probes a sample of its links only, and plans with the gaps filled)."""
 WIRE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
@@ -152,7 +157,9 @@ class Coordinator:
         if self.schedule is None:
             if len(peers) != self._last_count:
                 self._last_count, self._settled_since = len(peers), time.monotonic()
-            if len(peers) >= self.config.min_peers and time.monotonic() - self._settled_since >= SETTLE_SECONDS:
+            settled = time.monotonic() - self._settled_since
+            if len(peers) >= self.config.min_peers and settled >= SETTLE_SECONDS and \
+                    (self.config.profile or links_complete(peers) or settled >= LINK_WAIT_SECONDS):
                 self.publish_schedule(self.plan(peers, epoch=0, start_iteration=0))
         else:
             self._follow_membership(peers)
@@ -235,16 +242,21 @@ class Coordinator:
         return {p: r for p, r in self._records.items()
                 if p not in self._leaving and p != self.spec.coordinator and now - self._last_seen[p] <= grace}
 
-    def _model_cost(self) -> ModelCost:
+    def _model_cost(self, peers: dict[str, PeerRecord]) -> ModelCost:
+        """The model's costs: layers per stage, bytes per message, and the loss step relative to the stage-0
+        forward as the peers measured it (it depends on the vocabulary, which a decoder block does not show)."""
         cfg, model = self.config, self.spec.model
         layers = balanced_split(model["n_layers"], cfg.stages)
         activation = cfg.data.batch_size * cfg.data.seq_len * model["dim"] * WIRE_BYTES[cfg.wire_dtype]
-        return ModelCost(layers_per_stage=tuple(layers), activation_bytes=activation)
+        ratios = [r.loss_seconds / (r.seconds_per_layer * max(1, layers[0])) for r in peers.values()
+                  if r.loss_seconds > 0]
+        loss_factor = statistics.median(ratios) if ratios else LOSS_FACTOR
+        return ModelCost(layers_per_stage=tuple(layers), activation_bytes=activation, loss_factor=loss_factor)
 
     def plan(self, peers: dict[str, PeerRecord], *, epoch: int, start_iteration: int) -> Schedule:
         """Place `peers` and plan their paths (on the measured view, or on the configured profile)."""
         cfg = self.config
-        cost = self._model_cost()
+        cost = self._model_cost(peers)
         view = self._view(peers)
         rules = PathRules.from_skip_ratio(cfg.stages, cfg.skip)
         pinned = {p: r.stage for p, r in peers.items() if r.stage >= 0}
@@ -276,7 +288,7 @@ class Coordinator:
         """A new epoch for the live `peers`: survivors keep their stages, newcomers are placed one by one where
         they help most, and departed holders' shards go to the surviving holders with the fewest."""
         cfg, old = self.config, self.schedule
-        cost = self._model_cost()
+        cost = self._model_cost(peers)
         view = self._view(peers)
         tables = CostTables.from_view(view, cost)
         rules = PathRules.from_skip_ratio(cfg.stages, cfg.skip)
@@ -287,10 +299,15 @@ class Coordinator:
             if stage_of[i] < 0:
                 stage_of = place_joining(tables, stage_of, i, goal, data_holder=peers[p].data_holder)
                 logger.info("placing joining peer %s on stage %d", p, stage_of[i])
-        empty = [st for st in range(cfg.stages) if not np.any(stage_of == st)]
+        if not np.any(stage_of == 0):
+            raise RuntimeError("every data holder (stage 0) is gone: no microbatch can be injected until one joins")
+        empty = {st for st in range(1, cfg.stages) if not np.any(stage_of == st)}
         if empty:
-            raise RuntimeError(f"stage(s) {empty} lost every peer; re-planning around an empty stage is not "
-                               "supported yet")
+            asked = rules.stages_per_path
+            rules, relaxed = rules_around(rules, empty)
+            logger.warning("stage(s) %s lost every peer: paths skip them until a peer takes them over%s",
+                           sorted(empty), f"; the skip budget is relaxed: paths visit {rules.stages_per_path} "
+                           f"stages instead of {asked}" if relaxed else "")
         holders = [ids[i] for i in np.flatnonzero(stage_of == 0)]
         shards: dict[str, list[int]] = {h: list(old.meta.get("shards", {}).get(h, [])) for h in holders}
         owned = {k for ks in shards.values() for k in ks}
@@ -306,9 +323,28 @@ class Coordinator:
         before = self.in_force(start_iteration - 1) if start_iteration > 0 else None
         joiners = [p for p in schedule.placement if before is None or p not in before.placement]
         schedule.meta.update(start_iteration=start_iteration, num_shards=old.meta.get("num_shards", len(holders)),
-                             shards=shards, shard_positions=dict(self.shard_positions), joiners=joiners)
+                             shards=shards, shard_positions=dict(self.shard_positions), joiners=joiners,
+                             restore=self._restore_sources(schedule, joiners, before))
         validate(schedule, balance_tolerance=None)
         return schedule
+
+    @staticmethod
+    def _restore_sources(schedule: Schedule, joiners: list[str], before: Schedule | None) -> dict[str, str]:
+        """Joiner -> the peer whose stage it starts from, for joiners of a stage nobody kept serving: a veteran
+        of the nearest stage below (above if none); the joiner uses its own checkpoint of the stage instead if it
+        has one."""
+        if before is None:
+            return {}
+        veterans = {p: st for p, st in schedule.placement.items() if p not in joiners and p in before.placement}
+        sources = {}
+        for p in joiners:
+            st = schedule.placement[p]
+            if st == 0 or st in veterans.values():
+                continue
+            nearest = sorted((abs(vs - st), vs > st, vs == 0, q) for q, vs in veterans.items())
+            if nearest:
+                sources[p] = nearest[0][3]
+        return sources
 
     def _follow_membership(self, peers: dict[str, PeerRecord]) -> None:
         """Re-plan when a scheduled peer is gone (restart the uncommitted iteration) or a new one has settled."""

@@ -90,6 +90,10 @@ class LinkProber:
                 logger.warning("probing %s failed: %s", peer, e)
         return self.links()
 
+    def probed(self) -> set[str]:
+        """Peers probed at least once, whether or not they answered."""
+        return set(self._probed_at)
+
     def forget(self, peer_id: str) -> None:
         """Drop a departed peer's estimate."""
         self._estimates.pop(peer_id, None)
@@ -128,3 +132,9 @@ def link_matrices(records: Mapping[str, PeerRecord], order: Sequence[str], *, de
     np.fill_diagonal(lat, 0.0)
     np.fill_diagonal(bw, max(fill_bw, default_bandwidth))
     return lat, bw
+
+
+def links_complete(records: Mapping[str, PeerRecord]) -> bool:
+    """Whether every pair of these peers has been measured in at least one direction."""
+    ids = list(records)
+    return all(q in records[p].links or p in records[q].links for i, p in enumerate(ids) for q in ids[i + 1:])

@@ -33,15 +33,16 @@ from dataclasses import dataclass
 import hivemind
 import torch
 
-from peers.checkpoint import save_stage_checkpoint
+from peers.checkpoint import CheckpointError, load_stage_checkpoint, load_stage_tensors, save_stage_checkpoint
 from peers.data import Corpus, Shard
 from peers.data_ledger import DataLedger
-from peers.model import Block, ModelConfig
+from peers.model import Block, ModelConfig, Transformer, lm_loss
 from peers.paced_worker import PacedWorker
-from peers.stage import balanced_split
+from peers.stage import balanced_split, neighbour_blocks, stage_template
 from peers.worker import StageWorker
+from scheduler.constants import LOSS_FACTOR
 from scheduler.schedule import Schedule
-from swarm.constants import DHT_TIMEOUT, LOOPBACK_HOST
+from swarm.constants import DHT_TIMEOUT, LOOPBACK_HOST, PROBE_SAMPLE_SIZE
 from swarm.dht_shutdown import stop_dht
 from swarm.gossip import GossipClient, GossipMessage, membership_topic, progress_topic, schedule_topic
 from swarm.identity import ensure_identity, load_identity
@@ -50,7 +51,7 @@ from swarm.pipeline import Inbound, IterationAborted, IterationTimeout, Pipeline
 from swarm.records import SwarmRecords
 from swarm.run_config import RunConfig
 from swarm.stage_allgather import average_stage_group, flatten, unflatten
-from swarm.state_transfer import load_state, send_state
+from swarm.state_transfer import load_state, send_state, unflatten_weights
 from swarm.timeline import Timeline
 from swarm.transport import Transport, TransportError
 from swarm.wire import Direction, HopHeader, PeerRecord, PeerState, WireError
@@ -59,8 +60,14 @@ logger = logging.getLogger(__name__)
 
 MAX_ITERATIONS_AHEAD = 2
 """Messages for iterations further ahead than this are refused, so a flood cannot fill memory."""
-PROBE_SAMPLE = 8
-"""Peers whose links a joining peer measures."""
+LINK_PROBE_PERIOD = 5.0
+"""Seconds between two looks for peers whose links this peer has not measured yet (joiners)."""
+LINK_REFRESH_PERIOD = 300.0
+"""Seconds between two re-measurements of the stalest links."""
+SCHEDULE_POLL_PERIOD = 5.0
+"""Seconds between two reads of the newest schedule from the DHT when no notice came."""
+EMULATION_MARGIN = 1.5
+"""Compute emulation pads the loss step to at least this multiple of its measured time (load varies)."""
 COMMIT_TIMEOUT = 120.0
 """Seconds to wait for the scheduler's commit (or a replacing epoch) before giving up on the run."""
 
@@ -95,6 +102,8 @@ class PeerOptions:
     """Where this peer writes its own checkpoint every `checkpoint_every` iterations of the run."""
     metrics_path: str | None = None
     """Where this peer writes the run's metrics if it becomes the scheduler (the coordinator died)."""
+    probe_sample: int = PROBE_SAMPLE_SIZE
+    """Peers whose links one probing round measures (unmeasured ones first, then the stalest)."""
     log_param_digest: bool = False
     """Log a digest of the stage's parameters after every step (to check that a stage group agrees)."""
     trace_path: str | None = None
@@ -122,6 +131,22 @@ def measure_seconds_per_layer(model: ModelConfig, batch_size: int, seq_len: int,
     return max(statistics.median(times[1:]), 1e-6)
 
 
+def measure_loss_seconds(model: ModelConfig, batch_size: int, seq_len: int, device: str, repeats: int = 5) -> float:
+    """Median time of the loss step (final norm, LM head, cross-entropy and their backward) for one microbatch."""
+    torch.manual_seed(0)
+    head = Transformer(model, layers=[], with_embedding=False, with_head=True).to(device)
+    x = torch.randn(batch_size, seq_len, model.dim, device=device, requires_grad=True)
+    targets = torch.randint(0, model.vocab_size, (batch_size, seq_len), device=device)
+    times = []
+    for _ in range(repeats + 1):
+        start = time.perf_counter()
+        lm_loss(head.logits(x), targets).backward()
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return max(statistics.median(times[1:]), 1e-6)
+
+
 def param_digest(worker: StageWorker) -> str:
     """sha256 of the stage's parameters, in name order (equal digests = bit-identical weights)."""
     h = hashlib.sha256()
@@ -145,6 +170,7 @@ class Peer:
         self.worker: StageWorker | None = None
         self.links: dict[str, tuple[float, float]] = {}
         self.seconds_per_layer = 1.0
+        self.loss_seconds = 0.0
         self.shards: dict[int, Shard] = {}
         self.ledger = DataLedger(options.ledger_path, holder=self.peer_id)
         self._raw: queue.Queue[Inbound] = queue.Queue()
@@ -153,6 +179,9 @@ class Peer:
         """Messages of a newer epoch than the one in use, kept until this peer adopts it."""
         self._sender = ThreadPoolExecutor(4, thread_name_prefix="skippipe-send")
         self._schedule_notice = threading.Event()
+        self._announced_epoch = 0
+        """The newest epoch this peer has heard of (a scheduler's notice, or a message a peer sent under it)."""
+        self._last_schedule_poll = 0.0
         self._finished = threading.Event()
         self._scheduler_seen = time.monotonic()
         self._role = None
@@ -229,14 +258,21 @@ class Peer:
                              f"{self.model_config.vocab_size}")
         if o.data_paths:
             self.corpus = self.corpus.with_documents(o.data_paths)
+        shape = (self.model_config, self.config.data.batch_size, self.config.data.seq_len, o.device)
+        self.loss_seconds = measure_loss_seconds(*shape)
         if o.emulate_seconds_per_layer:
+            # the emulated device does what the model says, but never less than this machine can
             self.seconds_per_layer = o.emulate_seconds_per_layer
+            first = balanced_split(self.model_config.n_layers, self.config.stages)[0]
+            self.loss_seconds = max(LOSS_FACTOR * self.seconds_per_layer * first,
+                                    EMULATION_MARGIN * self.loss_seconds)
         else:
-            self.seconds_per_layer = measure_seconds_per_layer(self.model_config, self.config.data.batch_size,
-                                                               self.config.data.seq_len, o.device)
+            self.seconds_per_layer = measure_seconds_per_layer(*shape)
         self._heartbeat = self.records.start_heartbeat(self._record, period=self.config.heartbeat,
                                                        ttl=3 * self.config.heartbeat)
+        self._prober = LinkProber(self._transport, sample_size=o.probe_sample)
         self._probe_links()
+        threading.Thread(target=self._keep_probing, args=(stop,), name="skippipe-prober", daemon=True).start()
         self._connected: set[str] = set()
         self._connect_control_plane(self.records.fetch_peers())
         threading.Thread(target=self._watch_scheduler, args=(stop,), name="skippipe-watchdog", daemon=True).start()
@@ -299,7 +335,7 @@ class Peer:
     # ---- announcements ----------------------------------------------------------------------------
     def _record(self) -> PeerRecord:
         return PeerRecord(peer_id=self.peer_id, stage=self.stage, seconds_per_layer=self.seconds_per_layer,
-                          memory_slots=self.config.memory, links=dict(self.links),
+                          memory_slots=self.config.memory, links=dict(self.links), loss_seconds=self.loss_seconds,
                           addresses=tuple(str(a) for a in self._dht.get_visible_maddrs()), state=self.state,
                           data_holder=bool(self.options.data_paths), control_addrs=tuple(self._gossip_info.maddrs))
 
@@ -371,14 +407,27 @@ class Peer:
         except Exception:
             logger.exception("the scheduler role failed")
 
-    def _probe_links(self) -> None:
-        """Measure latency and goodput to a sample of peers already announced (the planner's cost matrix)."""
+    def _probe_links(self, *, only_unmeasured: bool = False) -> None:
+        """Measure latency and goodput to a sample of the announced peers (the planner's cost matrix); the
+        heartbeat publishes them with this peer's record."""
         try:
-            others = [p for p in self.records.fetch_peers() if p != self.peer_id][:PROBE_SAMPLE]
-            prober = LinkProber(self._transport, sample_size=PROBE_SAMPLE)
-            self.links = prober.probe_round(others)
+            others = [p for p in self.records.fetch_peers() if p not in (self.peer_id, self.coordinator)]
+            if only_unmeasured:
+                others = [p for p in others if p not in self._prober.probed()]
+            if others:
+                self.links = self._prober.probe_round(others)
         except (TransportError, WireError, TimeoutError) as e:
             logger.warning("link probing failed: %s", e)
+
+    def _keep_probing(self, stop: threading.Event) -> None:
+        """Background: measure links to peers that announced themselves after this one, and now and then
+        re-measure the stalest links."""
+        refreshed = time.monotonic()
+        while not stop.wait(LINK_PROBE_PERIOD) and not self._finished.is_set():
+            refresh = time.monotonic() - refreshed > LINK_REFRESH_PERIOD
+            if refresh:
+                refreshed = time.monotonic()
+            self._probe_links(only_unmeasured=not refresh)
 
     def _report_unreachable_peers(self) -> None:
         """Tell the scheduler which peers this iteration waited on in vain (it checks their heartbeats)."""
@@ -395,6 +444,9 @@ class Peer:
             if not self._trusted(msg.sender):
                 logger.warning("ignored a schedule notice from %s: not the run's scheduler", msg.sender)
                 return
+            epoch = msg.payload.get("epoch")
+            if isinstance(epoch, int) and not isinstance(epoch, bool):
+                self._announced_epoch = max(self._announced_epoch, epoch)
             self._schedule_notice.set()
         elif msg.topic == membership_topic(run) and msg.payload.get("event") == "finished":
             if self._trusted(msg.sender):
@@ -414,10 +466,25 @@ class Peer:
         msg = self.records.fetch_schedule(signers={self.coordinator, self.scheduler})
         return msg.to_schedule() if msg is not None else None
 
+    def _hold(self, m: Inbound) -> None:
+        """Keep a message of a newer epoch than the one in use (its sender switched first) until this peer does."""
+        self._held.append(m)
+        self._announced_epoch = max(self._announced_epoch, m.header.epoch)
+
     def _poll_newer(self) -> Schedule | None:
-        """The newest announced schedule if it is newer than the one in use (fetched once per notice)."""
-        if self._schedule_notice.is_set():
+        """The newest schedule if it is newer than the one in use.
+
+        Read from the DHT on each scheduler notice; again every half second while a newer epoch is known to
+        exist but the DHT still returns an older one (its replicas lag); and every SCHEDULE_POLL_PERIOD in any
+        case, for a peer that joined after the notice of the newest epoch was sent.
+        """
+        now = time.monotonic()
+        known = max(self.schedule.epoch, self._newer.epoch if self._newer is not None else -1)
+        since = now - self._last_schedule_poll
+        if self._schedule_notice.is_set() or (self._announced_epoch > known and since > 0.5) or \
+                since > SCHEDULE_POLL_PERIOD:
             self._schedule_notice.clear()
+            self._last_schedule_poll = now
             schedule = self._fetch_schedule()
             if schedule is not None and schedule.epoch > self.schedule.epoch and \
                     (self._newer is None or schedule.epoch > self._newer.epoch):
@@ -457,14 +524,19 @@ class Peer:
                       "precision": self._precision(), "seed": self.config.seed}
             if self.options.emulate_seconds_per_layer:
                 self.worker = PacedWorker(self.peer_id, self.stage, self.model_config, split, self.config.optim,
-                                          seconds_per_layer=self.options.emulate_seconds_per_layer, **kwargs)
+                                          seconds_per_layer=self.options.emulate_seconds_per_layer,
+                                          loss_seconds=self.loss_seconds, **kwargs)
             else:
                 self.worker = StageWorker(self.peer_id, self.stage, self.model_config, split, self.config.optim,
                                           **kwargs)
         self.worker.reset()
         if self.iteration > 0 and joiner:
-            steps = self._receive_state()
-            logger.info("loaded stage %d's state (step %d) from a same-stage peer", self.stage, steps)
+            source = self._restore_source(schedule, self.peer_id)
+            if source is None:
+                steps = load_state(self.worker, self._receive_state())
+                logger.info("loaded stage %d's state (step %d) from a same-stage peer", self.stage, steps)
+            else:
+                self._restore_stage(source, schedule.placement[source])
         self._set_shards(schedule)
         self.state = PeerState.ONLINE
         logger.info("peer %s runs schedule epoch %d on stage %d from iteration %d", self.peer_id, schedule.epoch,
@@ -497,6 +569,12 @@ class Peer:
                 send_state(me=self.peer_id, worker=self.worker, to=peer, run_id=self.options.run_id,
                            iteration=self.iteration, epoch=schedule.epoch, send=self._send)
                 logger.info("sent stage %d's state to joining peer %s", self.stage, peer)
+        for peer in joiners:
+            if self._restore_source(schedule, peer) == self.peer_id:
+                send_state(me=self.peer_id, worker=self.worker, to=peer, run_id=self.options.run_id,
+                           iteration=self.iteration, epoch=schedule.epoch, send=self._send)
+                logger.info("sent stage %d's blocks to %s, which restarts stage %d (it lost every peer)",
+                            self.stage, peer, schedule.placement.get(peer, -1))
         self._set_shards(schedule)
         logger.info("adopted schedule epoch %d at iteration %d (%d peers)", schedule.epoch, self.iteration,
                     len(schedule.placement))
@@ -521,18 +599,48 @@ class Peer:
             shards[int(k)] = shard
         self.shards = shards
 
-    def _receive_state(self) -> int:
+    def _receive_state(self, source: str | None = None) -> dict[int, Inbound]:
+        """The two parts of a stage's state, from a same-stage peer (or from `source`, whatever its stage)."""
         end = time.monotonic() + COMMIT_TIMEOUT
         parts: dict[int, Inbound] = {}
         while len(parts) < 2 and time.monotonic() < end:
             for m in self._receive("state", 0.5, any_iteration=True):
-                if m.sender in self.schedule.placement and self.schedule.placement[m.sender] == self.stage:
+                same_stage = m.sender in self.schedule.placement and self.schedule.placement[m.sender] == self.stage
+                if m.sender == source or (source is None and same_stage):
                     parts[m.header.microbatch] = m
                 else:
-                    logger.warning("dropped stage state from %s: not a peer of stage %d", m.sender, self.stage)
+                    logger.warning("dropped stage state from %s: not %s", m.sender,
+                                   source or f"a peer of stage {self.stage}")
         if len(parts) < 2:
-            raise TimeoutError(f"no same-stage peer sent stage {self.stage}'s state")
-        return load_state(self.worker, parts)
+            raise TimeoutError(f"{source or 'no same-stage peer'} sent no state for stage {self.stage} in time")
+        return parts
+
+    @staticmethod
+    def _restore_source(schedule: Schedule, peer: str) -> str | None:
+        """The peer a joiner of a stage that lost every peer starts from (the scheduler's choice), if any."""
+        restore = schedule.meta.get("restore")
+        source = restore.get(peer) if isinstance(restore, dict) else None
+        return source if isinstance(source, str) and source in schedule.placement else None
+
+    def _restore_stage(self, source: str, source_stage: int) -> None:
+        """Restart a stage nobody kept serving: from this peer's own checkpoint of it if it has one, else from
+        the decoder blocks of `source`, a peer of a neighbouring stage (the optimizer starts afresh)."""
+        o = self.options
+        if o.checkpoint_dir:
+            try:
+                manifest = load_stage_checkpoint(o.checkpoint_dir, self.worker)
+                logger.warning("stage %d had no peer left: restored it from this peer's checkpoint of iteration %d",
+                               self.stage, manifest["iteration"])
+                return
+            except CheckpointError as e:
+                logger.info("no usable checkpoint of stage %d here (%s)", self.stage, e)
+        parts = self._receive_state(source)
+        split = balanced_split(self.model_config.n_layers, self.schedule.num_stages)
+        theirs = unflatten_weights(parts[0].tensor, stage_template(self.model_config, split, source_stage))
+        steps = parts[0].header.weight - 1
+        load_stage_tensors(self.worker, neighbour_blocks(self.worker.module, theirs), {}, steps=steps)
+        logger.warning("stage %d had no peer left and no checkpoint here: initialised it from stage %d's blocks "
+                       "(from %s, step %d)", self.stage, source_stage, source, steps)
 
     def _precision(self) -> str:
         if self.options.precision != "auto":
@@ -571,7 +679,7 @@ class Peer:
         batches = self._draw(schedule) if self.stage == 0 else {}
         executor = PipelineExecutor(me=self.peer_id, worker=worker, schedule=schedule, run_id=o.run_id,
                                     iteration=self.iteration, send=self._send, batches=batches,
-                                    hold=self._held.append, timeline=self.timeline)
+                                    hold=self._hold, timeline=self.timeline)
         t0 = time.perf_counter()
         result = executor.run(lambda t: self._receive("hop", t), deadline=o.iteration_deadline,
                               aborted=self._replaced)
@@ -599,7 +707,7 @@ class Peer:
                                                 iteration=self.iteration, epoch=schedule.epoch, send=self._send,
                                                 receive=lambda t: self._receive("avg", t),
                                                 deadline=o.averaging_deadline, alive=self._still_scheduled,
-                                                hold=self._held.append)
+                                                hold=self._hold)
         t2 = time.perf_counter()
         self.timeline.record("average", time.time() - (t2 - t1), time.time(), iteration=self.iteration)
         stats = worker.step()

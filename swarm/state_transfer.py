@@ -9,6 +9,8 @@ model before loading anything.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 
 from peers.checkpoint import load_stage_tensors, stage_tensors
@@ -46,21 +48,29 @@ def send_state(*, me: str, worker: StageWorker, to: str, run_id: str, iteration:
         send(to, header, tensor)
 
 
+def unflatten_weights(flat: torch.Tensor, template: Mapping[str, torch.Size]) -> dict[str, torch.Tensor]:
+    """Part 0 of a state transfer as named tensors, given the sender's stage layout (names and shapes)."""
+    if flat.dim() != 1 or flat.numel() != sum(shape.numel() for shape in template.values()):
+        raise WorkerError("state transfer sizes do not match the sending stage's model")
+    weights, pos = {}, 0
+    for k in sorted(template):
+        n = template[k].numel()
+        weights[k] = flat[pos:pos + n].view(template[k])
+        pos += n
+    return weights
+
+
 def load_state(worker: StageWorker, messages: dict[int, Inbound]) -> int:
     """Load parts 0 and 1 into `worker`; returns the optimizer step count. Raises WorkerError on a mismatch."""
     if set(messages) != {0, 1}:
         raise WorkerError(f"state transfer needs parts 0 and 1, got {sorted(messages)}")
     template_w = {k: v for k, v in worker.module.state_dict().items()}
-    flat_w, flat_o = messages[0].tensor, messages[1].tensor
+    flat_o = messages[1].tensor
     template_o = _optimizer_template(worker)
-    if flat_w.numel() != sum(v.numel() for v in template_w.values()) or \
-            flat_o.numel() != sum(s.numel() for s in template_o.values()):
+    if flat_o.numel() != sum(s.numel() for s in template_o.values()):
         raise WorkerError("state transfer sizes do not match this stage's model")
-    weights, pos = {}, 0
-    for k in sorted(template_w):
-        n = template_w[k].numel()
-        weights[k] = flat_w[pos:pos + n].view_as(template_w[k]).to(template_w[k].dtype)
-        pos += n
+    weights = unflatten_weights(messages[0].tensor, {k: v.shape for k, v in template_w.items()})
+    weights = {k: v.to(template_w[k].dtype) for k, v in weights.items()}
     optim, pos = {}, 0
     for k, shape in sorted(template_o.items()):
         n = shape.numel()

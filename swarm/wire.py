@@ -369,12 +369,15 @@ class PeerRecord:
     """Holds a data shard, so it is pinned to stage 0."""
     control_addrs: tuple[str, ...] = ()
     """Multiaddrs of its gossip sidecar, so peers stay connected on the control plane without the coordinator."""
+    loss_seconds: float = 0.0
+    """Measured time of the loss step (LM head, loss and its backward) for one microbatch; 0 = not measured."""
     version: int = WIRE_VERSION
 
     def to_msgpack(self) -> bytes:
         return pack({
             "version": self.version, "peer_id": self.peer_id, "stage": self.stage,
             "seconds_per_layer": self.seconds_per_layer, "memory_slots": self.memory_slots,
+            "loss_seconds": self.loss_seconds,
             "links": {p: [float(lat), float(bw)] for p, (lat, bw) in self.links.items()},
             "addresses": list(self.addresses), "state": int(self.state), "data_holder": self.data_holder,
             "control_addrs": list(self.control_addrs),
@@ -405,6 +408,7 @@ class PeerRecord:
             stage=_int(d.get("stage"), "peer.stage", -1, MAX_STAGES - 1),
             seconds_per_layer=_float(d.get("seconds_per_layer"), "peer.seconds_per_layer", 1e-9, 3600.0),
             memory_slots=_int(d.get("memory_slots"), "peer.memory_slots", 1, 1 << 20),
+            loss_seconds=_float(d.get("loss_seconds", 0.0), "peer.loss_seconds", 0.0, 3600.0),
             links=links,
             addresses=addresses,
             state=PeerState(_int(d.get("state"), "peer.state", 0, len(PeerState) - 1)),

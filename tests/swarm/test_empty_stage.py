@@ -1,0 +1,75 @@
+"""A stage that loses every peer: paths skip it while nobody serves it; the next peer to join takes it over,
+restoring it from its own checkpoint when it has one, else from a neighbouring stage's blocks. The run goes on
+throughout and no sample is lost or doubled."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+
+import pytest
+
+from peers.data_ledger import read_ledger, sample_status
+from swarm.identity import ensure_identity
+from swarm.local_swarm import LocalSwarm
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+ITERATIONS = 150
+PINS = ["0", "0", "1", "1", "2"]  # stage 2 has a single peer
+
+
+def wait_log(swarm: LocalSwarm, index: int, text: str, timeout: float = 180) -> None:
+    log = swarm.run_dir / f"peer-{index:02d}.log"
+    end = time.monotonic() + timeout
+    while not (log.exists() and text in log.read_text()):
+        assert time.monotonic() < end, f"peer {index} never logged {text!r}"
+        time.sleep(0.5)
+
+
+def test_a_stage_without_peers_is_skipped_then_restored(tmp_path):
+    config = tmp_path / "run.toml"
+    config.write_text(f"[run]\nrun_id = 'empty'\nstages = 3\nskip = 0.33\nmicrobatches = 1\ncheckpoint_every = 2\n"
+                      f"iterations = {ITERATIONS}\nmin_peers = {len(PINS)}\n[swarm]\nheartbeat = 1.0\n")
+    run_dir = tmp_path / "run"
+
+    def args(i: int, checkpoint: int | None = None) -> list[str]:
+        out = ["--iteration-deadline", "90", "--ledger", str(run_dir / f"ledger-{i:02d}.jsonl")]
+        if checkpoint is not None:
+            out += ["--checkpoint-dir", str(run_dir / f"checkpoint-{checkpoint:02d}")]
+        return out
+
+    swarm = LocalSwarm(run_dir, len(PINS), run_id="empty", coordinator_args=["--config", str(config)],
+                       peer_args=[["--stage", s, *args(i, i if s == "2" else None)] for i, s in enumerate(PINS)])
+    try:
+        swarm.start()
+        swarm.watch(5, timeout=180)
+        assert (run_dir / "checkpoint-04" / "peer.json").exists()
+        swarm.kill(swarm.peers[4])  # stage 2's only peer
+        swarm.watch(len(swarm.metrics()) + 3, timeout=180)
+        skipping = swarm.schedule()
+        assert skipping["rules"]["unserved"] == [2]
+        assert skipping["routes"] and all(2 not in r["stages"] for r in skipping["routes"])
+        # the same volunteer comes back (a new process, its disk kept): it restores stage 2 from its checkpoint
+        swarm.add_peer(5, args(5, checkpoint=4))
+        wait_log(swarm, 5, "restored it from this peer's checkpoint")
+        swarm.watch(len(swarm.metrics()) + 3, timeout=180)
+        assert swarm.schedule()["rules"]["unserved"] == []
+        swarm.kill(swarm.peers[5])
+        swarm.watch(len(swarm.metrics()) + 3, timeout=180)
+        swarm.add_peer(6, args(6))  # a stranger without a checkpoint: starts from stage 1's blocks
+        wait_log(swarm, 6, "initialised it from stage 1's blocks")
+        records = swarm.watch(ITERATIONS, timeout=240)
+    finally:
+        swarm.stop()
+    assert [r["iteration"] for r in records] == list(range(1, ITERATIONS + 1))
+    assert records[-1]["loss"] < records[0]["loss"]
+    coordinator_log = (run_dir / "coordinator.log").read_text()
+    assert coordinator_log.count("lost every peer") >= 2
+    final = swarm.schedule()
+    new = ensure_identity(str(run_dir / "peer-06.key"))
+    assert final["placement"][new] == 2 and any(2 in r["stages"] for r in final["routes"])
+    entries = [e for f in sorted(run_dir.glob("ledger-*.jsonl")) for e in read_ledger(f)]
+    status = sample_status(entries, {(r["iteration"] - 1, r["epoch"]) for r in records})
+    processed = Counter(c["processed"] for c in status.values())
+    assert status and set(processed) == {1}, f"samples processed {dict(processed)} times"
