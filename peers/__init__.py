@@ -2,9 +2,11 @@
 
 The code is organized as follows:
 - model.py: `ModelConfig`, `FLAVORS` and `Transformer`, the LLaMA-style decoder in one readable file
-- stage.py: which layers each stage owns (`balanced_split`) and `build_stage`, the model minus what a stage lacks
+- stage.py: which layers each stage owns (`balanced_split`), `build_stage`, the model minus what a stage lacks, and
+  `neighbour_blocks`, a stage that lost every peer restarted from a neighbouring stage's blocks
 - optim.py: `OptimConfig`, AdamW with decay on matrices only, the warmup + cosine `lr_at`
 - worker.py: `StageWorker`, forward/backward of one stage for microbatches in any order, gradient accounting, step
+- paced_worker.py: `PacedWorker`, a worker that takes as long as a device of a stated speed (compute emulation)
 - averaging.py: same-stage gradient averaging weighted by the microbatches each peer processed
 - tokenizer.py: a local tokenizer.json, or a byte-level BPE trained once on the corpus and cached
 - data.py: `DataConfig`, `Corpus` (local text/jsonl or the bundled pydoc corpus, validation split), `Shard`

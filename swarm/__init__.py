@@ -13,7 +13,10 @@ The code is organized as follows:
 - pipeline.py: PipelineExecutor, one peer's part of one iteration, driven by the messages it receives
 - stage_allgather.py: exact visit-weighted gradient averaging of a stage group over the transport
 - state_transfer.py: a stage's weights and optimizer state handed to a joining peer
-- local_swarm.py: LocalSwarm, a coordinator and N peers as processes on loopback
+- local_swarm.py: LocalSwarm, a coordinator and N peers as processes on loopback (or on an EmulatedNetwork)
+- emulated_network.py: EmulatedNetwork, hosts in network namespaces with kernel-shaped links, latency files
+- timeline.py: Timeline, a peer's compute and send spans, and the Chrome trace of a whole run
+- dht_shutdown.py: stop_dht, a DHT shut down without leaving its p2pd socket behind
 - constants.py: network limits (header/tensor sizes, dtypes, timeouts, heartbeat, expiry); ports default to 0
 - wire.py: WireError and the msgpack wire records (TensorDescriptor, HopHeader, PeerRecord, RunSpec, ScheduleMsg)
 - identity.py: one RSA key file per peer (same peer id in p2pd and the gossip sidecar), sign / verify

@@ -64,6 +64,7 @@ batch_size = {BATCH}
 
 [swarm]
 planner = "{method}"
+heartbeat = 5.0  # 12-20 peers on 2 cores: a record refresh can be late without the peer being gone
 """
 
 

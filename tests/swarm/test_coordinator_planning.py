@@ -8,7 +8,6 @@ import pytest
 
 from scheduler.profiles import swarm_from
 from scheduler.schedule import validate
-from scheduler.simulator import simulate
 from swarm.coordinator import Coordinator
 from swarm.run_config import PLANNERS, RunConfig
 from swarm.wire import PeerRecord, PeerState
