@@ -107,6 +107,7 @@ class Coordinator:
         self._last_seen: dict[str, float] = {}
         self._leaving: set[str] = set()
         self._records: dict[str, PeerRecord] = {}
+        self._restarted: set[tuple[int, int]] = set()
         self._gossip_inbox: queue.Queue[GossipMessage] = queue.Queue()
         self.run_dir = Path(run_dir) if run_dir else None
         metrics = metrics_path or (str(self.run_dir / "metrics.jsonl") if self.run_dir else None)
@@ -405,6 +406,8 @@ class Coordinator:
     def _handle(self, msg: GossipMessage) -> None:
         if msg.topic == membership_topic(self.config.run_id):
             logger.info("membership: %s %s", msg.payload.get("event"), msg.payload.get("peer", msg.sender))
+            if msg.payload.get("event") == "stuck":
+                self._restart_if_stuck(msg)
             return
         if msg.topic != progress_topic(self.config.run_id) or self.schedule is None:
             return
@@ -424,6 +427,24 @@ class Coordinator:
         report["shards"] = shards
         self._reports.setdefault((it, epoch), {})[msg.sender] = report
         self._try_commit()
+
+    def _restart_if_stuck(self, msg: GossipMessage) -> None:
+        """A scheduled peer waited past its deadline on the iteration in progress of the current epoch. If a peer
+        died, its expiry re-plans anyway; if none did (a message was lost), nothing else would: restart the
+        iteration under a new epoch on the same peers, once per iteration and epoch."""
+        p = msg.payload
+        it, epoch = p.get("iteration"), p.get("epoch")
+        if self.schedule is None or msg.sender not in self.schedule.placement or it != self.completed or \
+                epoch != self.schedule.epoch or (it, epoch) in self._restarted:
+            return
+        self._restarted.add((it, epoch))
+        peers = {q: r for q, r in self._live_peers().items() if q in self.schedule.placement}
+        logger.warning("iteration %d is stuck at %s under epoch %d: restarting it under a new epoch", it, msg.sender,
+                       epoch)
+        try:
+            self.publish_schedule(self.replan(peers, start_iteration=self.completed))
+        except (RuntimeError, ValueError) as e:
+            logger.error("could not re-plan: %s", e)
 
     def _publish(self, topic: str, payload: dict[str, Any]) -> None:
         """Gossip `payload`; a scheduler living in a peer also hands it to that peer (gossip skips the sender)."""

@@ -66,6 +66,9 @@ LINK_REFRESH_PERIOD = 300.0
 """Seconds between two re-measurements of the stalest links."""
 SCHEDULE_POLL_PERIOD = 5.0
 """Seconds between two reads of the newest schedule from the DHT when no notice came."""
+DEADLINE_FACTOR = 5.0
+MIN_ITERATION_DEADLINE = 30.0
+RECENT_ITERATIONS = 5
 EMULATION_MARGIN = 1.5
 """Compute emulation pads the loss step to at least this multiple of its measured time (load varies)."""
 COMMIT_TIMEOUT = 120.0
@@ -91,7 +94,8 @@ class PeerOptions:
     precision: str = "auto"
     """Autocast of the compute: fp32, bf16, fp16, or auto (bf16 on CUDA, fp32 on CPU)."""
     iteration_deadline: float = 300.0
-    """Seconds one iteration may take before this peer gives up on it."""
+    """Most seconds this peer waits for its part of one iteration; the deadline it uses is a multiple of how
+    long iterations take (see `Peer.iteration_deadline`), capped by this."""
     averaging_deadline: float = 60.0
     join_timeout: float = 120.0
     """Seconds to wait for the run spec and for a schedule that places this peer."""
@@ -171,6 +175,8 @@ class Peer:
         self.links: dict[str, tuple[float, float]] = {}
         self.seconds_per_layer = 1.0
         self.loss_seconds = 0.0
+        self._pipeline_seconds: list[float] = []
+        """How long this peer's part of each recent iteration took (for its deadlines)."""
         self.shards: dict[int, Shard] = {}
         self.ledger = DataLedger(options.ledger_path, holder=self.peer_id)
         self._raw: queue.Queue[Inbound] = queue.Queue()
@@ -430,10 +436,11 @@ class Peer:
             self._probe_links(only_unmeasured=not refresh)
 
     def _report_unreachable_peers(self) -> None:
-        """Tell the scheduler which peers this iteration waited on in vain (it checks their heartbeats)."""
+        """Tell the scheduler that this iteration is stuck here (it restarts it under a new epoch if nobody died)."""
         if self._gossip is not None:
             self._gossip.publish(membership_topic(self.options.run_id),
-                                 {"event": "stuck", "peer": self.peer_id, "iteration": self.iteration}, wait=False)
+                                 {"event": "stuck", "peer": self.peer_id, "iteration": self.iteration,
+                                  "epoch": self.schedule.epoch}, wait=False)
 
     # ---- schedules --------------------------------------------------------------------------------
     def _on_gossip(self, msg: GossipMessage) -> None:
@@ -681,8 +688,9 @@ class Peer:
                                     iteration=self.iteration, send=self._send, batches=batches,
                                     hold=self._hold, timeline=self.timeline)
         t0 = time.perf_counter()
-        result = executor.run(lambda t: self._receive("hop", t), deadline=o.iteration_deadline,
+        result = executor.run(lambda t: self._receive("hop", t), deadline=self.iteration_deadline(),
                               aborted=self._replaced)
+        self._pipeline_seconds = [*self._pipeline_seconds[-RECENT_ITERATIONS:], time.perf_counter() - t0]
         if self.stage == 0:
             report = {"kind": "done", "peer": self.peer_id, "iteration": self.iteration, "epoch": schedule.epoch,
                       "loss_sum": result.loss_sum, "losses": result.losses, "tokens": result.tokens,
@@ -727,6 +735,18 @@ class Peer:
         logger.info("iteration %d done: %d backward passes, stage %d averaged %d visits from %d/%d peers, lr %.2e "
                     "(pipeline+commit %.3f s, averaging %.3f s, step %.3f s)", self.iteration, result.backward_done,
                     self.stage, visits, heard, len(group), stats.lr, t1 - t0, t2 - t1, t3 - t2)
+
+    def iteration_deadline(self) -> float:
+        """Seconds to wait for this peer's part of an iteration before reporting it stuck: DEADLINE_FACTOR times
+        what iterations take (the schedule's prediction at first, then the median of this peer's recent ones),
+        at least MIN_ITERATION_DEADLINE and at most the configured cap. A hang (a lost message, a peer dead
+        but not yet expired) is noticed in seconds on a fast swarm, not after a fixed five minutes."""
+        expected = self.schedule.predicted_iteration_seconds or 0.0
+        if self._pipeline_seconds:
+            expected = statistics.median(self._pipeline_seconds[-RECENT_ITERATIONS:])
+        if not expected > 0:
+            return self.options.iteration_deadline
+        return min(self.options.iteration_deadline, max(MIN_ITERATION_DEADLINE, DEADLINE_FACTOR * expected))
 
     def _wait_for_commit(self) -> None:
         """Block until the scheduler commits this iteration; a replacing epoch aborts it instead."""

@@ -66,3 +66,49 @@ def test_skippipe_beats_the_full_pipeline_on_the_geo_links():
 def test_an_unknown_planner_is_refused():
     with pytest.raises(ValueError, match="swarm.planner"):
         RunConfig.from_tables({"swarm": {"planner": "fastest"}})
+
+
+def test_a_stuck_report_restarts_the_iteration_once_under_a_new_epoch(monkeypatch):
+    from swarm.gossip import GossipMessage, membership_topic
+
+    c = coordinator("skippipe")
+    peers = records()
+    c.schedule = c.plan(peers, epoch=0, start_iteration=0)
+    c.schedules, c.completed = [c.schedule], 3
+    published = []
+    monkeypatch.setattr(c, "_live_peers", lambda: peers)
+    monkeypatch.setattr(c, "publish_schedule", lambda s: (published.append(s), setattr(c, "schedule", s)))
+    member = next(iter(c.schedule.placement))
+
+    def stuck(sender, iteration, epoch):
+        c._handle(GossipMessage(topic=membership_topic("plan-test"), sender=sender, seqno=0,
+                                payload={"event": "stuck", "peer": sender, "iteration": iteration, "epoch": epoch}))
+
+    stuck("stranger", 3, 0)  # not a peer of the schedule
+    stuck(member, 2, 0)  # an iteration already committed
+    assert published == []
+    stuck(member, 3, 0)
+    stuck(member, 3, 0)  # reported twice (or by several peers): one restart
+    assert len(published) == 1
+    restart = published[0]
+    assert restart.epoch == 1 and restart.meta["start_iteration"] == 3
+    assert restart.placement == c.schedules[0].placement  # the same peers, nobody moved
+    stuck(member, 3, 1)  # still stuck under the new epoch: restarted again
+    assert len(published) == 2 and published[1].epoch == 2
+
+
+def test_the_iteration_deadline_follows_measured_iteration_times():
+    from swarm.peer import MIN_ITERATION_DEADLINE, Peer, PeerOptions
+
+    peer = Peer.__new__(Peer)
+    peer.options = PeerOptions(initial_peers=(), identity_path="unused", iteration_deadline=300.0)
+    peer.schedule = coordinator("skippipe").plan(records(), epoch=0, start_iteration=0)
+    peer._pipeline_seconds = []
+    predicted = peer.schedule.predicted_iteration_seconds
+    assert peer.iteration_deadline() == min(300.0, max(MIN_ITERATION_DEADLINE, 5 * predicted))
+    peer._pipeline_seconds = [20.0, 21.0, 19.0]
+    assert peer.iteration_deadline() == 100.0  # five times the measured median
+    peer._pipeline_seconds = [200.0]
+    assert peer.iteration_deadline() == 300.0  # never above the configured cap
+    peer._pipeline_seconds = [0.5]
+    assert peer.iteration_deadline() == MIN_ITERATION_DEADLINE

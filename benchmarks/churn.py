@@ -1,0 +1,142 @@
+"""Churn benchmark: training throughput under a seeded churn trace, against the same run without churn, for
+SkipPipe and for the full pipeline.
+
+    .venv/bin/python benchmarks/churn.py [--peers 8] [--minutes 3] [--rate 0.1] [--seed 0]
+
+Each run is a real local swarm (coordinator and peer processes on loopback). After the first iteration is
+committed, a window of `--minutes` starts; in the churn runs, peers are killed (kill -9: the whole process
+tree, as when a machine dies) at the times of a seeded Poisson trace of `--rate` x peers failures per minute,
+and each is replaced by a new peer `--rejoin` seconds later (volunteer swarms keep their size on average).
+Throughput is the tokens of the iterations committed within the window over its length. The data holders'
+ledgers are checked as well: every sample handed out must have been processed exactly once.
+Prints, per method, tokens/s without and with churn and the fraction kept (target: SkipPipe keeps >= 70% at
+10% of peers per minute, and more than the full pipeline keeps).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from peers.data_ledger import read_ledger, sample_status  # noqa: E402
+from swarm.local_swarm import LocalSwarm  # noqa: E402
+
+METHODS = {"skippipe": 0.33, "full-pipeline": 0.0}
+"""Method -> skip ratio of its run."""
+
+
+def churn_trace(seed: int, peers: int, seconds: float, rate: float) -> list[float]:
+    """Failure times (seconds into the window): a Poisson process of `rate` x `peers` failures per minute."""
+    rng = random.Random(seed)
+    times, t = [], 0.0
+    per_second = rate * peers / 60.0
+    while per_second > 0:
+        t += rng.expovariate(per_second)
+        if t >= seconds:
+            return times
+        times.append(t)
+    return times
+
+
+def run(args: argparse.Namespace, method: str, churn: bool, root: Path) -> dict:
+    run_dir = root / f"{method}-{'churn' if churn else 'steady'}"
+    config = root / f"{method}.toml"
+    config.write_text(f"""
+[run]
+run_id = "churn-{method}"
+stages = {args.stages}
+skip = {METHODS[method]}
+microbatches = 2
+iterations = 0
+min_peers = {args.peers}
+seed = {args.seed}
+
+[swarm]
+planner = "{method}"
+heartbeat = 1.0
+""")
+
+    def peer_args(i: int) -> list[str]:
+        return ["--iteration-deadline", "120", "--ledger", str(run_dir / f"ledger-{i:02d}.jsonl")]
+
+    swarm = LocalSwarm(run_dir, args.peers, run_id=f"churn-{method}", coordinator_args=["--config", str(config)],
+                       peer_args=[peer_args(i) for i in range(args.peers)])
+    window = args.minutes * 60
+    failures = churn_trace(args.seed, args.peers, window, args.rate) if churn else []
+    events = sorted([(t, "kill") for t in failures] + [(t + args.rejoin, "join") for t in failures])
+    rng = random.Random(args.seed + 1)
+    killed, joined = 0, 0
+    try:
+        swarm.start()
+        swarm.watch(1, timeout=300)
+        start = time.time()
+        for at, kind in events:
+            if at >= window:
+                break
+            time.sleep(max(0.0, start + at - time.time()))
+            if kind == "kill":
+                live = [p for p in swarm.peers if p.poll() is None]
+                if len(live) > 2:
+                    swarm.kill(rng.choice(live))
+                    killed += 1
+            else:
+                index = len(swarm.peers)
+                swarm.add_peer(index, peer_args(index))
+                joined += 1
+        time.sleep(max(0.0, start + window - time.time()))
+        records = swarm.metrics()
+    finally:
+        swarm.stop()
+    inside = [r for r in records if start < r["time"] <= start + window]
+    tokens = sum((r["tokens_per_s"] or 0) * r["iteration_seconds"] for r in inside)
+    entries = [e for f in sorted(run_dir.glob("ledger-*.jsonl")) for e in read_ledger(f)]
+    status = sample_status(entries, {(r["iteration"] - 1, r["epoch"]) for r in records})
+    processed = Counter(c["processed"] for c in status.values())
+    return {"method": method, "churn": churn, "tokens_per_s": tokens / window, "iterations": len(inside),
+            "killed": killed, "joined": joined, "epochs": records[-1]["epoch"] + 1 if records else 0,
+            "samples_processed_times": {str(k): v for k, v in sorted(processed.items())}}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--peers", type=int, default=8)
+    parser.add_argument("--stages", type=int, default=3)
+    parser.add_argument("--minutes", type=float, default=3.0, help="length of the measured window")
+    parser.add_argument("--rate", type=float, default=0.1, help="failures per peer per minute")
+    parser.add_argument("--rejoin", type=float, default=20.0, help="seconds until a killed peer is replaced")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--methods", default=",".join(METHODS))
+    parser.add_argument("--out", default=None, help="also write the results as JSON here")
+    args = parser.parse_args()
+    methods = [m for m in args.methods.split(",") if m]
+    if set(methods) - set(METHODS):
+        sys.exit(f"error: methods must be among {', '.join(METHODS)}")
+    trace = churn_trace(args.seed, args.peers, args.minutes * 60, args.rate)
+    print(f"{args.peers} peers, {args.stages} stages, {args.minutes:g} min window; churn trace (seed {args.seed}): "
+          f"failures at {', '.join(f'{t:.0f}' for t in trace)} s, each replaced {args.rejoin:g} s later", flush=True)
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for method in methods:
+            steady = run(args, method, False, Path(tmp))
+            churned = run(args, method, True, Path(tmp))
+            kept = churned["tokens_per_s"] / steady["tokens_per_s"] if steady["tokens_per_s"] else float("nan")
+            results += [steady, churned]
+            print(f"{method:>14}: {steady['tokens_per_s']:.0f} tokens/s without churn, {churned['tokens_per_s']:.0f} "
+                  f"with churn ({churned['killed']} killed, {churned['joined']} joined, {churned['epochs']} epochs): "
+                  f"keeps {kept:.0%}; samples processed (times: count) steady {steady['samples_processed_times']}, "
+                  f"churn {churned['samples_processed_times']}", flush=True)
+    if args.out:
+        Path(args.out).write_text(json.dumps({"date": time.strftime("%Y-%m-%d"), "args": vars(args),
+                                              "results": results}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
