@@ -17,6 +17,7 @@ The code is organized as follows:
 - emulated_network.py: EmulatedNetwork, hosts in network namespaces with kernel-shaped links, latency files
 - timeline.py: Timeline, a peer's compute and send spans, and the Chrome trace of a whole run
 - dht_shutdown.py: stop_dht, a DHT shut down without leaving its p2pd socket behind
+- interrupts.py: deferred_interrupts, clean-up that a second Ctrl+C cannot cut short
 - constants.py: network limits (header/tensor sizes, dtypes, timeouts, heartbeat, expiry); ports default to 0
 - wire.py: WireError and the msgpack wire records (TensorDescriptor, HopHeader, PeerRecord, RunSpec, ScheduleMsg)
 - identity.py: one RSA key file per peer (same peer id in p2pd and the gossip sidecar), sign / verify

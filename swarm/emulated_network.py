@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from swarm.constants import MAX_ID_CHARS, MAX_PEERS
+from swarm.interrupts import deferred_interrupts
 
 logger = logging.getLogger(__name__)
 
@@ -138,7 +139,11 @@ class EmulatedNetwork:
                  "match", "ip", "dst", f"{self.host(j)}/32", "flowid", classid)
 
     def stop(self) -> None:
-        """Delete every namespace (with its interfaces and qdiscs) and the bridge."""
+        """Delete every namespace (with its interfaces and qdiscs) and the bridge (a Ctrl+C waits for it)."""
+        with deferred_interrupts():
+            self._remove()
+
+    def _remove(self) -> None:
         for ns in self._namespaces:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
         for i in range(self.num_hosts):

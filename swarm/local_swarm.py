@@ -19,6 +19,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from swarm.interrupts import deferred_interrupts
+
 if TYPE_CHECKING:
     from swarm.emulated_network import EmulatedNetwork
 
@@ -137,7 +139,13 @@ class LocalSwarm:
         return [p for p in [self.coordinator, *self.peers] if p is not None]
 
     def stop(self, grace: float = 15.0) -> None:
-        """Stop every process this launcher started: SIGINT (graceful leave), then SIGTERM, then SIGKILL."""
+        """Stop every process this launcher started: SIGINT (graceful leave), then SIGTERM, then SIGKILL.
+
+        A Ctrl+C meanwhile does not cut this short (it is raised once everything is stopped)."""
+        with deferred_interrupts():
+            self._stop(grace)
+
+    def _stop(self, grace: float) -> None:
         for sig, wait in ((signal.SIGINT, grace), (signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
             alive = [p for p in self.processes if p.poll() is None]
             if not alive:
