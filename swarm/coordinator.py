@@ -31,7 +31,8 @@ import hivemind
 import numpy as np
 
 from peers.data import Corpus
-from peers.stage import balanced_split
+from peers.model import ModelConfig
+from peers.stage import balanced_split, stage_template
 from scheduler.constants import LOSS_FACTOR
 from scheduler.costs import CostTables
 from scheduler.path_rules import PathRules, rules_around
@@ -108,6 +109,7 @@ class Coordinator:
         self._leaving: set[str] = set()
         self._records: dict[str, PeerRecord] = {}
         self._restarted: set[tuple[int, int]] = set()
+        self._param_bytes: tuple[int, ...] | None = None
         self._gossip_inbox: queue.Queue[GossipMessage] = queue.Queue()
         self.run_dir = Path(run_dir) if run_dir else None
         metrics = metrics_path or (str(self.run_dir / "metrics.jsonl") if self.run_dir else None)
@@ -252,7 +254,12 @@ class Coordinator:
         ratios = [r.loss_seconds / (r.seconds_per_layer * max(1, layers[0])) for r in peers.values()
                   if r.loss_seconds > 0]
         loss_factor = statistics.median(ratios) if ratios else LOSS_FACTOR
-        return ModelCost(layers_per_stage=tuple(layers), activation_bytes=activation, loss_factor=loss_factor)
+        if self._param_bytes is None:  # what each stage group averages (float32 gradients), for placement
+            config = ModelConfig.from_dict(model)
+            self._param_bytes = tuple(4 * sum(shape.numel() for shape in stage_template(config, layers, s).values())
+                                      for s in range(cfg.stages))
+        return ModelCost(layers_per_stage=tuple(layers), activation_bytes=activation, loss_factor=loss_factor,
+                         stage_param_bytes=self._param_bytes)
 
     def plan(self, peers: dict[str, PeerRecord], *, epoch: int, start_iteration: int) -> Schedule:
         """Place `peers` and plan their paths (on the measured view, or on the configured profile)."""
@@ -293,7 +300,8 @@ class Coordinator:
         view = self._view(peers)
         tables = CostTables.from_view(view, cost)
         rules = PathRules.from_skip_ratio(cfg.stages, cfg.skip)
-        goal = PlacementGoal(rules=rules, microbatches_per_holder=cfg.microbatches)
+        goal = PlacementGoal(rules=rules, microbatches_per_holder=cfg.microbatches,
+                             stage_param_bytes=cost.stage_param_bytes, latency=view.latency, bandwidth=view.bandwidth)
         ids = list(tables.ids)
         stage_of = np.array([old.placement.get(p, -1) for p in ids])
         for i, p in enumerate(ids):

@@ -67,9 +67,9 @@ LINK_REFRESH_PERIOD = 300.0
 SCHEDULE_POLL_PERIOD = 5.0
 """Seconds between two reads of the newest schedule from the DHT when no notice came."""
 DEADLINE_FACTOR = 5.0
-MIN_ITERATION_DEADLINE = 30.0
+MIN_ITERATION_DEADLINE = 60.0
 RECENT_ITERATIONS = 5
-EMULATION_MARGIN = 1.5
+EMULATION_MARGIN = 2.0
 """Compute emulation pads the loss step to at least this multiple of its measured time (load varies)."""
 COMMIT_TIMEOUT = 120.0
 """Seconds to wait for the scheduler's commit (or a replacing epoch) before giving up on the run."""
@@ -175,8 +175,10 @@ class Peer:
         self.links: dict[str, tuple[float, float]] = {}
         self.seconds_per_layer = 1.0
         self.loss_seconds = 0.0
-        self._pipeline_seconds: list[float] = []
-        """How long this peer's part of each recent iteration took (for its deadlines)."""
+        self._commit_periods: list[float] = []
+        """Seconds between the scheduler's consecutive commits as this peer saw them: the swarm's iteration period,
+        slowest peer and averaging included (for this peer's deadlines)."""
+        self._last_commit: float | None = None
         self.shards: dict[int, Shard] = {}
         self.ledger = DataLedger(options.ledger_path, holder=self.peer_id)
         self._raw: queue.Queue[Inbound] = queue.Queue()
@@ -690,7 +692,6 @@ class Peer:
         t0 = time.perf_counter()
         result = executor.run(lambda t: self._receive("hop", t), deadline=self.iteration_deadline(),
                               aborted=self._replaced)
-        self._pipeline_seconds = [*self._pipeline_seconds[-RECENT_ITERATIONS:], time.perf_counter() - t0]
         if self.stage == 0:
             report = {"kind": "done", "peer": self.peer_id, "iteration": self.iteration, "epoch": schedule.epoch,
                       "loss_sum": result.loss_sum, "losses": result.losses, "tokens": result.tokens,
@@ -738,12 +739,13 @@ class Peer:
 
     def iteration_deadline(self) -> float:
         """Seconds to wait for this peer's part of an iteration before reporting it stuck: DEADLINE_FACTOR times
-        what iterations take (the schedule's prediction at first, then the median of this peer's recent ones),
-        at least MIN_ITERATION_DEADLINE and at most the configured cap. A hang (a lost message, a peer dead
-        but not yet expired) is noticed in seconds on a fast swarm, not after a fixed five minutes."""
+        what iterations take (the schedule's prediction at first, then the median of the recent commit periods,
+        which include the slowest peer's averaging), at least MIN_ITERATION_DEADLINE and at most the configured
+        cap. A hang (a lost message, a peer dead but not yet expired) is noticed in a minute on a fast swarm,
+        not after a fixed five."""
         expected = self.schedule.predicted_iteration_seconds or 0.0
-        if self._pipeline_seconds:
-            expected = statistics.median(self._pipeline_seconds[-RECENT_ITERATIONS:])
+        if self._commit_periods:
+            expected = max(expected, statistics.median(self._commit_periods[-RECENT_ITERATIONS:]))
         if not expected > 0:
             return self.options.iteration_deadline
         return min(self.options.iteration_deadline, max(MIN_ITERATION_DEADLINE, DEADLINE_FACTOR * expected))
@@ -760,6 +762,10 @@ class Peer:
             self._commit_event.wait(0.05)
             self._commit_event.clear()
         self._commits = {c for c in self._commits if c[0] >= self.iteration}
+        now = time.monotonic()
+        if self._last_commit is not None:
+            self._commit_periods = [*self._commit_periods[-RECENT_ITERATIONS:], now - self._last_commit]
+        self._last_commit = now
 
     def _still_scheduled(self, peer: str) -> bool:
         newer = self._poll_newer()

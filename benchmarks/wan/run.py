@@ -39,9 +39,6 @@ from swarm.local_swarm import LocalSwarm  # noqa: E402
 from swarm.timeline import chrome_trace, read_spans  # noqa: E402
 
 METHODS = ("full-pipeline", "random-skip", "skippipe-no-collision", "skippipe")
-BATCH, SEQ_LEN = 8, 64
-ACTIVATION_BYTES = BATCH * SEQ_LEN * FLAVORS["tiny"].dim * 4
-"""One microbatch's activation on the wire (float32)."""
 LABELS = {"full-pipeline": "DT-FM full pipeline", "random-skip": "random skip",
           "skippipe-no-collision": "SkipPipe, no TC2", "skippipe": "SkipPipe"}
 
@@ -59,8 +56,8 @@ min_peers = {args.peers}
 seed = {args.seed}
 
 [data]
-seq_len = {SEQ_LEN}
-batch_size = {BATCH}
+seq_len = {args.seq_len}
+batch_size = {args.batch_size}
 
 [swarm]
 planner = "{method}"
@@ -96,7 +93,8 @@ def measure(args: argparse.Namespace, method: str, net: EmulatedNetwork, keys: P
     (out / f"trace-{method}.json").write_text(json.dumps(chrome_trace(spans, labels)))
     # how well the peers' probes measured the emulated links (the planner's inputs)
     order = [ids.index(p) for p in tables.ids]
-    truth = net.latency[np.ix_(order, order)] + ACTIVATION_BYTES / net.bandwidth[np.ix_(order, order)]
+    activation = args.batch_size * args.seq_len * FLAVORS["tiny"].dim * 4  # one float32 message
+    truth = net.latency[np.ix_(order, order)] + activation / net.bandwidth[np.ix_(order, order)]
     off = ~np.eye(len(order), dtype=bool)
     link_ratio = float(np.median(tables.message[off] / truth[off]))
     result = {"method": method, "measured_s": times, "median_s": statistics.median(times), "simulated_s": simulated,
@@ -140,6 +138,9 @@ def main() -> None:
     parser.add_argument("--skip", type=float, default=0.33)
     parser.add_argument("--microbatches", type=int, default=4, help="per data holder per iteration")
     parser.add_argument("--iterations", type=int, default=6)
+    parser.add_argument("--batch-size", type=int, default=4, help="sequences per microbatch")
+    parser.add_argument("--seq-len", type=int, default=32,
+                        help="tokens per sequence (small: the real compute must stay under the emulated times)")
     parser.add_argument("--profile", default="geo-distributed")
     parser.add_argument("--compute-scale", type=float, default=1.0,
                         help="multiply the profile's seconds per layer (the emulated device speed)")

@@ -103,12 +103,12 @@ def test_the_iteration_deadline_follows_measured_iteration_times():
     peer = Peer.__new__(Peer)
     peer.options = PeerOptions(initial_peers=(), identity_path="unused", iteration_deadline=300.0)
     peer.schedule = coordinator("skippipe").plan(records(), epoch=0, start_iteration=0)
-    peer._pipeline_seconds = []
+    peer._commit_periods = []
     predicted = peer.schedule.predicted_iteration_seconds
     assert peer.iteration_deadline() == min(300.0, max(MIN_ITERATION_DEADLINE, 5 * predicted))
-    peer._pipeline_seconds = [20.0, 21.0, 19.0]
+    peer._commit_periods = [20.0, 21.0, 19.0]
     assert peer.iteration_deadline() == 100.0  # five times the measured median
-    peer._pipeline_seconds = [200.0]
+    peer._commit_periods = [200.0]
     assert peer.iteration_deadline() == 300.0  # never above the configured cap
-    peer._pipeline_seconds = [0.5]
+    peer._commit_periods = [0.5]
     assert peer.iteration_deadline() == MIN_ITERATION_DEADLINE
