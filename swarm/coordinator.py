@@ -34,7 +34,7 @@ from peers.data import Corpus
 from peers.model import ModelConfig
 from peers.stage import balanced_split, stage_template
 from scheduler.constants import LOSS_FACTOR
-from scheduler.costs import CostTables
+from scheduler.costs import CostTables, tables_from_dict
 from scheduler.path_rules import PathRules, rules_around
 from scheduler.placement import PlacementGoal, place_joining
 from scheduler.planner import PlanOptions, baseline_schedule, plan, plan_tables
@@ -270,7 +270,7 @@ class Coordinator:
         pinned = {p: r.stage for p, r in peers.items() if r.stage >= 0}
         schedule = plan(view, cost, rules, self._plan_options(), epoch=epoch, run_id=cfg.run_id,
                         placement=pinned or None)
-        schedule = self._as_configured(schedule, CostTables.from_view(view, cost))
+        schedule = self._as_configured(schedule)
         holders = schedule.data_holders
         schedule.meta.update(start_iteration=start_iteration, num_shards=len(holders),
                              shards={h: [i] for i, h in enumerate(holders)}, shard_positions={})
@@ -281,14 +281,13 @@ class Coordinator:
         return PlanOptions(microbatches_per_holder=self.config.microbatches, seed=self.config.seed,
                            collision_aware=self.config.planner != "skippipe-no-collision")
 
-    def _as_configured(self, schedule: Schedule, tables: CostTables,
-                       counts: dict[int, int] | None = None) -> Schedule:
-        """SkipPipe's schedule, or the configured baseline's on the same placement and work."""
+    def _as_configured(self, schedule: Schedule, counts: dict[int, int] | None = None) -> Schedule:
+        """SkipPipe's schedule, or the configured baseline's on the same placement, work and costs."""
         method = {"full-pipeline": "full_pipeline", "random-skip": "random_skip"}.get(self.config.planner)
         if method is None:
             return schedule
-        baseline = baseline_schedule(schedule, tables, method, seed=self.config.seed, tune=True,
-                                     microbatch_counts=counts)
+        baseline = baseline_schedule(schedule, tables_from_dict(schedule.meta["costs"]), method,
+                                     seed=self.config.seed, tune=True, microbatch_counts=counts)
         baseline.meta.update({k: v for k, v in schedule.meta.items() if k not in baseline.meta})
         return baseline
 
@@ -328,7 +327,7 @@ class Coordinator:
         counts = {ids.index(h): cfg.microbatches * max(1, len(ks)) for h, ks in shards.items()}
         schedule = plan_tables(tables, rules, self._plan_options(), stage_of=stage_of, epoch=old.epoch + 1,
                                run_id=cfg.run_id, microbatch_counts=counts)
-        schedule = self._as_configured(schedule, tables, counts)
+        schedule = self._as_configured(schedule, counts)
         before = self.in_force(start_iteration - 1) if start_iteration > 0 else None
         joiners = [p for p in schedule.placement if before is None or p not in before.placement]
         schedule.meta.update(start_iteration=start_iteration, num_shards=old.meta.get("num_shards", len(holders)),

@@ -19,6 +19,7 @@ import math
 import os
 import shutil
 import subprocess
+import zlib
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -72,7 +73,10 @@ class EmulatedNetwork:
             raise ValueError("bandwidths must be finite and at least 1000 bytes/s")
         self.latency, self.bandwidth, self.num_hosts = latency, bandwidth, n
         self.tag = tag or str(os.getpid() % 100_000)
-        self._subnet = f"10.{200 + os.getpid() % 50}.{(os.getpid() // 50) % 250}"
+        if not (self.tag.isascii() and self.tag.isalnum() and len(self.tag) <= 8):
+            raise ValueError(f"tag must be 1-8 ASCII letters or digits (it names interfaces), got {self.tag!r}")
+        digest = zlib.crc32(self.tag.encode())  # one subnet per tag: two networks of one process do not clash
+        self._subnet = f"10.{200 + digest % 50}.{(digest // 50) % 250}"
         self.bridge = f"skpbr{self.tag}"
         self._namespaces: list[str] = []
         self._bridge_made = False

@@ -200,6 +200,8 @@ class Peer:
         self._commit_event = threading.Event()
         self._unreachable_reported: set[str] = set()
         self._dht = self._transport = self._gossip = self._heartbeat = self._averager = None
+        self._announced: dict[str, PeerRecord] | None = None
+        """The live peers' records as the watchdog last read them from the DHT."""
         self.timeline = Timeline(options.trace_path, peer=self.peer_id)
         self.records: SwarmRecords | None = None
 
@@ -385,6 +387,7 @@ class Peer:
                 logger.debug("watchdog could not read the DHT: %s", e)
                 continue
             live = {p: r for p, r in records.items() if r.state != PeerState.LEAVING}
+            self._announced = live
             self._connect_control_plane(live)
             if self.scheduler in live:
                 self._scheduler_seen = time.monotonic()
@@ -417,9 +420,10 @@ class Peer:
 
     def _probe_links(self, *, only_unmeasured: bool = False) -> None:
         """Measure latency and goodput to a sample of the announced peers (the planner's cost matrix); the
-        heartbeat publishes them with this peer's record."""
+        heartbeat publishes them with this peer's record. Later rounds use the peers the watchdog last read."""
         try:
-            others = [p for p in self.records.fetch_peers() if p not in (self.peer_id, self.coordinator)]
+            announced = self._announced if self._announced is not None else self.records.fetch_peers()
+            others = [p for p in announced if p not in (self.peer_id, self.coordinator)]
             if only_unmeasured:
                 others = [p for p in others if p not in self._prober.probed()]
             if others:
@@ -548,6 +552,8 @@ class Peer:
                 self._restore_stage(source, schedule.placement[source])
         self._set_shards(schedule)
         self.state = PeerState.ONLINE
+        for k in [k for k in self._buckets if k[1] == "state"]:  # e.g. a neighbour's blocks not needed after all
+            del self._buckets[k]
         logger.info("peer %s runs schedule epoch %d on stage %d from iteration %d", self.peer_id, schedule.epoch,
                     self.stage, self.iteration)
 
@@ -573,17 +579,14 @@ class Peer:
         joiners = set(schedule.meta.get("joiners", ()))
         newcomers = [p for p in schedule.stage_peers(self.stage) if p in joiners]
         veterans = [p for p in schedule.stage_peers(self.stage) if p not in joiners and p in old.placement]
-        if newcomers and veterans and veterans[0] == self.peer_id:
-            for peer in newcomers:
-                send_state(me=self.peer_id, worker=self.worker, to=peer, run_id=self.options.run_id,
-                           iteration=self.iteration, epoch=schedule.epoch, send=self._send)
-                logger.info("sent stage %d's state to joining peer %s", self.stage, peer)
-        for peer in joiners:
-            if self._restore_source(schedule, peer) == self.peer_id:
-                send_state(me=self.peer_id, worker=self.worker, to=peer, run_id=self.options.run_id,
-                           iteration=self.iteration, epoch=schedule.epoch, send=self._send)
-                logger.info("sent stage %d's blocks to %s, which restarts stage %d (it lost every peer)",
-                            self.stage, peer, schedule.placement.get(peer, -1))
+        # the first veteran of a stage equips its newcomers; the scheduler names who equips a restarted stage
+        receivers = newcomers if veterans and veterans[0] == self.peer_id else []
+        receivers += [p for p in joiners if self._restore_source(schedule, p) == self.peer_id]
+        for peer in receivers:
+            send_state(me=self.peer_id, worker=self.worker, to=peer, run_id=self.options.run_id,
+                       iteration=self.iteration, epoch=schedule.epoch, send=self._send)
+            logger.info("sent stage %d's state to joining peer %s (stage %d)", self.stage, peer,
+                        schedule.placement.get(peer, -1))
         self._set_shards(schedule)
         logger.info("adopted schedule epoch %d at iteration %d (%d peers)", schedule.epoch, self.iteration,
                     len(schedule.placement))
@@ -799,7 +802,9 @@ class Peer:
     def _file(self, m: Inbound) -> None:
         it = m.header.iteration
         kind = {Direction.AVERAGE: "avg", Direction.STATE: "state"}.get(m.header.direction, "hop")
-        if kind == "state":
+        if kind == "state" and self.state == PeerState.ONLINE:
+            logger.debug("stage state from %s dropped: this peer is already serving its stage", m.sender)
+        elif kind == "state":
             self._buckets[(it, kind)].append(m)
         elif it < self.iteration:
             logger.debug("stale message of iteration %d from %s dropped", it, m.sender)

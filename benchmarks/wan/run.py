@@ -85,7 +85,10 @@ def measure(args: argparse.Namespace, method: str, net: EmulatedNetwork, keys: P
     finally:
         swarm.stop()
     times = [r["iteration_seconds"] for r in records[1:]]
-    schedule, tables = load_schedule_with_costs(str(sorted(run_dir.glob("schedule-*.json"))[0]))
+    newest = max(run_dir.glob("schedule-*.json"), key=lambda p: int(p.stem.split("-")[1]))
+    if newest.stem != "schedule-0":
+        print(f"  note: {method} was re-planned ({newest.stem}); the last epoch is simulated", flush=True)
+    schedule, tables = load_schedule_with_costs(str(newest))
     simulated = simulate(tables, sim_routes(schedule, tables)).makespan
     ids = [ensure_identity(str(keys / f"peer-{i:02d}.key")) for i in range(args.peers)]
     labels = {p: f"peer-{i:02d} stage {schedule.placement.get(p, '-')}" for i, p in enumerate(ids)}

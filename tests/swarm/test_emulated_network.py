@@ -83,3 +83,11 @@ def test_latency_files_round_trip_and_hostile_ones_are_refused(tmp_path):
     with pytest.raises(ValueError, match="bandwidths"):
         EmulatedNetwork(np.zeros((2, 2)), np.zeros((2, 2)))
     json.loads(path.read_text())
+
+
+def test_each_tag_gets_its_own_subnet_and_bad_tags_are_refused():
+    a, b = (EmulatedNetwork(np.zeros((2, 2)), np.full((2, 2), 1e6), tag=t) for t in ("alpha", "beta"))
+    assert a.gateway != b.gateway and a.host(0) != b.host(0)
+    for bad in ("a-b", "much-too-long", "x y"):
+        with pytest.raises(ValueError, match="tag"):
+            EmulatedNetwork(np.zeros((2, 2)), np.full((2, 2), 1e6), tag=bad)
