@@ -151,6 +151,15 @@ class Transport:
         """Round-trip seconds to send ``nbytes`` of filler to ``peer_id`` and get its acknowledgement."""
         return self._run(self._probe(peer_id, nbytes), timeout)
 
+    def drop_idle_streams(self, peer_id: str) -> None:
+        """Close the idle streams to `peer_id` (one that left, or whose side may have timed them out)."""
+
+        async def drop() -> None:
+            for protocol in (HOP_PROTOCOL, PROBE_PROTOCOL):
+                self._close_idle((peer_id, protocol))
+
+        self._run(drop(), CONNECT_TIMEOUT)
+
     def stats(self) -> dict[str, int]:
         """Counters: messages received / refused / sent and their bytes, streams opened (out) and accepted (in)."""
         return dict(self._stats)
