@@ -6,6 +6,8 @@ Sizes are bytes, times are seconds.
 
 from scheduler.constants import MAX_PEERS, MAX_STAGES
 
+SEND_CONCURRENCY = 4
+"""Messages a peer sends at once (its sender threads); the transport keeps as many idle streams per receiver."""
 WIRE_VERSION = 1
 """Version of every wire record; decoders refuse records of another version."""
 

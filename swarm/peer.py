@@ -42,7 +42,7 @@ from peers.stage import balanced_split, neighbour_blocks, stage_template
 from peers.worker import StageWorker
 from scheduler.constants import LOSS_FACTOR
 from scheduler.schedule import Schedule
-from swarm.constants import DHT_TIMEOUT, LOOPBACK_HOST, PROBE_SAMPLE_SIZE
+from swarm.constants import DHT_TIMEOUT, LOOPBACK_HOST, PROBE_SAMPLE_SIZE, SEND_CONCURRENCY
 from swarm.dht_shutdown import stop_dht
 from swarm.gossip import GossipClient, GossipMessage, membership_topic, progress_topic, schedule_topic
 from swarm.identity import ensure_identity, load_identity
@@ -185,7 +185,7 @@ class Peer:
         self._buckets: dict[tuple[int, str], list[Inbound]] = defaultdict(list)
         self._held: list[Inbound] = []
         """Messages of a newer epoch than the one in use, kept until this peer adopts it."""
-        self._sender = ThreadPoolExecutor(4, thread_name_prefix="skippipe-send")
+        self._sender = ThreadPoolExecutor(SEND_CONCURRENCY, thread_name_prefix="skippipe-send")
         self._schedule_notice = threading.Event()
         self._announced_epoch = 0
         """The newest epoch this peer has heard of (a scheduler's notice, or a message a peer sent under it)."""

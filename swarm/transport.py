@@ -49,6 +49,7 @@ from swarm.constants import (
     MAX_TENSOR_BYTES,
     PROBE_TIMEOUT,
     RECV_TIMEOUT,
+    SEND_CONCURRENCY,
     SEND_TIMEOUT,
     STREAM_CHUNK_BYTES,
 )
@@ -59,8 +60,9 @@ logger = logging.getLogger(__name__)
 HOP_PROTOCOL = "skippipe.hop.v1"
 PROBE_PROTOCOL = "skippipe.probe.v1"
 _OK, _REFUSED = 0, 1
-_MAX_IDLE_STREAMS = 2
-"""Idle streams kept per (receiver, protocol); concurrent sends beyond that open streams that are closed after."""
+_MAX_IDLE_STREAMS = SEND_CONCURRENCY
+"""Idle streams kept per (receiver, protocol): one per concurrent send, so a peer's sends never reopen streams;
+concurrent sends beyond that open streams that are closed after."""
 _IDLE_CLOSE = 30.0
 """A sender closes a stream unused this long (receivers close theirs after ``recv_timeout``, 60 s by default)."""
 _SWEEP_PERIOD = 5.0
