@@ -83,6 +83,11 @@ INBOUND_QUEUE_SIZE = 4
 STREAM_CHUNK_BYTES = 1 << 20
 PROBE_PING_BYTES = 1024
 PROBE_GOODPUT_BYTES = 4 * 1024 * 1024
+PROBE_FIRST_BYTES = 256 * 1024
+"""A goodput probe starts this small; the full PROBE_GOODPUT_BYTES follow only on a link fast enough to carry them
+within PROBE_GOODPUT_SECONDS (on a 0.25 MB/s link 4 MiB take 17 s, and a probe round that slow left links
+unmeasured when the first plan was made)."""
+PROBE_GOODPUT_SECONDS = 2.0
 PROBE_SAMPLE_SIZE = 8
 """Peers probed per round: a sample, so probing cost does not grow with the swarm."""
 PROBE_EWMA_ALPHA = 0.3

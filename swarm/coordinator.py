@@ -45,7 +45,7 @@ from swarm.constants import LOOPBACK_HOST, RUN_SPEC_TTL
 from swarm.dht_shutdown import stop_dht
 from swarm.gossip import GossipClient, GossipMessage, membership_topic, progress_topic, schedule_topic
 from swarm.identity import ensure_identity, load_identity
-from swarm.link_probe import link_matrices, links_complete
+from swarm.link_probe import link_matrices, links_complete, unmeasured_links
 from swarm.records import SwarmRecords
 from swarm.run_config import RunConfig
 from swarm.wire import PeerRecord, PeerState, ScheduleMsg
@@ -163,6 +163,10 @@ class Coordinator:
             settled = time.monotonic() - self._settled_since
             if len(peers) >= self.config.min_peers and settled >= SETTLE_SECONDS and \
                     (self.config.profile or links_complete(peers) or settled >= LINK_WAIT_SECONDS):
+                missing = [] if self.config.profile else unmeasured_links(peers)
+                if missing:
+                    logger.warning("planning with %d of %d links not yet measured (taken as the median link): %s",
+                                   len(missing), len(peers) * (len(peers) - 1) // 2, missing[:5])
                 self.publish_schedule(self.plan(peers, epoch=0, start_iteration=0))
         else:
             self._follow_membership(peers)
@@ -355,7 +359,12 @@ class Coordinator:
         return sources
 
     def _follow_membership(self, peers: dict[str, PeerRecord]) -> None:
-        """Re-plan when a scheduled peer is gone (restart the uncommitted iteration) or a new one has settled."""
+        """Re-plan when a scheduled peer is gone or a new one has settled.
+
+        The new epoch starts at the next iteration: the one in progress goes on, its forwards detoured around the
+        gone peers (peers are told who is gone), unless a data holder is among them (its microbatches cannot
+        finish) or a peer reports a microbatch broken: then the iteration is run again under the new epoch.
+        """
         now = time.monotonic()
         for p in peers:
             self._first_seen.setdefault(p, now)
@@ -364,7 +373,11 @@ class Coordinator:
                    and now - self._first_seen[p] >= SETTLE_SECONDS]
         if not gone and not joining:
             return
-        start = self.completed if gone else self.completed + 1
+        if gone:
+            self._publish(membership_topic(self.config.run_id), {"event": "gone", "peers": gone,
+                                                                 "iteration": self.completed})
+        holders = set(self.in_force(self.completed).data_holders)
+        start = self.completed if holders & set(gone) else self.completed + 1
         logger.warning("membership changed (gone: %s, joining: %s): re-planning from iteration %d", gone, joining,
                        start)
         live = {p: r for p, r in peers.items() if p in self.schedule.placement or p in joining}
@@ -413,8 +426,8 @@ class Coordinator:
     def _handle(self, msg: GossipMessage) -> None:
         if msg.topic == membership_topic(self.config.run_id):
             logger.info("membership: %s %s", msg.payload.get("event"), msg.payload.get("peer", msg.sender))
-            if msg.payload.get("event") == "stuck":
-                self._restart_if_stuck(msg)
+            if msg.payload.get("event") in ("stuck", "broken"):
+                self._restart_iteration(msg)
             return
         if msg.topic != progress_topic(self.config.run_id) or self.schedule is None:
             return
@@ -435,19 +448,21 @@ class Coordinator:
         self._reports.setdefault((it, epoch), {})[msg.sender] = report
         self._try_commit()
 
-    def _restart_if_stuck(self, msg: GossipMessage) -> None:
-        """A scheduled peer waited past its deadline on the iteration in progress of the current epoch. If a peer
-        died, its expiry re-plans anyway; if none did (a message was lost), nothing else would: restart the
-        iteration under a new epoch on the same peers, once per iteration and epoch."""
+    def _restart_iteration(self, msg: GossipMessage) -> None:
+        """A scheduled peer reports the iteration in progress unable to finish: stuck past its deadline (a message
+        was lost), or a microbatch broken (its activations died with a peer). Run the iteration again under a new
+        epoch on the live peers of the newest one, once per iteration and epoch."""
         p = msg.payload
         it, epoch = p.get("iteration"), p.get("epoch")
-        if self.schedule is None or msg.sender not in self.schedule.placement or it != self.completed or \
-                epoch != self.schedule.epoch or (it, epoch) in self._restarted:
+        if self.schedule is None or it != self.completed:
+            return
+        running = self.in_force(self.completed)
+        if msg.sender not in running.placement or epoch != running.epoch or (it, epoch) in self._restarted:
             return
         self._restarted.add((it, epoch))
         peers = {q: r for q, r in self._live_peers().items() if q in self.schedule.placement}
-        logger.warning("iteration %d is stuck at %s under epoch %d: restarting it under a new epoch", it, msg.sender,
-                       epoch)
+        logger.warning("iteration %d is %s at %s under epoch %d: running it again under a new epoch", it,
+                       p.get("event"), msg.sender, epoch)
         try:
             self.publish_schedule(self.replan(peers, start_iteration=self.completed))
         except (RuntimeError, ValueError) as e:

@@ -1,10 +1,11 @@
 """Measure the links to a sample of peers over the real transport; the scheduler plans from these numbers.
 
-Latency is half the best round trip of a small message; goodput is a few MiB divided by the time they take
-beyond that round trip. Both go through :class:`~swarm.transport.Transport` streams, so they include what every
-activation pays (stream opening, p2pd, framing), and are smoothed with an EWMA so one noisy probe does not
-reshuffle the schedule. :func:`link_matrices` turns the peers' records into the latency and bandwidth matrices
-of :class:`scheduler.swarm_view.SwarmView`.
+Latency is half the best round trip of a small message; goodput is the bytes of a probe divided by the time they
+take beyond that round trip: a small probe first, then a few MiB if the link carries them in a couple of seconds
+(a slow link is measured on the small one, so that it does not hold up the round). Both go through
+:class:`~swarm.transport.Transport` streams, so they include what every activation pays (stream opening, p2pd,
+framing), and are smoothed with an EWMA so one noisy probe does not reshuffle the schedule. :func:`link_matrices`
+turns the peers' records into the latency and bandwidth matrices of :class:`scheduler.swarm_view.SwarmView`.
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ import numpy as np
 from swarm.constants import (
     MAX_LINKS,
     PROBE_EWMA_ALPHA,
+    PROBE_FIRST_BYTES,
     PROBE_GOODPUT_BYTES,
+    PROBE_GOODPUT_SECONDS,
     PROBE_PING_BYTES,
     PROBE_SAMPLE_SIZE,
     PROBE_TIMEOUT,
@@ -73,8 +76,12 @@ class LinkProber:
     def measure(self, peer_id: str) -> LinkEstimate:
         """One raw measurement of the link to ``peer_id``; raises TransportError if it cannot be reached."""
         rtt = min(self.transport.probe(peer_id, self.ping_bytes, timeout=self.timeout) for _ in range(_PINGS))
-        elapsed = self.transport.probe(peer_id, self.goodput_bytes, timeout=self.timeout)
-        return LinkEstimate(latency_s=rtt / 2, bytes_per_s=self.goodput_bytes / max(elapsed - rtt, 1e-6))
+        size = min(PROBE_FIRST_BYTES, self.goodput_bytes)
+        goodput = size / max(self.transport.probe(peer_id, size, timeout=self.timeout) - rtt, 1e-6)
+        if size < self.goodput_bytes and self.goodput_bytes / goodput <= PROBE_GOODPUT_SECONDS:
+            size = self.goodput_bytes  # a fast link: a small probe is mostly latency and jitter, a large one is not
+            goodput = size / max(self.transport.probe(peer_id, size, timeout=self.timeout) - rtt, 1e-6)
+        return LinkEstimate(latency_s=rtt / 2, bytes_per_s=goodput)
 
     def probe_round(self, peers: Collection[str]) -> dict[str, tuple[float, float]]:
         """Probe a sample of ``peers`` (never this peer), update the estimates, return :meth:`links`."""
@@ -134,7 +141,13 @@ def link_matrices(records: Mapping[str, PeerRecord], order: Sequence[str], *, de
     return lat, bw
 
 
+def unmeasured_links(records: Mapping[str, PeerRecord]) -> list[tuple[str, str]]:
+    """Pairs of these peers measured in neither direction (the planner fills them with the median link)."""
+    ids = list(records)
+    return [(p, q) for i, p in enumerate(ids) for q in ids[i + 1:] if q not in records[p].links and
+            p not in records[q].links]
+
+
 def links_complete(records: Mapping[str, PeerRecord]) -> bool:
     """Whether every pair of these peers has been measured in at least one direction."""
-    ids = list(records)
-    return all(q in records[p].links or p in records[q].links for i, p in enumerate(ids) for q in ids[i + 1:])
+    return not unmeasured_links(records)

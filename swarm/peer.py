@@ -27,7 +27,7 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import hivemind
@@ -47,13 +47,13 @@ from swarm.dht_shutdown import stop_dht
 from swarm.gossip import GossipClient, GossipMessage, membership_topic, progress_topic, schedule_topic
 from swarm.identity import ensure_identity, load_identity
 from swarm.link_probe import LinkProber
-from swarm.pipeline import Inbound, IterationAborted, IterationTimeout, PipelineExecutor
+from swarm.pipeline import Inbound, IterationAborted, IterationTimeout, PipelineExecutor, Undelivered
 from swarm.records import SwarmRecords
 from swarm.run_config import RunConfig
 from swarm.stage_allgather import average_stage_group, flatten, unflatten
 from swarm.state_transfer import load_state, send_state, unflatten_weights
 from swarm.timeline import Timeline
-from swarm.transport import Transport, TransportError
+from swarm.transport import PeerUnreachable, Transport, TransportError
 from swarm.wire import Direction, HopHeader, PeerRecord, PeerState, WireError
 
 logger = logging.getLogger(__name__)
@@ -181,7 +181,10 @@ class Peer:
         self._last_commit: float | None = None
         self.shards: dict[int, Shard] = {}
         self.ledger = DataLedger(options.ledger_path, holder=self.peer_id)
-        self._raw: queue.Queue[Inbound] = queue.Queue()
+        self._raw: queue.Queue[Inbound | Undelivered | None] = queue.Queue()
+        """Messages for the main loop (None only wakes it up)."""
+        self._gone: frozenset[str] = frozenset()
+        """Peers the scheduler declared gone: forwards are detoured around them (replaced, never mutated)."""
         self._buckets: dict[tuple[int, str], list[Inbound]] = defaultdict(list)
         self._held: list[Inbound] = []
         """Messages of a newer epoch than the one in use, kept until this peer adopts it."""
@@ -461,6 +464,13 @@ class Peer:
             if isinstance(epoch, int) and not isinstance(epoch, bool):
                 self._announced_epoch = max(self._announced_epoch, epoch)
             self._schedule_notice.set()
+        elif msg.topic == membership_topic(run) and msg.payload.get("event") == "gone":
+            peers = msg.payload.get("peers")
+            if not self._trusted(msg.sender):
+                logger.warning("ignored a 'gone' notice from %s: not the run's scheduler", msg.sender)
+            elif isinstance(peers, list) and all(isinstance(p, str) for p in peers):
+                self._gone = self._gone | frozenset(peers)
+                self._raw.put(None)
         elif msg.topic == membership_topic(run) and msg.payload.get("event") == "finished":
             if self._trusted(msg.sender):
                 logger.info("the run has finished")
@@ -474,6 +484,7 @@ class Peer:
             if isinstance(it, int) and isinstance(epoch, int):
                 self._commits.add((it, epoch))
                 self._commit_event.set()
+                self._raw.put(None)
 
     def _fetch_schedule(self) -> Schedule | None:
         msg = self.records.fetch_schedule(signers={self.coordinator, self.scheduler})
@@ -564,6 +575,7 @@ class Peer:
                          schedule.epoch, schedule.placement[self.peer_id])
             return
         self.schedule = schedule
+        self._gone = self._gone - frozenset(schedule.placement)  # e.g. a holder restarted with its key
         # messages of older epochs are void; newer ones (sent by peers that switched first) are kept
         self._buckets = defaultdict(list, {k: kept for k, v in self._buckets.items()
                                            if (kept := [m for m in v if k[1] == "state" or
@@ -691,7 +703,8 @@ class Peer:
         batches = self._draw(schedule) if self.stage == 0 else {}
         executor = PipelineExecutor(me=self.peer_id, worker=worker, schedule=schedule, run_id=o.run_id,
                                     iteration=self.iteration, send=self._send, batches=batches,
-                                    hold=self._hold, timeline=self.timeline)
+                                    hold=self._hold, timeline=self.timeline, gone=lambda: self._gone,
+                                    broken=self._report_broken)
         t0 = time.perf_counter()
         result = executor.run(lambda t: self._receive("hop", t), deadline=self.iteration_deadline(),
                               aborted=self._replaced)
@@ -705,7 +718,7 @@ class Peer:
                 self._role._gossip_inbox.put(GossipMessage(topic=progress_topic(o.run_id), sender=self.peer_id,
                                                            seqno=0, payload=report))
         waited = time.time()
-        self._wait_for_commit()
+        self._wait_for_commit(executor)
         self.timeline.record("commit", waited, time.time(), iteration=self.iteration)
         if self.stage == 0:
             self.ledger.commit(self.iteration)
@@ -736,6 +749,9 @@ class Peer:
         if getattr(worker, "overruns", 0):
             logger.warning("compute emulation: %d operations so far took longer than the emulated device",
                            worker.overruns)
+        if result.detours:
+            logger.warning("iteration %d: %d forwards of this peer went around gone peers", self.iteration,
+                           result.detours)
         logger.info("iteration %d done: %d backward passes, stage %d averaged %d visits from %d/%d peers, lr %.2e "
                     "(pipeline+commit %.3f s, averaging %.3f s, step %.3f s)", self.iteration, result.backward_done,
                     self.stage, visits, heard, len(group), stats.lr, t1 - t0, t2 - t1, t3 - t2)
@@ -753,8 +769,9 @@ class Peer:
             return self.options.iteration_deadline
         return min(self.options.iteration_deadline, max(MIN_ITERATION_DEADLINE, DEADLINE_FACTOR * expected))
 
-    def _wait_for_commit(self) -> None:
-        """Block until the scheduler commits this iteration; a replacing epoch aborts it instead."""
+    def _wait_for_commit(self, executor: PipelineExecutor) -> None:
+        """Block until the scheduler commits this iteration; a replacing epoch aborts it instead. Meanwhile keep
+        serving the iteration: a detour around a gone peer of this stage may still bring work here."""
         key = (self.iteration, self.schedule.epoch)
         end = time.monotonic() + COMMIT_TIMEOUT
         while key not in self._commits:
@@ -762,8 +779,7 @@ class Peer:
                 raise IterationAborted(f"iteration {self.iteration} replaced before its commit")
             if time.monotonic() > end:
                 raise IterationTimeout(f"no commit of iteration {self.iteration} within {COMMIT_TIMEOUT:.0f} s")
-            self._commit_event.wait(0.05)
-            self._commit_event.clear()
+            executor.handle(self._receive("hop", 0.2))
         self._commits = {c for c in self._commits if c[0] >= self.iteration}
         now = time.monotonic()
         if self._last_commit is not None:
@@ -799,8 +815,14 @@ class Peer:
         """Transport thread: hand over to the main loop (the worker is used from one thread only)."""
         self._raw.put(Inbound(sender, header, tensor))
 
-    def _file(self, m: Inbound) -> None:
+    def _file(self, m: Inbound | Undelivered | None) -> None:
+        if m is None:
+            return
         it = m.header.iteration
+        if isinstance(m, Undelivered):
+            if it == self.iteration:
+                self._buckets[(it, "hop")].append(m)
+            return
         kind = {Direction.AVERAGE: "avg", Direction.STATE: "state"}.get(m.header.direction, "hop")
         if kind == "state" and self.state == PeerState.ONLINE:
             logger.debug("stage state from %s dropped: this peer is already serving its stage", m.sender)
@@ -814,7 +836,7 @@ class Peer:
         else:
             self._buckets[(it, kind)].append(m)
 
-    def _receive(self, kind: str, timeout: float, *, any_iteration: bool = False) -> list[Inbound]:
+    def _receive(self, kind: str, timeout: float, *, any_iteration: bool = False) -> list[Inbound | Undelivered]:
         keys = lambda: [k for k in self._buckets if k[1] == kind and (any_iteration or k[0] == self.iteration)]  # noqa: E731
         if not any(self._buckets[k] for k in keys()):
             try:
@@ -833,23 +855,37 @@ class Peer:
             out.extend(self._buckets.pop(k, []))
         return out
 
-    def _send(self, peer: str, header: HopHeader, tensor: torch.Tensor) -> None:
+    def _send(self, peer: str, header: HopHeader, tensor: torch.Tensor) -> Future[bool]:
+        """Hand a message to a sender thread; the future says whether it was delivered. A pipeline message that
+        was not comes back to the main loop as `Undelivered` (its executor detours it or reports it broken)."""
         plain = header.direction in (Direction.AVERAGE, Direction.STATE) or self.config.wire_dtype == "float32"
         wire = None if plain else self.config.wire_dtype
 
-        def deliver() -> None:
+        def deliver() -> bool:
             try:
                 start = time.time()
                 self._transport.send(peer, header, tensor, wire_dtype=wire)
                 self.timeline.record(f"send_{header.direction.name.lower()}", start, time.time(), to=peer,
                                      microbatch=header.microbatch, iteration=header.iteration,
                                      bytes=tensor.numel() * tensor.element_size())
+                return True
             except (TransportError, ValueError) as e:
                 logger.warning("could not send %s of microbatch %d to %s: %s", header.direction.name.lower(),
                                header.microbatch, peer, e)
+                if header.direction in (Direction.FORWARD, Direction.BACKWARD):
+                    self._raw.put(Undelivered(peer, header, tensor, unreachable=isinstance(e, PeerUnreachable)))
                 if peer not in self._unreachable_reported and self._gossip is not None:
                     self._unreachable_reported.add(peer)
                     self._gossip.publish(membership_topic(self.options.run_id),
                                          {"event": "unreachable", "peer": peer}, wait=False)
+                return False
 
-        self._sender.submit(deliver)
+        return self._sender.submit(deliver)
+
+    def _report_broken(self, microbatch: int, why: str) -> None:
+        """A microbatch of this iteration cannot finish: the scheduler runs the iteration again."""
+        if self._gossip is not None:
+            self._gossip.publish(membership_topic(self.options.run_id),
+                                 {"event": "broken", "peer": self.peer_id, "iteration": self.iteration,
+                                  "epoch": self.schedule.epoch, "microbatch": microbatch, "why": why[:200]},
+                                 wait=False)

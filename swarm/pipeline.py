@@ -7,20 +7,27 @@ what its stage is sent. Waiting backward passes go before forward passes (they f
 forward the worker cannot admit (TC1) waits until a backward frees a slot.
 
 Nothing from the network is trusted: a message must match the schedule (its microbatch's route and
-stages, the epoch, and the sender being the previous hop), and the worker checks the tensor itself.
-Anything else is logged with the sender's peer id and dropped; the iteration goes on.
+stages, or a detour of them; the epoch; the sender being the previous hop), and the worker checks the tensor
+itself. Anything else is logged with the sender's peer id and dropped; the iteration goes on.
+
+Peers that are gone (the scheduler said so, or no stream to them could be opened) are detoured around in flight:
+a forward goes to another peer of the same stage, or of another stage the path may take instead
+(`scheduler.detour`). A microbatch whose activations a gone peer held cannot finish its backward pass: it is
+reported broken, and the scheduler runs the iteration again under a new epoch.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import torch
 
 from peers.worker import MemoryLimitError, StageWorker, WorkerError
+from scheduler.detour import detour, detour_violation
 from scheduler.schedule import Route, Schedule
 from swarm.timeline import Timeline
 from swarm.wire import Direction, HopHeader
@@ -37,10 +44,28 @@ class Inbound:
     tensor: torch.Tensor
 
 
-Send = Callable[[str, HopHeader, torch.Tensor], None]
-"""send(peer_id, header, tensor): hand a message to the transport (may return before delivery)."""
-Receive = Callable[[float], list[Inbound]]
+@dataclass(frozen=True)
+class Undelivered:
+    """A message of this peer's that the transport could not hand to `peer`, back to the executor that sent it.
+
+    `unreachable` when it certainly never arrived (no stream to the peer could be opened); otherwise the peer may
+    have received it (a timeout, a refusal).
+    """
+
+    peer: str
+    header: HopHeader
+    tensor: torch.Tensor
+    unreachable: bool
+
+
+Send = Callable[[str, HopHeader, torch.Tensor], "Future[bool] | None"]
+"""send(peer_id, header, tensor): hand a message to the transport. It may return before delivery with a future
+that resolves to whether the message was delivered (a failure also comes back to the executor as `Undelivered`);
+None means delivered."""
+Receive = Callable[[float], "list[Inbound | Undelivered]"]
 """receive(timeout): this iteration's messages that arrived, waiting up to `timeout` for the first."""
+Broken = Callable[[int, str], None]
+"""broken(microbatch, why): a microbatch of this iteration cannot finish (its activations died with a peer)."""
 
 
 class IterationTimeout(RuntimeError):
@@ -59,12 +84,18 @@ class IterationResult:
     loss_sum: float = 0.0
     losses: int = 0
     """Microbatches whose loss this peer computed (data holders)."""
+    loss_of: dict[int, float] = field(default_factory=dict)
+    """Each of those microbatches' loss."""
     tokens: int = 0
     backward_done: int = 0
     started: float = field(default_factory=time.time)
     finished: float = 0.0
     dropped: int = 0
     """Messages refused (not matching the schedule, or refused by the worker)."""
+    detours: int = 0
+    """Forwards this peer sent around a gone peer."""
+    broken: int = 0
+    """Microbatches this peer found unable to finish (reported to the scheduler)."""
 
 
 def expected_backwards(schedule: Schedule, peer: str) -> int:
@@ -77,15 +108,27 @@ class PipelineExecutor:
 
     def __init__(self, *, me: str, worker: StageWorker, schedule: Schedule, run_id: str, iteration: int,
                  send: Send, batches: dict[int, torch.Tensor] | None = None,
-                 hold: Callable[[Inbound], None] | None = None, timeline: Timeline | None = None) -> None:
+                 hold: Callable[[Inbound], None] | None = None, timeline: Timeline | None = None,
+                 gone: Callable[[], Collection[str]] = frozenset, broken: Broken | None = None) -> None:
         """:param hold: takes messages of a newer schedule epoch (from peers that switched first) for later
         :param timeline: records each operation's span (forward, backward, ...)
+        :param gone: the peers the scheduler has declared gone (read often; detoured around)
+        :param broken: told of each microbatch that cannot finish
         """
         self.me, self.worker, self.schedule, self.run_id, self.iteration = me, worker, schedule, run_id, iteration
         self.timeline = timeline
         self.send = send
         self.hold = hold
         self.routes = {r.microbatch: r for r in schedule.routes}
+        self.in_use: dict[int, Route] = dict(self.routes)
+        """Each microbatch's route as this peer last saw it: the scheduled one, or a detour of it."""
+        self.gone, self.on_broken = gone, broken
+        self.unreachable: set[str] = set()
+        """Peers no stream could be opened to during this iteration."""
+        self._awaiting: dict[int, tuple[str, Future[bool] | None]] = {}
+        """Microbatch -> the peer this one sent its forward to (its backward comes from there), and that send."""
+        self._broken: set[int] = set()
+        self._substituted: set[int] = set()
         self.own = sorted((r for r in schedule.routes if r.origin == me), key=lambda r: (r.inject_after, r.microbatch))
         self.batches = batches or {}
         missing = [r.microbatch for r in self.own if r.microbatch not in self.batches]
@@ -119,13 +162,25 @@ class PipelineExecutor:
             wait = 0.2
             if pending and len(self.worker.stashed) < self.worker.memory_slots:
                 wait = max(0.0, min(wait, pending[0].inject_after - now))
-            messages = receive(wait)
-            # backward passes (and returning activations, whose loss starts a backward) before forwards
-            messages.sort(key=lambda m: 0 if (m.header.direction == Direction.BACKWARD or m.header.hop == 0) else 1)
-            for m in messages:
-                self._handle(m)
+            self.handle(receive(wait))
         self.result.finished = time.time()
         return self.result
+
+    @property
+    def done(self) -> bool:
+        return self.result.backward_done >= self.expected
+
+    def handle(self, messages: list[Inbound | Undelivered]) -> None:
+        """Process messages of this iteration; also after `run` returned, while the peer waits for the commit:
+        a detour may still bring it a microbatch of a gone peer of its stage."""
+        # backward passes (and returning activations, whose loss starts a backward) before forwards
+        messages.sort(key=lambda m: 0 if (m.header.direction == Direction.BACKWARD or m.header.hop == 0) else 1)
+        for m in messages:
+            if isinstance(m, Undelivered):
+                self._undelivered(m)
+            else:
+                self._handle(m)
+        self._check_awaited()
 
     # ---- steps of a microbatch --------------------------------------------------------------------
     def _inject(self, r: Route) -> None:
@@ -150,6 +205,7 @@ class PipelineExecutor:
         self._span("loss", start, r.microbatch, 0)
         self.result.loss_sum += loss
         self.result.losses += 1
+        self.result.loss_of[r.microbatch] = loss
         if r.peers:
             self._emit(r, len(r.peers), Direction.BACKWARD, grad)
         else:
@@ -159,10 +215,67 @@ class PipelineExecutor:
             self.result.backward_done += 1
 
     def _emit(self, r: Route, hop: int, direction: Direction, tensor: torch.Tensor) -> None:
+        if direction == Direction.FORWARD and hop > 0:
+            detoured = self._around_gone(r, hop)
+            if detoured is None:
+                return
+            r, hop = detoured
         header = HopHeader(run=self.run_id, iteration=self.iteration, microbatch=r.microbatch, route=r.nodes, hop=hop,
                            direction=direction, epoch=self.schedule.epoch, dtype="", shape=(),
                            stages=(0, *r.stages))
-        self.send(r.nodes[hop], header, tensor)
+        sent = self.send(r.nodes[hop], header, tensor)
+        if direction == Direction.FORWARD:
+            self._awaiting[r.microbatch] = (r.nodes[hop], sent)
+
+    def _gone_now(self) -> set[str]:
+        return set(self.gone()) | self.unreachable
+
+    def _around_gone(self, r: Route, hop: int) -> tuple[Route, int] | None:
+        """The route and hop a forward takes from here: `r` itself, or a detour around gone peers."""
+        gone = self._gone_now()
+        while hop > 0 and r.nodes[hop] in gone:
+            amended = detour(self.schedule, r, hop, gone)
+            if amended is None:
+                self._break(r.microbatch, f"{r.nodes[hop]} (stage {r.stages[hop - 1]}) is gone and no detour obeys "
+                                          f"the rules")
+                return None
+            logger.warning("microbatch %d: %s (stage %d) is gone; forward detoured to %s (stage %d)", r.microbatch,
+                           r.nodes[hop], r.stages[hop - 1], amended.nodes[hop], amended.stages[hop - 1])
+            self.result.detours += 1
+            r = amended
+        self.in_use[r.microbatch] = r
+        return r, hop
+
+    def _undelivered(self, u: Undelivered) -> None:
+        h = u.header
+        r = self.in_use.get(h.microbatch)
+        if h.run != self.run_id or h.iteration != self.iteration or h.epoch != self.schedule.epoch or r is None:
+            return
+        if h.direction == Direction.FORWARD and h.hop > 0 and u.unreachable and tuple(h.route) == r.nodes:
+            self.unreachable.add(u.peer)
+            self._awaiting.pop(h.microbatch, None)
+            self._emit(r, h.hop, Direction.FORWARD, u.tensor)  # detours around it
+        else:
+            self._break(h.microbatch, f"its {h.direction.name.lower()} could not be delivered to {u.peer}")
+
+    def _check_awaited(self) -> None:
+        """A microbatch whose forward went to a peer now gone cannot come back: that peer held its activations."""
+        gone = self._gone_now()
+        if not gone:
+            return
+        for mb, (peer, sent) in list(self._awaiting.items()):
+            delivered = sent is None or (sent.done() and sent.result() is True)
+            if peer in gone and delivered and mb not in self._broken:
+                self._break(mb, f"its activations were with {peer}, which is gone")
+
+    def _break(self, microbatch: int, why: str) -> None:
+        if microbatch in self._broken:
+            return
+        self._broken.add(microbatch)
+        self.result.broken += 1
+        logger.warning("iteration %d: microbatch %d cannot finish: %s", self.iteration, microbatch, why)
+        if self.on_broken is not None:
+            self.on_broken(microbatch, why)
 
     def _handle(self, m: Inbound) -> None:
         h = m.header
@@ -175,7 +288,16 @@ class PipelineExecutor:
             logger.warning("dropped %s of microbatch %d from %s: %s", h.direction.name.lower(), h.microbatch,
                            m.sender, why)
             return
-        r = self.routes[h.microbatch]
+        r = self.in_use[h.microbatch]
+        if tuple(h.route) != r.nodes:
+            r = self.in_use[h.microbatch] = Route(microbatch=r.microbatch, origin=r.origin, stages=tuple(h.stages[1:]),
+                                                  peers=tuple(h.route[1:]), inject_after=r.inject_after)
+        if h.direction == Direction.FORWARD and h.hop > 0 and self.me not in self.routes[h.microbatch].nodes and \
+                h.microbatch not in self._substituted:
+            self._substituted.add(h.microbatch)  # a detour made this peer stand in for a gone one
+            self.expected += 1
+        if h.direction == Direction.BACKWARD:
+            self._awaiting.pop(h.microbatch, None)
         try:
             if h.direction == Direction.FORWARD and h.hop == 0:
                 self._loss(r, m.tensor)
@@ -211,22 +333,31 @@ class PipelineExecutor:
     def _mismatch(self, m: Inbound) -> str | None:
         """Why a message does not fit the schedule (None when it does)."""
         h = m.header
-        r = self.routes.get(h.microbatch)
+        scheduled = self.routes.get(h.microbatch)
         if h.run != self.run_id or h.iteration != self.iteration:
             return f"run {h.run!r} iteration {h.iteration}, expected {self.run_id!r} iteration {self.iteration}"
         if h.epoch != self.schedule.epoch:
             return f"schedule epoch {h.epoch}, this iteration runs epoch {self.schedule.epoch}"
-        if r is None:
+        if scheduled is None:
             return "no such microbatch in the schedule"
-        if tuple(h.route) != r.nodes or (h.stages and tuple(h.stages) != (0, *r.stages)):
-            return "route or stages differ from the schedule"
+        r = self.in_use[h.microbatch]
+        nodes, stages = tuple(h.route), tuple(h.stages[1:])
+        if nodes != r.nodes or (h.stages and stages != r.stages):
+            if not h.stages or h.stages[0] != 0:
+                return "route differs from the schedule and carries no stages"
+            why = detour_violation(self.schedule, scheduled, nodes, stages)
+            if why is not None:
+                return f"route or stages differ from the schedule and are no detour of it: {why}"
+            if h.direction == Direction.BACKWARD and (nodes[:h.hop + 1] != r.nodes[:h.hop + 1] or
+                                                      stages[:h.hop] != r.stages[:h.hop]):
+                return "backward's route up to this peer differs from the one its forward came by"
         if h.route[h.hop] != self.me:
             return f"hop {h.hop} is not this peer"
-        last = len(r.nodes) - 1
+        last = len(nodes) - 1
         if h.direction == Direction.FORWARD:
-            expected_sender = r.nodes[last] if h.hop == 0 else r.nodes[h.hop - 1]
+            expected_sender = nodes[last] if h.hop == 0 else nodes[h.hop - 1]
         elif h.direction == Direction.BACKWARD:
-            expected_sender = r.nodes[0] if h.hop == last else r.nodes[h.hop + 1]
+            expected_sender = nodes[0] if h.hop == last else nodes[h.hop + 1]
         else:
             return f"direction {h.direction.name} is not a pipeline message"
         if m.sender != expected_sender:

@@ -78,6 +78,10 @@ class TransportError(RuntimeError):
     """A message that could not be delivered: unreachable peer, timeout, or refused by the receiver."""
 
 
+class PeerUnreachable(TransportError):
+    """No stream to the peer could be opened: the message certainly did not arrive (safe to send elsewhere)."""
+
+
 @dataclasses.dataclass
 class _Stream:
     """One p2pd stream to a receiver, owned by one exchange at a time."""
@@ -145,7 +149,8 @@ class Transport:
 
         :param header: routing fields; its dtype and shape are filled in from ``tensor``
         :param wire_dtype: "float16"/"bfloat16" to cast a floating tensor for the wire; the receiver casts it back
-        :raises TransportError: unreachable, timed out (including waiting on a full receiver) or refused
+        :raises PeerUnreachable: no stream to the peer could be opened (the message did not arrive)
+        :raises TransportError: timed out (including waiting on a full receiver) or refused
         """
         self._run(self._send(peer_id, header, tensor, wire_dtype=wire_dtype), timeout)
 
@@ -308,7 +313,7 @@ class Transport:
         except (TimeoutError, asyncio.CancelledError):
             raise
         except Exception as e:  # p2pd reports unreachable peers with assorted error types
-            raise TransportError(f"cannot open a stream to {peer_id}: {type(e).__name__}: {e}") from None
+            raise PeerUnreachable(f"cannot open a stream to {peer_id}: {type(e).__name__}: {e}") from None
         self._stats["streams_opened"] += 1
         return _Stream(reader, writer)
 

@@ -1,9 +1,10 @@
 """Churn: peers die (kill -9, whole machine) and join mid-run; the run finishes and no sample is lost or doubled.
 
-A local swarm of 8 peers (4 data holders, stage groups of 2) trains; a relay is killed mid-iteration, a new peer
-joins, a data holder is killed, another peer joins, then the coordinator is killed and a peer takes over as
-scheduler. Every data holder keeps a ledger on disk; together they must show every sample that was handed out
-processed exactly once (a dead holder's shard is taken over by another).
+A local swarm of 8 peers (4 data holders, stage groups of 2) trains; a relay is killed mid-iteration (forwards to
+it are detoured to its stage mate in flight), a new peer joins, a data holder is killed, another peer joins, then
+the coordinator is killed and a peer takes over as scheduler. Every data holder keeps a ledger on disk; together
+they must show every sample that was handed out processed exactly once (a dead holder's shard is taken over by
+another).
 """
 
 from __future__ import annotations
@@ -61,7 +62,8 @@ def test_run_survives_deaths_and_joins_without_losing_or_doubling_samples(tmp_pa
         wait_iteration(swarm, 3)
         ids = {peer_id(swarm, i): i for i in range(PEERS)}
         where = placement(swarm)
-        relay = next(i for pid, i in ids.items() if where[pid] != 0 and list(where.values()).count(where[pid]) > 1)
+        busy = {p for r in swarm.schedule()["routes"] for p in r["peers"]}  # relays the paths go through
+        relay = next(i for pid, i in ids.items() if pid in busy and list(where.values()).count(where[pid]) > 1)
         swarm.kill(swarm.peers[relay])  # mid-iteration: the run is iterating continuously
         wait_iteration(swarm, 5)
         swarm.add_peer(PEERS, args(PEERS))
@@ -82,7 +84,10 @@ def test_run_survives_deaths_and_joins_without_losing_or_doubling_samples(tmp_pa
     assert records[-1]["loss"] < records[0]["loss"]
     epochs = [r["epoch"] for r in records]
     assert epochs[-1] >= 5, epochs  # two departures, two joins and a new scheduler, each a new epoch
-    assert any("takes over" in (run_dir / f"peer-{i:02d}.log").read_text() for i in range(PEERS + 2))
+    logs = [(run_dir / f"peer-{i:02d}.log").read_text() for i in range(PEERS + 2)]
+    assert any("takes over" in text for text in logs)
+    # the dead relay's microbatches went to its stage mate in flight (until the scheduler's new epoch left it out)
+    assert any("forward detoured" in text for text in logs)
     coordinator_log = (run_dir / "coordinator.log").read_text()
     assert "placing joining peer" in coordinator_log and "goes to" in coordinator_log
     joiner_logs = [(run_dir / f"peer-{i:02d}.log").read_text() for i in (PEERS, PEERS + 1)]

@@ -68,6 +68,48 @@ def test_an_unknown_planner_is_refused():
         RunConfig.from_tables({"swarm": {"planner": "fastest"}})
 
 
+def watch_publications(c: Coordinator, monkeypatch, peers: dict[str, PeerRecord]) -> list:
+    """The schedules `c` publishes (kept as the real publish_schedule keeps them), on `peers` as the live ones."""
+    published = []
+
+    def publish(schedule):
+        published.append(schedule)
+        c.schedule = schedule
+        c.schedules.append(schedule)
+
+    monkeypatch.setattr(c, "_live_peers", lambda: peers)
+    monkeypatch.setattr(c, "publish_schedule", publish)
+    monkeypatch.setattr(c, "_publish", lambda topic, payload: c.notices.append(payload))
+    c.notices = []
+    return published
+
+
+def test_a_gone_relay_replans_from_the_next_iteration_and_a_gone_holder_from_this_one(monkeypatch):
+    from swarm.gossip import GossipMessage, membership_topic
+
+    c = coordinator("skippipe")
+    peers = records()
+    c.schedule = c.plan(peers, epoch=0, start_iteration=0)
+    c.schedules, c.completed = [c.schedule], 3
+    relay = next(p for p, s in c.schedule.placement.items() if s == 2)
+    live = {p: r for p, r in peers.items() if p != relay}
+    published = watch_publications(c, monkeypatch, live)
+    c._follow_membership(live)
+    # the iteration in progress goes on with detours around the relay; peers are told it is gone
+    assert published[-1].meta["start_iteration"] == 4 and relay not in published[-1].placement
+    assert {"event": "gone", "peers": [relay], "iteration": 3} in c.notices
+    # a microbatch it held cannot finish: that iteration runs again, under an epoch without the relay
+    c._handle(GossipMessage(topic=membership_topic("plan-test"), sender=next(iter(live)), seqno=0,
+                            payload={"event": "broken", "peer": "x", "iteration": 3, "epoch": 0, "microbatch": 1}))
+    assert published[-1].meta["start_iteration"] == 3 and published[-1].epoch == 2
+    assert relay not in published[-1].placement
+    holder = c.schedule.data_holders[0]
+    live = {p: r for p, r in live.items() if p != holder}
+    watch_publications(c, monkeypatch, live)
+    c._follow_membership(live)
+    assert c.schedule.meta["start_iteration"] == 3  # a holder's microbatches cannot finish without it
+
+
 def test_a_stuck_report_restarts_the_iteration_once_under_a_new_epoch(monkeypatch):
     from swarm.gossip import GossipMessage, membership_topic
 
@@ -75,9 +117,7 @@ def test_a_stuck_report_restarts_the_iteration_once_under_a_new_epoch(monkeypatc
     peers = records()
     c.schedule = c.plan(peers, epoch=0, start_iteration=0)
     c.schedules, c.completed = [c.schedule], 3
-    published = []
-    monkeypatch.setattr(c, "_live_peers", lambda: peers)
-    monkeypatch.setattr(c, "publish_schedule", lambda s: (published.append(s), setattr(c, "schedule", s)))
+    published = watch_publications(c, monkeypatch, peers)
     member = next(iter(c.schedule.placement))
 
     def stuck(sender, iteration, epoch):

@@ -27,6 +27,14 @@ def wait_log(swarm: LocalSwarm, index: int, text: str, timeout: float = 180) -> 
         time.sleep(0.5)
 
 
+def wait_schedule(swarm: LocalSwarm, ok, timeout: float = 120) -> dict:
+    end = time.monotonic() + timeout
+    while not ok(schedule := swarm.schedule()):
+        assert time.monotonic() < end, f"the scheduler never published the expected schedule: {schedule['rules']}"
+        time.sleep(0.5)
+    return schedule
+
+
 def test_a_stage_without_peers_is_skipped_then_restored(tmp_path):
     config = tmp_path / "run.toml"
     config.write_text(f"[run]\nrun_id = 'empty'\nstages = 3\nskip = 0.33\nmicrobatches = 1\ncheckpoint_every = 2\n"
@@ -46,9 +54,9 @@ def test_a_stage_without_peers_is_skipped_then_restored(tmp_path):
         swarm.watch(5, timeout=180)
         assert (run_dir / "checkpoint-04" / "peer.json").exists()
         swarm.kill(swarm.peers[4])  # stage 2's only peer
+        # until the scheduler notices, forwards to it are detoured in flight to the stage the paths skipped
+        skipping = wait_schedule(swarm, lambda s: s["rules"]["unserved"] == [2])
         swarm.watch(len(swarm.metrics()) + 3, timeout=180)
-        skipping = swarm.schedule()
-        assert skipping["rules"]["unserved"] == [2]
         assert skipping["routes"] and all(2 not in r["stages"] for r in skipping["routes"])
         # the same volunteer comes back (a new process, its disk kept): it restores stage 2 from its checkpoint
         swarm.add_peer(5, args(5, checkpoint=4))
@@ -66,6 +74,8 @@ def test_a_stage_without_peers_is_skipped_then_restored(tmp_path):
     assert records[-1]["loss"] < records[0]["loss"]
     coordinator_log = (run_dir / "coordinator.log").read_text()
     assert coordinator_log.count("lost every peer") >= 2
+    logs = "".join((run_dir / f"peer-{i:02d}.log").read_text() for i in range(4))
+    assert "(stage 2) is gone; forward detoured to" in logs and "(stage 1)" in logs
     final = swarm.schedule()
     new = ensure_identity(str(run_dir / "peer-06.key"))
     assert final["placement"][new] == 2 and any(2 in r["stages"] for r in final["routes"])

@@ -40,6 +40,29 @@ def test_emulated_latency_is_paid_by_probes_and_measured(local, remote):
     assert prober.measure(remote.id).latency_s < 0.1
 
 
+class ModelledLink:
+    """Stands in for a transport on one link of known latency and bandwidth: probe() takes the time it would."""
+
+    peer_id = "me"
+
+    def __init__(self, latency: float, bandwidth: float):
+        self.latency, self.bandwidth, self.sizes = latency, bandwidth, []
+
+    def probe(self, peer_id: str, nbytes: int, *, timeout: float) -> float:
+        self.sizes.append(nbytes)
+        return 2 * self.latency + nbytes / self.bandwidth
+
+
+@pytest.mark.parametrize("bandwidth", [0.25e6, 2e6, 100e6])
+def test_slow_links_are_measured_on_a_small_probe_fast_ones_on_a_large_one(bandwidth):
+    link = ModelledLink(0.005, bandwidth)
+    estimate = LinkProber(link, goodput_bytes=4 * 2**20).measure("peer")
+    assert estimate.bytes_per_s == pytest.approx(bandwidth, rel=0.01)  # the ping carries a few bytes too
+    probes = [n for n in link.sizes if n > 1024]
+    assert probes == ([256 * 1024] if bandwidth < 2.1e6 else [256 * 1024, 4 * 2**20])
+    assert sum(link.sizes) / bandwidth < 3.0  # no link holds a probe round for long
+
+
 def test_ewma_smooths():
     est = None
     for lat in (1.0, 0.0, 0.0):
