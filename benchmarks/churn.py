@@ -22,6 +22,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -65,39 +66,54 @@ heartbeat = 1.0
 
     swarm = LocalSwarm(run_dir, args.peers, run_id=f"churn-{method}", coordinator_args=["--config", str(config)],
                        peer_args=[peer_args(i) for i in range(args.peers)])
-    window = args.minutes * 60
-    failures = churn_trace(args.seed, args.peers, window, args.rate) if churn else []
-    events = sorted([(t, "kill") for t in failures] + [(t + args.rejoin, "join") for t in failures])
-    rng = random.Random(args.seed + 1)
-    killed, joined = 0, 0
+    failures = churn_trace(args.seed, args.peers, args.minutes * 60, args.rate) if churn else []
     try:
         swarm.start()
         swarm.watch(1, timeout=300)
-        start = time.time()
-        for at, kind in events:
-            if at >= window:
-                break
-            time.sleep(max(0.0, start + at - time.time()))
-            if kind == "kill":
-                live = [p for p in swarm.peers if p.poll() is None]
-                if len(live) > 2:
-                    swarm.kill(rng.choice(live))
-                    killed += 1
-            else:
-                index = len(swarm.peers)
-                swarm.add_peer(index, peer_args(index))
-                joined += 1
-        time.sleep(max(0.0, start + window - time.time()))
+        start, killed, joined = play_trace(swarm, failures, args.minutes * 60, args.rejoin, args.seed,
+                                           peer_args)
         records = swarm.metrics()
     finally:
         swarm.stop()
+    return {"method": method, "churn": churn, **window_summary(run_dir, records, start, args.minutes * 60),
+            "killed": killed, "joined": joined}
+
+
+def play_trace(swarm: LocalSwarm, failures: list[float], window: float, rejoin: float, seed: int,
+               joiner_args: Callable[[int], list[str]]) -> tuple[float, int, int]:
+    """From now on for `window` seconds: kill -9 a random live peer at each failure time and add a new peer
+    `rejoin` seconds after each. Returns the window's start (wall clock) and how many were killed and joined."""
+    events = sorted([(t, "kill") for t in failures] + [(t + rejoin, "join") for t in failures])
+    rng = random.Random(seed + 1)
+    killed, joined = 0, 0
+    start = time.time()
+    for at, kind in events:
+        if at >= window:
+            break
+        time.sleep(max(0.0, start + at - time.time()))
+        if kind == "kill":
+            live = [p for p in swarm.peers if p.poll() is None]
+            if len(live) > 2:
+                swarm.kill(rng.choice(live))
+                killed += 1
+        else:
+            index = len(swarm.peers)
+            swarm.add_peer(index, joiner_args(index))
+            joined += 1
+    time.sleep(max(0.0, start + window - time.time()))
+    return start, killed, joined
+
+
+def window_summary(run_dir: Path, records: list[dict], start: float, window: float) -> dict:
+    """Tokens/s of the iterations committed within the window, and how often the holders' ledgers say each sample
+    handed out was processed (exactly once for every sample, or something was lost or doubled)."""
     inside = [r for r in records if start < r["time"] <= start + window]
     tokens = sum((r["tokens_per_s"] or 0) * r["iteration_seconds"] for r in inside)
     entries = [e for f in sorted(run_dir.glob("ledger-*.jsonl")) for e in read_ledger(f)]
     status = sample_status(entries, {(r["iteration"] - 1, r["epoch"]) for r in records})
     processed = Counter(c["processed"] for c in status.values())
-    return {"method": method, "churn": churn, "tokens_per_s": tokens / window, "iterations": len(inside),
-            "killed": killed, "joined": joined, "epochs": records[-1]["epoch"] + 1 if records else 0,
+    return {"tokens_per_s": tokens / window, "iterations": len(inside),
+            "epochs": records[-1]["epoch"] + 1 if records else 0,
             "samples_processed_times": {str(k): v for k, v in sorted(processed.items())}}
 
 

@@ -291,3 +291,12 @@ def _sha256(path: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+def param_digest(worker: StageWorker) -> str:
+    """sha256 of the stage's parameters, in name order (equal digests = bit-identical weights)."""
+    h = hashlib.sha256()
+    for name, p in sorted(worker.module.state_dict().items()):
+        h.update(name.encode())
+        h.update(p.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()[:16]

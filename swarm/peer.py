@@ -19,7 +19,6 @@ twice. On stop (Ctrl+C, SIGTERM or the run's last iteration) it announces that i
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import queue
 import statistics
@@ -33,10 +32,16 @@ from dataclasses import dataclass
 import hivemind
 import torch
 
-from peers.checkpoint import CheckpointError, load_stage_checkpoint, load_stage_tensors, save_stage_checkpoint
+from peers.checkpoint import (
+    CheckpointError,
+    load_stage_checkpoint,
+    load_stage_tensors,
+    param_digest,
+    save_stage_checkpoint,
+)
 from peers.data import Corpus, Shard
 from peers.data_ledger import DataLedger
-from peers.model import Block, ModelConfig, Transformer, lm_loss
+from peers.device_speed import measure_loss_seconds, measure_seconds_per_layer
 from peers.paced_worker import PacedWorker
 from peers.stage import balanced_split, neighbour_blocks, stage_template
 from peers.worker import StageWorker
@@ -116,48 +121,6 @@ class PeerOptions:
     """Compute emulation: announce this speed instead of the measured one and pad every operation to it."""
     link_latency: Mapping[str, float] | None = None
     """Link emulation: one-way seconds the transport waits before each message to that peer."""
-
-
-def measure_seconds_per_layer(model: ModelConfig, batch_size: int, seq_len: int, device: str,
-                              repeats: int = 5) -> float:
-    """Median forward time of one decoder block for one microbatch on this machine (its compute speed)."""
-    torch.manual_seed(0)
-    block = Block(model).to(device)
-    x = torch.randn(batch_size, seq_len, model.dim, device=device, requires_grad=True)
-    times = []
-    for _ in range(repeats + 1):
-        start = time.perf_counter()
-        y = block(x)
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-        y.sum().backward()
-    return max(statistics.median(times[1:]), 1e-6)
-
-
-def measure_loss_seconds(model: ModelConfig, batch_size: int, seq_len: int, device: str, repeats: int = 5) -> float:
-    """Median time of the loss step (final norm, LM head, cross-entropy and their backward) for one microbatch."""
-    torch.manual_seed(0)
-    head = Transformer(model, layers=[], with_embedding=False, with_head=True).to(device)
-    x = torch.randn(batch_size, seq_len, model.dim, device=device, requires_grad=True)
-    targets = torch.randint(0, model.vocab_size, (batch_size, seq_len), device=device)
-    times = []
-    for _ in range(repeats + 1):
-        start = time.perf_counter()
-        lm_loss(head.logits(x), targets).backward()
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    return max(statistics.median(times[1:]), 1e-6)
-
-
-def param_digest(worker: StageWorker) -> str:
-    """sha256 of the stage's parameters, in name order (equal digests = bit-identical weights)."""
-    h = hashlib.sha256()
-    for name, p in sorted(worker.module.state_dict().items()):
-        h.update(name.encode())
-        h.update(p.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()[:16]
 
 
 class Peer:

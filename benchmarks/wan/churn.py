@@ -1,0 +1,119 @@
+"""WAN churn benchmark: training throughput over emulated geo-distributed links under a seeded churn trace,
+against the same run without churn, for SkipPipe and for the full pipeline.
+
+    sudo .venv/bin/python benchmarks/wan/churn.py [--peers 12] [--minutes 3] [--rate 0.1] [--rejoin 20]
+
+The swarm of `benchmarks/wan/run.py` (every peer a host of an `EmulatedNetwork`, links shaped to the profile,
+compute emulated) with the churn trace of `benchmarks/churn.py`: after the first committed iteration, a window of
+`--minutes` starts; in the churn runs a random live peer is killed (kill -9 of its process tree: a machine dying)
+at each failure time, and a new volunteer joins `--rejoin` seconds later on a spare host of the network (its
+links and speed are the profile's for that host). Throughput is the tokens of the iterations committed within
+the window over its length; the data holders' ledgers must show every sample handed out processed exactly once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from benchmarks.churn import churn_trace, play_trace, window_summary  # noqa: E402
+from benchmarks.wan.run import run_config  # noqa: E402
+from scheduler.profiles import swarm_from  # noqa: E402
+from swarm.emulated_network import EmulatedNetwork, unavailable_reason  # noqa: E402
+from swarm.identity import ensure_identity  # noqa: E402
+from swarm.local_swarm import LocalSwarm  # noqa: E402
+
+METHODS = ("skippipe", "full-pipeline")
+
+
+def run(args: argparse.Namespace, method: str, churn: bool, net: EmulatedNetwork, keys: Path, speeds: list[float],
+        out: Path) -> dict:
+    run_dir = out / f"{method}-{'churn' if churn else 'steady'}"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    run_dir.mkdir(parents=True)
+    for key in keys.glob("*.key"):
+        shutil.copy(key, run_dir / key.name)
+    (run_dir / "run.toml").write_text(run_config(argparse.Namespace(**{**vars(args), "iterations": 0}), method))
+
+    def peer_args(i: int) -> list[str]:
+        return ["--emulate-speed", f"{speeds[i]:.6f}", "--emulate-latency", str(keys / f"latency-{i:02d}.json"),
+                "--probe-sample", str(args.peers - 1), "--iteration-deadline", "300",
+                "--ledger", str(run_dir / f"ledger-{i:02d}.jsonl")]
+
+    swarm = LocalSwarm(run_dir, args.peers, run_id=f"wan-{method}", network=net,
+                       coordinator_args=["--config", str(run_dir / "run.toml")],
+                       peer_args=[peer_args(i) for i in range(net.num_hosts)])
+    window = args.minutes * 60
+    failures = churn_trace(args.seed, args.peers, window, args.rate) if churn else []
+    try:
+        swarm.start()
+        swarm.watch(2, timeout=600)  # the first iteration opens streams: the window starts after it
+        start, killed, joined = play_trace(swarm, failures, window, args.rejoin, args.seed, lambda index: [])
+        records = swarm.metrics()
+    finally:
+        swarm.stop()
+    result = {"method": method, "churn": churn, **window_summary(run_dir, records, start, window),
+              "killed": killed, "joined": joined}
+    print(f"  {method} {'with' if churn else 'without'} churn: {result['tokens_per_s']:.0f} tokens/s, "
+          f"{result['iterations']} iterations in the window, {killed} killed, {joined} joined, "
+          f"{result['epochs']} epochs, samples processed (times: count) {result['samples_processed_times']}",
+          flush=True)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--peers", type=int, default=12)
+    parser.add_argument("--stages", type=int, default=6)
+    parser.add_argument("--skip", type=float, default=0.33)
+    parser.add_argument("--microbatches", type=int, default=4, help="per data holder per iteration")
+    parser.add_argument("--batch-size", type=int, default=4, help="sequences per microbatch")
+    parser.add_argument("--seq-len", type=int, default=32)
+    parser.add_argument("--profile", default="geo-distributed")
+    parser.add_argument("--minutes", type=float, default=3.0, help="length of the measured window")
+    parser.add_argument("--rate", type=float, default=0.1, help="failures per peer per minute")
+    parser.add_argument("--rejoin", type=float, default=20.0, help="seconds until a killed peer is replaced")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--methods", default=",".join(METHODS))
+    parser.add_argument("--out", default="runs/wan-churn")
+    args = parser.parse_args()
+    reason = unavailable_reason()
+    if reason:
+        sys.exit(f"error: {reason}")
+    methods = [m for m in args.methods.split(",") if m]
+    if set(methods) - set(METHODS):
+        sys.exit(f"error: methods must be among {', '.join(METHODS)}")
+    trace = churn_trace(args.seed, args.peers, args.minutes * 60, args.rate)
+    hosts = args.peers + len(trace)  # a spare host for every volunteer that joins
+    out = Path(args.out)
+    keys = out / "keys"
+    keys.mkdir(parents=True, exist_ok=True)
+    view = swarm_from(args.profile, hosts, seed=args.seed)
+    speeds = [p.seconds_per_layer for p in view.peers]
+    ids = [ensure_identity(str(keys / f"peer-{i:02d}.key")) for i in range(hosts)]
+    print(f"{args.peers} peers on the {args.profile} profile ({args.stages} stages), {args.minutes:g} min window; "
+          f"churn trace (seed {args.seed}): failures at {', '.join(f'{t:.0f}' for t in trace)} s, each replaced "
+          f"{args.rejoin:g} s later", flush=True)
+    results = []
+    with EmulatedNetwork(view.latency, view.bandwidth) as net:
+        for i in range(hosts):
+            net.write_latency_file(i, ids, keys / f"latency-{i:02d}.json")
+        for method in methods:
+            steady = run(args, method, False, net, keys, speeds, out)
+            churned = run(args, method, True, net, keys, speeds, out)
+            kept = churned["tokens_per_s"] / steady["tokens_per_s"] if steady["tokens_per_s"] else float("nan")
+            results += [steady, churned]
+            print(f"{method:>14}: keeps {kept:.0%} of its churn-free throughput", flush=True)
+    (out / "results.json").write_text(json.dumps({"date": time.strftime("%Y-%m-%d"), "args": vars(args),
+                                                  "results": results}, indent=1))
+    print(f"wrote {out / 'results.json'}")
+
+
+if __name__ == "__main__":
+    main()
