@@ -51,6 +51,8 @@ from swarm.gossip import (
     encode_frame,
     frame_field,
 )
+from swarm.signed_record_cache import SignedRecordCache
+from swarm.signed_record_cache import install as install_record_cache
 
 logger = logging.getLogger(__name__)
 
@@ -325,6 +327,7 @@ class GossipSidecar:
 
 
 async def _run(args: argparse.Namespace, key_pair: KeyPair, owner_sock: socket.socket) -> None:
+    install_record_cache(SignedRecordCache())
     # Noise only: py-libp2p's default list also accepts plaintext and secio connections
     noise = NoiseTransport(key_pair, noise_privkey=create_x25519_key_pair().private_key)
     host = new_host(key_pair=key_pair, sec_opt={NOISE_PROTOCOL_ID: noise})
