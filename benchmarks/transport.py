@@ -78,7 +78,7 @@ def tcp_server(port_q: mp.Queue, stop_ev) -> None:
                 data = await reader.readexactly(n)
                 writer.write(len(data).to_bytes(8, "big"))
                 await writer.drain()
-        except asyncio.IncompleteReadError:
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):  # cancelled: at exit
             writer.close()
 
     async def main() -> None:
