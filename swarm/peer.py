@@ -148,6 +148,9 @@ class Peer:
         """Messages for the main loop (None only wakes it up)."""
         self._gone: frozenset[str] = frozenset()
         """Peers the scheduler declared gone: forwards are detoured around them (replaced, never mutated)."""
+        self._unreachable: frozenset[str] = frozenset()
+        """Peers no stream could be opened to since this peer adopted its schedule: detoured around like gone ones,
+        and not waited for by the stage averaging (replaced, never mutated)."""
         self._buckets: dict[tuple[int, str], list[Inbound]] = defaultdict(list)
         self._held: list[Inbound] = []
         """Messages of a newer epoch than the one in use, kept until this peer adopts it."""
@@ -539,6 +542,7 @@ class Peer:
             return
         self.schedule = schedule
         self._gone = self._gone - frozenset(schedule.placement)  # e.g. a holder restarted with its key
+        self._unreachable = frozenset()  # the scheduler's newer view; a peer still unreachable fails again
         # messages of older epochs are void; newer ones (sent by peers that switched first) are kept
         self._buckets = defaultdict(list, {k: kept for k, v in self._buckets.items()
                                            if (kept := [m for m in v if k[1] == "state" or
@@ -666,7 +670,8 @@ class Peer:
         batches = self._draw(schedule) if self.stage == 0 else {}
         executor = PipelineExecutor(me=self.peer_id, worker=worker, schedule=schedule, run_id=o.run_id,
                                     iteration=self.iteration, send=self._send, batches=batches,
-                                    hold=self._hold, timeline=self.timeline, gone=lambda: self._gone,
+                                    hold=self._hold, timeline=self.timeline,
+                                    gone=lambda: self._gone | self._unreachable,
                                     broken=self._report_broken)
         t0 = time.perf_counter()
         result = executor.run(lambda t: self._receive("hop", t), deadline=self.iteration_deadline(),
@@ -694,7 +699,7 @@ class Peer:
             visits, heard = average_stage_group(me=self.peer_id, worker=worker, group=group, run_id=o.run_id,
                                                 iteration=self.iteration, epoch=schedule.epoch, send=self._send,
                                                 receive=lambda t: self._receive("avg", t),
-                                                deadline=o.averaging_deadline, alive=self._still_scheduled,
+                                                deadline=o.averaging_deadline, alive=self._worth_waiting_for,
                                                 hold=self._hold)
         t2 = time.perf_counter()
         self.timeline.record("average", time.time() - (t2 - t1), time.time(), iteration=self.iteration)
@@ -749,7 +754,10 @@ class Peer:
             self._commit_periods = [*self._commit_periods[-RECENT_ITERATIONS:], now - self._last_commit]
         self._last_commit = now
 
-    def _still_scheduled(self, peer: str) -> bool:
+    def _worth_waiting_for(self, peer: str) -> bool:
+        """Whether the stage averaging should still wait for `peer`: not gone, reachable, and in the newest epoch."""
+        if peer in self._gone or peer in self._unreachable:
+            return False
         newer = self._poll_newer()
         return newer is None or peer in newer.placement
 
@@ -835,6 +843,8 @@ class Peer:
             except (TransportError, ValueError) as e:
                 logger.warning("could not send %s of microbatch %d to %s: %s", header.direction.name.lower(),
                                header.microbatch, peer, e)
+                if isinstance(e, PeerUnreachable):
+                    self._unreachable = self._unreachable | {peer}
                 if header.direction in (Direction.FORWARD, Direction.BACKWARD):
                     self._raw.put(Undelivered(peer, header, tensor, unreachable=isinstance(e, PeerUnreachable)))
                 if peer not in self._unreachable_reported and self._gossip is not None:
