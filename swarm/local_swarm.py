@@ -33,6 +33,22 @@ def _python(entry: str) -> list[str]:
     return [sys.executable, "-c", f"import sys; from swarm.cli import {entry}; sys.exit({entry}())"]
 
 
+def unix_socket_paths(pid: int) -> set[str]:
+    """Paths of the unix sockets process `pid` has open, read from its own /proc view: a process in another network
+    namespace (an emulated host) lists its sockets only there, not in this process's /proc/net/unix."""
+    inodes = set()
+    try:
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            target = os.readlink(fd)
+            if target.startswith("socket:["):
+                inodes.add(target[len("socket:["):-1])
+        lines = Path(f"/proc/{pid}/net/unix").read_text().splitlines()[1:]
+    except OSError:  # gone already, or not ours to read
+        return set()
+    # columns: Num RefCount Protocol Flags Type St Inode [Path]
+    return {parts[7] for parts in map(str.split, lines) if len(parts) >= 8 and parts[6] in inodes}
+
+
 class LocalSwarm:
     """Start, watch and stop a local run.
 
@@ -119,10 +135,7 @@ class LocalSwarm:
             return
         sockets = set()
         for p in victims:
-            try:
-                sockets |= {c.laddr for c in p.net_connections(kind="unix") if c.laddr}
-            except (psutil.NoSuchProcess, psutil.AccessDenied):
-                pass
+            sockets |= unix_socket_paths(p.pid)
         for p in victims:
             try:
                 p.kill()

@@ -35,8 +35,8 @@ METHODS = ("skippipe", "full-pipeline")
 
 
 def remove_dead_sockets() -> None:
-    """Unlink hivemind control sockets nobody listens on any more: the p2pd daemons of peers killed inside a
-    network namespace, whose sockets `LocalSwarm.kill` does not find from outside it."""
+    """Unlink hivemind control sockets nobody listens on any more (a safety net behind `LocalSwarm.kill`, which
+    removes the sockets of the peers it kills, here inside network namespaces)."""
     for path in Path(tempfile.gettempdir()).glob("hivemind-*.sock"):
         if not is_listened_on(str(path)):
             path.unlink(missing_ok=True)

@@ -235,3 +235,18 @@ def test_hivemind_averaging_keeps_stage_groups_in_agreement(tmp_path):
     for group in groups:
         for name, tensor in group[0].items():
             assert torch.allclose(tensor, group[1][name], rtol=1e-5, atol=1e-7), name
+
+
+def test_kill_removes_the_unix_sockets_of_the_process_tree_it_kills(tmp_path):
+    """A killed machine cannot clean up: `LocalSwarm.kill` removes the sockets its processes held (found in each
+    process's own /proc view, so that peers inside an emulated network namespace are covered as well)."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "hivemind-test-kill.sock"
+    child = (f"import socket, subprocess, sys, time; s = socket.socket(socket.AF_UNIX); s.bind({str(path)!r}); "
+             "s.listen(); print('ready', flush=True); time.sleep(60)")
+    proc = subprocess.Popen([sys.executable, "-c", child], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    LocalSwarm(tmp_path, 0, run_id="kill").kill(proc)
+    assert proc.returncode == -9 and not path.exists()
