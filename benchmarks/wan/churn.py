@@ -24,10 +24,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks.churn import churn_trace, play_trace, window_summary  # noqa: E402
-from benchmarks.wan.run import run_config  # noqa: E402
+from benchmarks.wan.run import add_swarm_arguments, checked_methods, run_config  # noqa: E402
 from scheduler.profiles import swarm_from  # noqa: E402
 from swarm.dht_shutdown import is_listened_on  # noqa: E402
-from swarm.emulated_network import EmulatedNetwork, unavailable_reason  # noqa: E402
+from swarm.emulated_network import EmulatedNetwork  # noqa: E402
 from swarm.identity import ensure_identity  # noqa: E402
 from swarm.local_swarm import LocalSwarm  # noqa: E402
 
@@ -80,26 +80,13 @@ def run(args: argparse.Namespace, method: str, churn: bool, net: EmulatedNetwork
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--peers", type=int, default=12)
-    parser.add_argument("--stages", type=int, default=6)
-    parser.add_argument("--skip", type=float, default=0.33)
-    parser.add_argument("--microbatches", type=int, default=4, help="per data holder per iteration")
-    parser.add_argument("--batch-size", type=int, default=4, help="sequences per microbatch")
-    parser.add_argument("--seq-len", type=int, default=32)
-    parser.add_argument("--profile", default="geo-distributed")
+    add_swarm_arguments(parser, METHODS)
     parser.add_argument("--minutes", type=float, default=3.0, help="length of the measured window")
     parser.add_argument("--rate", type=float, default=0.1, help="failures per peer per minute")
     parser.add_argument("--rejoin", type=float, default=20.0, help="seconds until a killed peer is replaced")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--methods", default=",".join(METHODS))
     parser.add_argument("--out", default="runs/wan-churn")
     args = parser.parse_args()
-    reason = unavailable_reason()
-    if reason:
-        sys.exit(f"error: {reason}")
-    methods = [m for m in args.methods.split(",") if m]
-    if set(methods) - set(METHODS):
-        sys.exit(f"error: methods must be among {', '.join(METHODS)}")
+    methods = checked_methods(args, METHODS)
     trace = churn_trace(args.seed, args.peers, args.minutes * 60, args.rate)
     hosts = args.peers + len(trace)  # a spare host for every volunteer that joins
     out = Path(args.out)

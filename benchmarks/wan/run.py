@@ -134,30 +134,41 @@ def chart(results: list[dict], path: Path, title: str) -> None:
     plt.close(fig)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_swarm_arguments(parser: argparse.ArgumentParser, methods: tuple[str, ...]) -> None:
+    """The emulated swarm's flags, shared by the WAN benchmarks."""
     parser.add_argument("--peers", type=int, default=12)
     parser.add_argument("--stages", type=int, default=6)
     parser.add_argument("--skip", type=float, default=0.33)
     parser.add_argument("--microbatches", type=int, default=4, help="per data holder per iteration")
-    parser.add_argument("--iterations", type=int, default=6)
     parser.add_argument("--batch-size", type=int, default=4, help="sequences per microbatch")
     parser.add_argument("--seq-len", type=int, default=32,
                         help="tokens per sequence (small: the real compute must stay under the emulated times)")
     parser.add_argument("--profile", default="geo-distributed")
-    parser.add_argument("--compute-scale", type=float, default=1.0,
-                        help="multiply the profile's seconds per layer (the emulated device speed)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--methods", default=",".join(METHODS))
-    parser.add_argument("--out", default="runs/wan")
-    args = parser.parse_args()
+    parser.add_argument("--methods", default=",".join(methods))
+
+
+def checked_methods(args: argparse.Namespace, methods: tuple[str, ...]) -> list[str]:
+    """The requested methods; exits with a message when this machine cannot emulate links or a method is unknown."""
     reason = unavailable_reason()
     if reason:
         sys.exit(f"error: {reason}")
-    methods = [m for m in args.methods.split(",") if m]
-    unknown = set(methods) - set(METHODS)
+    chosen = [m for m in args.methods.split(",") if m]
+    unknown = set(chosen) - set(methods)
     if unknown:
-        sys.exit(f"error: unknown method(s) {sorted(unknown)}; choose from {', '.join(METHODS)}")
+        sys.exit(f"error: unknown method(s) {sorted(unknown)}; choose from {', '.join(methods)}")
+    return chosen
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_swarm_arguments(parser, METHODS)
+    parser.add_argument("--iterations", type=int, default=6)
+    parser.add_argument("--compute-scale", type=float, default=1.0,
+                        help="multiply the profile's seconds per layer (the emulated device speed)")
+    parser.add_argument("--out", default="runs/wan")
+    args = parser.parse_args()
+    methods = checked_methods(args, METHODS)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     view = swarm_from(args.profile, args.peers, seed=args.seed)
