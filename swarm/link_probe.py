@@ -76,12 +76,15 @@ class LinkProber:
     def measure(self, peer_id: str) -> LinkEstimate:
         """One raw measurement of the link to ``peer_id``; raises TransportError if it cannot be reached."""
         rtt = min(self.transport.probe(peer_id, self.ping_bytes, timeout=self.timeout) for _ in range(_PINGS))
-        size = min(PROBE_FIRST_BYTES, self.goodput_bytes)
-        goodput = size / max(self.transport.probe(peer_id, size, timeout=self.timeout) - rtt, 1e-6)
-        if size < self.goodput_bytes and self.goodput_bytes / goodput <= PROBE_GOODPUT_SECONDS:
-            size = self.goodput_bytes  # a fast link: a small probe is mostly latency and jitter, a large one is not
-            goodput = size / max(self.transport.probe(peer_id, size, timeout=self.timeout) - rtt, 1e-6)
-        return LinkEstimate(latency_s=rtt / 2, bytes_per_s=goodput)
+
+        def goodput(size: int) -> float:
+            return size / max(self.transport.probe(peer_id, size, timeout=self.timeout) - rtt, 1e-6)
+
+        first = min(PROBE_FIRST_BYTES, self.goodput_bytes)
+        estimate = goodput(first)
+        if first < self.goodput_bytes and self.goodput_bytes / estimate <= PROBE_GOODPUT_SECONDS:
+            estimate = goodput(self.goodput_bytes)  # a fast link: a small probe is mostly latency and jitter
+        return LinkEstimate(latency_s=rtt / 2, bytes_per_s=estimate)
 
     def probe_round(self, peers: Collection[str]) -> dict[str, tuple[float, float]]:
         """Probe a sample of ``peers`` (never this peer), update the estimates, return :meth:`links`."""

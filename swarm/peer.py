@@ -166,7 +166,6 @@ class Peer:
         self._stop: threading.Event | None = None
         self._newer: Schedule | None = None
         self._commits: set[tuple[int, int]] = set()
-        self._commit_event = threading.Event()
         self._unreachable_reported: set[str] = set()
         self._dht = self._transport = self._gossip = self._heartbeat = self._averager = None
         self._announced: dict[str, PeerRecord] | None = None
@@ -449,7 +448,6 @@ class Peer:
             it, epoch = msg.payload.get("iteration"), msg.payload.get("epoch")
             if isinstance(it, int) and isinstance(epoch, int):
                 self._commits.add((it, epoch))
-                self._commit_event.set()
                 self._raw.put(None)
 
     def _fetch_schedule(self) -> Schedule | None:

@@ -112,7 +112,8 @@ class PipelineExecutor:
                  gone: Callable[[], Collection[str]] = frozenset, broken: Broken | None = None) -> None:
         """:param hold: takes messages of a newer schedule epoch (from peers that switched first) for later
         :param timeline: records each operation's span (forward, backward, ...)
-        :param gone: the peers the scheduler has declared gone (read often; detoured around)
+        :param gone: peers known to be gone (declared by the scheduler, or unreachable from this peer); read
+          often, detoured around
         :param broken: told of each microbatch that cannot finish
         """
         self.me, self.worker, self.schedule, self.run_id, self.iteration = me, worker, schedule, run_id, iteration
@@ -264,7 +265,7 @@ class PipelineExecutor:
         if not gone:
             return
         for mb, (peer, sent) in list(self._awaiting.items()):
-            delivered = sent is None or (sent.done() and sent.result() is True)
+            delivered = sent is None or (sent.done() and sent.exception() is None and sent.result() is True)
             if peer in gone and delivered and mb not in self._broken:
                 self._break(mb, f"its activations were with {peer}, which is gone")
 

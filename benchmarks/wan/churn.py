@@ -17,7 +17,6 @@ import argparse
 import json
 import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -26,20 +25,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.churn import churn_trace, play_trace, window_summary  # noqa: E402
 from benchmarks.wan.run import add_swarm_arguments, checked_methods, run_config  # noqa: E402
 from scheduler.profiles import swarm_from  # noqa: E402
-from swarm.dht_shutdown import is_listened_on  # noqa: E402
 from swarm.emulated_network import EmulatedNetwork  # noqa: E402
 from swarm.identity import ensure_identity  # noqa: E402
 from swarm.local_swarm import LocalSwarm  # noqa: E402
 
 METHODS = ("skippipe", "full-pipeline")
-
-
-def remove_dead_sockets() -> None:
-    """Unlink hivemind control sockets nobody listens on any more (a safety net behind `LocalSwarm.kill`, which
-    removes the sockets of the peers it kills, here inside network namespaces)."""
-    for path in Path(tempfile.gettempdir()).glob("hivemind-*.sock"):
-        if not is_listened_on(str(path)):
-            path.unlink(missing_ok=True)
 
 
 def run(args: argparse.Namespace, method: str, churn: bool, net: EmulatedNetwork, keys: Path, speeds: list[float],
@@ -68,7 +58,6 @@ def run(args: argparse.Namespace, method: str, churn: bool, net: EmulatedNetwork
         records = swarm.metrics()
     finally:
         swarm.stop()
-        remove_dead_sockets()
     result = {"method": method, "churn": churn, **window_summary(run_dir, records, start, window),
               "killed": killed, "joined": joined}
     print(f"  {method} {'with' if churn else 'without'} churn: {result['tokens_per_s']:.0f} tokens/s, "
