@@ -3,8 +3,11 @@
 The networked counterpart of `peers.inprocess.InProcessSwarm`'s loop, calling the same `StageWorker`
 methods. A data holder injects its microbatches (at their planned times, while it has memory slots),
 computes their loss when they come back and ends their backward; every peer forwards and backpropagates
-what its stage is sent. Waiting backward passes go before forward passes (they free memory), and a
-forward the worker cannot admit (TC1) waits until a backward frees a slot.
+what its stage is sent. It runs one operation at a time and chooses the next as the planner's simulator does
+(`scheduler.simulator`, `backward_first`): waiting backward passes and losses first (they free memory), then
+forwards and due injections by arrival, a relay's forward before an injection due at the same time; a forward
+the worker cannot admit (TC1) waits until a backward frees a slot. Messages that arrive during an operation
+are considered before the next one, so the measured iteration follows the plan the simulator scored.
 
 Nothing from the network is trusted: a message must match the schedule (its microbatch's route and
 stages, or a detour of them; the epoch; the sender being the previous hop), and the worker checks the tensor
@@ -18,6 +21,7 @@ reported broken, and the scheduler runs the iteration again under a new epoch.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections.abc import Callable, Collection
@@ -137,33 +141,34 @@ class PipelineExecutor:
             raise ValueError(f"no tokens for this holder's microbatches {missing}")
         self.expected = expected_backwards(schedule, me)
         self.result = IterationResult(iteration=iteration)
-        self._deferred: list[Inbound] = []
+        self._ready: list[tuple[tuple[int, float, int, int], Inbound]] = []
+        """Accepted messages waiting for their operation, each with the key that orders it (see `_step`)."""
+        self._arrivals = itertools.count()
+        self._pending: list[Route] = list(self.own)
+        """This holder's microbatches not injected yet."""
+        self._start = time.monotonic()
+        self._poll: Receive | None = None
 
     def run(self, receive: Receive, *, deadline: float, aborted: Callable[[], bool] = lambda: False
             ) -> IterationResult:
         """Process until every backward this peer expects has run.
 
-        :param aborted: polled between messages; True abandons the iteration (IterationAborted)
+        :param aborted: polled between operations; True abandons the iteration (IterationAborted)
         :raises IterationTimeout: past `deadline` seconds
         """
-        start = time.monotonic()
-        pending = list(self.own)
-        while self.result.backward_done < self.expected:
+        self._poll = receive
+        self._start = time.monotonic()
+        while not self.done:
             if aborted():
                 raise IterationAborted(f"iteration {self.iteration} abandoned for a newer schedule")
-            now = time.monotonic() - start
-            while pending and pending[0].inject_after <= now and len(self.worker.stashed) < self.worker.memory_slots:
-                self._inject(pending.pop(0))
-            if self.result.backward_done >= self.expected:
-                break
-            if time.monotonic() - start > deadline:
+            if time.monotonic() - self._start > deadline:
+                waiting = sum(key[0] for key, _ in self._ready)
                 raise IterationTimeout(
                     f"iteration {self.iteration}: {self.result.backward_done}/{self.expected} backward passes after "
-                    f"{deadline:.0f} s (stashed {self.worker.stashed}, {len(self._deferred)} forwards waiting)")
-            wait = 0.2
-            if pending and len(self.worker.stashed) < self.worker.memory_slots:
-                wait = max(0.0, min(wait, pending[0].inject_after - now))
-            self.handle(receive(wait))
+                    f"{deadline:.0f} s (stashed {self.worker.stashed}, {waiting} forwards waiting)")
+            self._accept(receive(0.0))
+            if not self._step():
+                self._accept(receive(self._idle_wait()))
         self.result.finished = time.time()
         return self.result
 
@@ -174,14 +179,51 @@ class PipelineExecutor:
     def handle(self, messages: list[Inbound | Undelivered]) -> None:
         """Process messages of this iteration; also after `run` returned, while the peer waits for the commit:
         a detour may still bring it a microbatch of a gone peer of its stage."""
-        # backward passes (and returning activations, whose loss starts a backward) before forwards
-        messages.sort(key=lambda m: 0 if (m.header.direction == Direction.BACKWARD or m.header.hop == 0) else 1)
+        self._accept(messages)
+        while self._step():
+            if self._poll is not None:
+                self._accept(self._poll(0.0))
+
+    def _accept(self, messages: list[Inbound | Undelivered]) -> None:
+        """Queue arrived messages for their operation (a newer epoch's are held for later); act on undelivered
+        sends at once (they cost no compute)."""
         for m in messages:
             if isinstance(m, Undelivered):
                 self._undelivered(m)
+            elif m.header.epoch > self.schedule.epoch and self.hold is not None:
+                self.hold(m)
             else:
-                self._handle(m)
+                h = m.header
+                first = h.direction == Direction.BACKWARD or (h.direction == Direction.FORWARD and h.hop == 0)
+                self._ready.append(((0 if first else 1, time.monotonic(), 0, next(self._arrivals)), m))
         self._check_awaited()
+
+    def _step(self) -> bool:
+        """Run the next operation, chosen as the simulator chooses; False when none can run now.
+
+        Keys: (0 for a backward or loss, 1 for a forward; arrival; 1 for an injection; arrival order). Forwards
+        and injections wait while every memory slot holds activations."""
+        room = len(self.worker.stashed) < self.worker.memory_slots
+        best: tuple[tuple[int, float, int, int], int] | None = None
+        for i, (key, _) in enumerate(self._ready):
+            if (key[0] == 0 or room) and (best is None or key < best[0]):
+                best = (key, i)
+        if room and self._pending:
+            due = self._start + self._pending[0].inject_after
+            if due <= time.monotonic() and (best is None or (1, due, 1, -1) < best[0]):
+                self._inject(self._pending.pop(0))
+                return True
+        if best is None:
+            return False
+        key, m = self._ready.pop(best[1])
+        self._handle(m, key)
+        return True
+
+    def _idle_wait(self) -> float:
+        """Seconds to wait for a message when nothing can run: until the next injection is due, at most 0.2."""
+        if self._pending and len(self.worker.stashed) < self.worker.memory_slots:
+            return max(0.0, min(0.2, self._start + self._pending[0].inject_after - time.monotonic()))
+        return 0.2
 
     # ---- steps of a microbatch --------------------------------------------------------------------
     def _inject(self, r: Route) -> None:
@@ -278,11 +320,8 @@ class PipelineExecutor:
         if self.on_broken is not None:
             self.on_broken(microbatch, why)
 
-    def _handle(self, m: Inbound) -> None:
+    def _handle(self, m: Inbound, key: tuple[int, float, int, int]) -> None:
         h = m.header
-        if h.epoch > self.schedule.epoch and self.hold is not None:
-            self.hold(m)
-            return
         why = self._mismatch(m)
         if why:
             self.result.dropped += 1
@@ -306,8 +345,8 @@ class PipelineExecutor:
                 try:
                     start = time.time()
                     act = self.worker.forward(h.microbatch, m.tensor, stage=r.stages[h.hop - 1])
-                except MemoryLimitError:
-                    self._deferred.append(m)
+                except MemoryLimitError:  # not expected: `_step` admits forwards only while a slot is free
+                    self._ready.append((key, m))
                     return
                 self._span("forward", start, h.microbatch, r.stages[h.hop - 1])
                 nxt = h.hop + 1 if h.hop < len(r.peers) else 0
@@ -320,16 +359,10 @@ class PipelineExecutor:
                 self.result.backward_done += 1
                 if h.hop > 0:
                     self._emit(r, h.hop - 1, Direction.BACKWARD, grad)
-                self._retry_deferred()
         except WorkerError as e:
             self.result.dropped += 1
             logger.warning("worker refused %s of microbatch %d from %s: %s", h.direction.name.lower(), h.microbatch,
                            m.sender, e)
-
-    def _retry_deferred(self) -> None:
-        waiting, self._deferred = self._deferred, []
-        for m in waiting:
-            self._handle(m)
 
     def _mismatch(self, m: Inbound) -> str | None:
         """Why a message does not fit the schedule (None when it does)."""
