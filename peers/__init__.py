@@ -7,11 +7,13 @@ The code is organized as follows:
 - optim.py: `OptimConfig`, AdamW with decay on matrices only, the warmup + cosine `lr_at`
 - worker.py: `StageWorker`, forward/backward of one stage for microbatches in any order, gradient accounting, step
 - paced_worker.py: `PacedWorker`, a worker that takes as long as a device of a stated speed (compute emulation)
+- device_speed.py: what a peer measures of its device at join time (seconds per layer, the loss step)
 - averaging.py: same-stage gradient averaging weighted by the microbatches each peer processed
 - tokenizer.py: a local tokenizer.json, or a byte-level BPE trained once on the corpus and cached
 - data.py: `DataConfig`, `Corpus` (local text/jsonl or the bundled pydoc corpus, validation split), `Shard`
 - data_ledger.py: `DataLedger`, a data holder's record of every sample drawn, processed or requeued
 - inprocess.py: `InProcessSwarm`, a whole `Schedule` executed in one process; `simple_schedule` for studies
+- train.py: the in-process training loop (validation, checkpoints, metrics), shared by the CLI and benchmarks
 - checkpoint.py: safetensors + JSON checkpoints with hashes, exact resume, clear refusals
 - evaluate.py: validation perplexity of the whole model and with a fraction of the stages omitted
 """

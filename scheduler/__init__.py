@@ -10,6 +10,7 @@ The code is organized as follows:
 - placement.py: peer -> stage assignment, from scratch and incrementally after joins and departures
 - paths.py: the SkipPipe path planner (priority planning, then local search on the simulated makespan)
 - baselines.py: the DT-FM full pipeline and network-oblivious random skip
+- detour.py: how a microbatch in flight goes around a gone peer, and which detours a receiver accepts
 - simulator.py: discrete-event simulation of one iteration (makespan, busy time, collisions, memory)
 - gantt.py: a Gantt chart PNG of a simulated iteration
 - schedule.py: `Schedule` and `Route`, the versioned plan peers execute, and its validator

@@ -9,6 +9,7 @@ The code is organized as follows:
 - run_config.py: RunConfig, a run as TOML data, and the signed run spec it becomes
 - coordinator.py: Coordinator, plans from the live swarm, commits iterations, re-plans on churn (also the role a
   peer takes over when the coordinator dies)
+- unreachable_reports.py: UnreachableReports, peers' "cannot reach X" reports, corroborated into an early verdict
 - peer.py: Peer, one volunteer's process: join, announce, get placed, iterate, leave
 - pipeline.py: PipelineExecutor, one peer's part of one iteration, driven by the messages it receives
 - stage_allgather.py: exact visit-weighted gradient averaging of a stage group over the transport
@@ -27,4 +28,5 @@ The code is organized as follows:
 - averaging.py: StageAverager, per-stage DecentralizedAverager rounds weighted by microbatches processed
 - gossip.py: GossipClient, the owner side of the GossipSub control plane (schedules, membership), over a pipe
 - gossip_sidecar.py: the py-libp2p GossipSub sidecar process that GossipClient starts (never imports hivemind)
+- signed_record_cache.py: the sidecar verifies each peer's signed peer record once, not on every message
 """

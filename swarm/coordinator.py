@@ -48,6 +48,7 @@ from swarm.identity import ensure_identity, load_identity
 from swarm.link_probe import link_matrices, links_complete, unmeasured_links
 from swarm.records import SwarmRecords
 from swarm.run_config import RunConfig
+from swarm.unreachable_reports import UnreachableReports
 from swarm.wire import PeerRecord, PeerState, ScheduleMsg
 
 logger = logging.getLogger(__name__)
@@ -108,6 +109,11 @@ class Coordinator:
         self._last_seen: dict[str, float] = {}
         self._leaving: set[str] = set()
         self._records: dict[str, PeerRecord] = {}
+        self._heartbeat_age: dict[str, float] = {}
+        """Seconds since each peer's latest heartbeat, as of the last DHT read."""
+        self._unreachable = UnreachableReports(self.config.heartbeat)
+        self._declared_gone: set[str] = set()
+        """Peers declared gone on corroborated unreachable reports, before their records expire."""
         self._restarted: set[tuple[int, int]] = set()
         self._param_bytes: tuple[int, ...] | None = None
         self._gossip_inbox: queue.Queue[GossipMessage] = queue.Queue()
@@ -233,21 +239,46 @@ class Coordinator:
 
     # ---- planning ---------------------------------------------------------------------------------
     def _live_peers(self) -> dict[str, PeerRecord]:
-        """Peers whose signed record was seen within three heartbeats and who have not announced leaving.
+        """Peers whose signed record was seen within three heartbeats, who have not announced leaving and whom
+        the peers' reports do not show dead (`UnreachableReports`).
 
         One DHT read can miss a record on a busy swarm, so a peer counts as gone only once its record has been
-        absent for longer than its lifetime, or it said it leaves.
+        absent for longer than its lifetime, it said it leaves, or peers that cannot reach it corroborate it.
         """
         now = time.monotonic()
-        records = self.records.fetch_peers()
-        for p, r in records.items():
+        records = self.records.fetch_peers_with_age(3 * self.config.heartbeat)
+        for p, (r, age) in records.items():
             if r.state == PeerState.LEAVING:
                 self._leaving.add(p)
             self._last_seen[p] = now
-            self._records[p] = r
+            self._records[p], self._heartbeat_age[p] = r, age
+        self._judge_unreachable(now)
         grace = 3 * self.config.heartbeat + 2.0
         return {p: r for p, r in self._records.items()
-                if p not in self._leaving and p != self.spec.coordinator and now - self._last_seen[p] <= grace}
+                if p not in self._leaving and p not in self._declared_gone and p != self.spec.coordinator
+                and now - self._last_seen[p] <= grace}
+
+    def _note_unreachable(self, msg: GossipMessage) -> None:
+        """A peer of the schedule could not open a stream to another one."""
+        target = msg.payload.get("peer")
+        if self.schedule is None or not isinstance(target, str) or target not in self.schedule.placement or \
+                msg.sender not in self.schedule.placement or msg.sender in self._declared_gone:
+            return
+        self._unreachable.report(msg.sender, target, time.monotonic())
+        self._judge_unreachable(time.monotonic())
+
+    def _judge_unreachable(self, now: float) -> None:
+        """Declare gone the peers that corroborated reports show unreachable; take back those that rejoined."""
+        for p in list(self._declared_gone):
+            record = self._records.get(p)
+            if record is not None and record.state == PeerState.JOINING:  # alive after all: it asks to be placed
+                logger.info("%s, declared gone, asks to be placed again", p)
+                self._declared_gone.discard(p)
+                self._unreachable.forget(p)
+        for p, why in self._unreachable.gone(self._heartbeat_age, now).items():
+            logger.warning("%s is gone: %s", p, why)
+            self._declared_gone.add(p)
+            self._unreachable.forget(p)
 
     def _model_cost(self, peers: dict[str, PeerRecord]) -> ModelCost:
         """The model's costs: layers per stage, bytes per message, and the loss step relative to the stage-0
@@ -428,6 +459,8 @@ class Coordinator:
             logger.info("membership: %s %s", msg.payload.get("event"), msg.payload.get("peer", msg.sender))
             if msg.payload.get("event") in ("stuck", "broken"):
                 self._restart_iteration(msg)
+            elif msg.payload.get("event") == "unreachable":
+                self._note_unreachable(msg)
             return
         if msg.topic != progress_topic(self.config.run_id) or self.schedule is None:
             return

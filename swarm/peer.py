@@ -541,6 +541,7 @@ class Peer:
         self.schedule = schedule
         self._gone = self._gone - frozenset(schedule.placement)  # e.g. a holder restarted with its key
         self._unreachable = frozenset()  # the scheduler's newer view; a peer still unreachable fails again
+        self._unreachable_reported = set()  # once per peer and epoch
         # messages of older epochs are void; newer ones (sent by peers that switched first) are kept
         self._buckets = defaultdict(list, {k: kept for k, v in self._buckets.items()
                                            if (kept := [m for m in v if k[1] == "state" or

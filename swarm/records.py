@@ -98,19 +98,23 @@ class SwarmRecords:
 
     def fetch_peers(self, *, timeout: float = DHT_TIMEOUT) -> dict[str, PeerRecord]:
         """Every live, validly signed peer record of the run, by peer id."""
-        return self._pick_peers(self._fetch("peer", timeout))
+        return {p: record for p, (record, _) in self._pick_peers(self._fetch("peer", timeout)).items()}
 
-    async def _fetch_peers(self, *, timeout: float = DHT_TIMEOUT) -> dict[str, PeerRecord]:
-        return self._pick_peers(await self._fetch_async("peer", timeout))
+    def fetch_peers_with_age(self, ttl: float, *, timeout: float = DHT_TIMEOUT) -> dict[str, tuple[PeerRecord, float]]:
+        """Every live peer record with its age: seconds since it was published (its signed expiry less ``ttl``, the
+        lifetime its peer gives it), which says how overdue the peer's next heartbeat is."""
+        now = get_dht_time()
+        return {p: (record, now - (expires - ttl)) for p, (record, expires)
+                in self._pick_peers(self._fetch("peer", timeout)).items()}
 
     @staticmethod
-    def _pick_peers(records: dict[str, tuple[Any, float]]) -> dict[str, PeerRecord]:
+    def _pick_peers(records: dict[str, tuple[Any, float]]) -> dict[str, tuple[PeerRecord, float]]:
         out = {}
-        for signer, (record, _) in records.items():
+        for signer, (record, expires) in records.items():
             if record.peer_id != signer:
                 logger.warning("peer record for %s signed by %s: ignored", record.peer_id, signer)
             else:
-                out[signer] = record
+                out[signer] = (record, expires)
         return out
 
     def start_heartbeat(self, make_record: Callable[[], PeerRecord], *, period: float = HEARTBEAT_PERIOD,

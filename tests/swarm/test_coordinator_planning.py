@@ -3,6 +3,8 @@ and keeps that method when it re-plans after a departure."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -152,3 +154,34 @@ def test_the_iteration_deadline_follows_measured_iteration_times():
     assert peer.iteration_deadline() == 300.0  # never above the configured cap
     peer._commit_periods = [0.5]
     assert peer.iteration_deadline() == MIN_ITERATION_DEADLINE
+
+
+def test_corroborated_unreachable_reports_declare_a_peer_gone_before_its_record_expires(monkeypatch):
+    from types import SimpleNamespace
+
+    from swarm.gossip import GossipMessage, membership_topic
+
+    c = coordinator("skippipe")
+    peers = records()
+    ages = dict.fromkeys(peers, 1.0)  # every heartbeat fresh (period 5 s)
+    c.records = SimpleNamespace(fetch_peers_with_age=lambda ttl: {p: (r, ages[p]) for p, r in peers.items()})
+    c.schedule = c.plan(peers, epoch=0, start_iteration=0)
+    c.schedules = [c.schedule]
+    relay, a, b = [p for p, s in c.schedule.placement.items() if s != 0][:3]
+
+    def unreachable(sender: str, target: str) -> None:
+        c._handle(GossipMessage(topic=membership_topic("plan-test"), sender=sender, seqno=0,
+                                payload={"event": "unreachable", "peer": target}))
+
+    unreachable(a, relay)  # one report while its heartbeat is fresh: one broken link is no proof
+    unreachable("stranger", relay)  # not a peer of the schedule: does not count
+    assert relay in c._live_peers()
+    ages[relay] = 4.0  # its heartbeat is now overdue (2 periods of 2 s): the report stands corroborated
+    assert relay not in c._live_peers()
+    c._records[relay] = dataclasses.replace(peers[relay], state=PeerState.JOINING)
+    ages[relay] = 1.0
+    peers[relay] = c._records[relay]
+    assert relay in c._live_peers()  # it was alive after all and asks to be placed again
+    unreachable(a, b)
+    unreachable(relay, b)  # two reporters: gone at once, whatever its heartbeat says
+    assert b not in c._live_peers()

@@ -90,6 +90,9 @@ def test_record_expires_without_heartbeat(coordinator, peer):
     time.sleep(1.5)  # longer than the ttl: only the heartbeat keeps the record alive
     assert coordinator.fetch_peers()[peer.peer_id].state == PeerState.ONLINE
     assert peer("stop_heartbeat", False) >= 4
+    time.sleep(0.6)
+    _, age = coordinator.fetch_peers_with_age(1.2)[peer.peer_id]
+    assert 0.5 <= age <= 1.2  # the heartbeat stopped: its last record ages (it was refreshed every 0.3 s before)
     time.sleep(1.5)
     assert peer.peer_id not in coordinator.fetch_peers()
 

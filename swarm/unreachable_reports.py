@@ -1,0 +1,59 @@
+"""`UnreachableReports`: peers' reports that no stream to a peer could be opened, turned into a verdict.
+
+Heartbeat expiry alone takes three heartbeats (plus a grace) to notice a dead peer, and until then the scheduler
+keeps planning it in. The peers that send to it notice first: the transport cannot open a stream. One such report
+is not proof (one broken link, a busy peer), so the scheduler declares the peer gone early only when it is
+corroborated: two different reporters, or one reporter while the peer's own heartbeat is already overdue.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+REPORTS_VALID_HEARTBEATS = 3.0
+"""A report counts for this many heartbeat periods."""
+OVERDUE_HEARTBEATS = 1.5
+"""A heartbeat older than this many periods is overdue (a live peer refreshes its record every period)."""
+
+
+class UnreachableReports:
+    """Who could not reach whom, and since when; `gone` says which peers to declare gone now."""
+
+    def __init__(self, heartbeat: float) -> None:
+        self.heartbeat = heartbeat
+        self._reports: dict[str, dict[str, float]] = {}
+        """Target -> reporter -> time of its latest report."""
+
+    def report(self, reporter: str, target: str, now: float) -> None:
+        if reporter != target:
+            self._reports.setdefault(target, {})[reporter] = now
+
+    def forget(self, peer: str) -> None:
+        """Drop the reports about `peer` (declared gone, or back) and its own (a gone peer's word no longer counts)."""
+        self._reports.pop(peer, None)
+        for reporters in self._reports.values():
+            reporters.pop(peer, None)
+
+    def reporters(self, target: str, now: float) -> set[str]:
+        """Peers whose report about `target` is still valid."""
+        valid = REPORTS_VALID_HEARTBEATS * self.heartbeat
+        return {r for r, t in self._reports.get(target, {}).items() if now - t <= valid}
+
+    def gone(self, heartbeat_age: Mapping[str, float], now: float) -> dict[str, str]:
+        """Targets to declare gone now, each with why.
+
+        :param heartbeat_age: seconds since each peer's latest heartbeat (unknown for a peer missing from it: its
+          record will expire on its own)
+        """
+        out = {}
+        for target in list(self._reports):
+            who = self.reporters(target, now)
+            if not who:
+                del self._reports[target]
+                continue
+            age = heartbeat_age.get(target)
+            if len(who) >= 2:
+                out[target] = f"unreachable from {len(who)} peers ({', '.join(sorted(who)[:3])})"
+            elif age is not None and age > OVERDUE_HEARTBEATS * self.heartbeat:
+                out[target] = f"unreachable from {next(iter(who))} and its heartbeat is {age:.1f} s old"
+        return out
