@@ -41,7 +41,7 @@ def lower_bound(problem: PathProblem) -> float:
     t = problem.tables
     bound = 0.0
     for h, m in zip(problem.holders, problem.microbatches):
-        best = finder.ranked(h, zero)[0][0] + (1 + t.backward_factor + t.loss_factor) * t.forward[h, 0]
+        best = finder.ranked(h, zero)[0][0] + (1 + t.backward_factor) * t.forward[h, 0] + t.loss_times()[h]
         bound = max(bound, -(-m // int(t.memory[h])) * best)
     return bound
 

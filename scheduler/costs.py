@@ -31,6 +31,9 @@ class CostTables:
     """Seconds a peer stays busy after each operation (bookkeeping the runtime does between ops)."""
     inject_gap: float = 0.0
     """Seconds a data holder stays busy after injecting a microbatch (replaces op_gap for that op)."""
+    loss: np.ndarray | None = None
+    """[peer] seconds of its loss step where measured (data holders differ: device, load); None = loss_factor
+    times its stage-0 forward for every peer."""
 
     def __post_init__(self) -> None:
         n = len(self.ids)
@@ -42,6 +45,13 @@ class CostTables:
             raise ValueError("memory must give every peer at least 1 slot")
         if np.any(self.forward < 0) or np.any(self.message < 0) or not np.all(np.isfinite(self.message)):
             raise ValueError("forward and message times must be finite and non-negative")
+        if self.loss is not None and (self.loss.shape != (n,) or np.any(self.loss < 0) or
+                                      not np.all(np.isfinite(self.loss))):
+            raise ValueError(f"loss must give [{n}] finite non-negative seconds")
+
+    def loss_times(self) -> np.ndarray:
+        """[peer] seconds of one microbatch's loss step."""
+        return self.loss if self.loss is not None else self.loss_factor * self.forward[:, 0]
 
     @property
     def num_peers(self) -> int:
@@ -60,13 +70,16 @@ class CostTables:
     @classmethod
     def from_view(cls, view: SwarmView, model: ModelCost, *, op_gap: float = 0.0) -> CostTables:
         """Tables for `model` on `view`."""
+        forward = view.forward_seconds(model)
+        measured = np.array([p.loss_seconds for p in view.peers], dtype=float)
         return cls(
             ids=tuple(view.ids),
-            forward=view.forward_seconds(model),
+            forward=forward,
             message=view.message_seconds(model.activation_bytes),
             memory=np.array([p.memory_slots for p in view.peers]),
             loss_factor=model.loss_factor,
             op_gap=op_gap,
+            loss=np.where(measured > 0, measured, model.loss_factor * forward[:, 0]) if np.any(measured > 0) else None,
         )
 
     def isolated_route_seconds(self, nodes: list[int], stages: list[int]) -> float:
@@ -77,7 +90,7 @@ class CostTables:
         fwd = sum(self.forward[v, s] for v, s in zip(nodes, stages))
         hops = sum(self.message[a, b] for a, b in zip(nodes, nodes[1:])) + self.message[nodes[-1], nodes[0]]
         origin = nodes[0]
-        return (1 + self.backward_factor) * fwd + self.loss_factor * self.forward[origin, 0] + 2 * hops
+        return (1 + self.backward_factor) * fwd + self.loss_times()[origin] + 2 * hops
 
 
 def tables_to_dict(tables: CostTables) -> dict:
@@ -91,6 +104,7 @@ def tables_to_dict(tables: CostTables) -> dict:
         "loss_factor": tables.loss_factor,
         "op_gap": tables.op_gap,
         "inject_gap": tables.inject_gap,
+        **({"loss": tables.loss.tolist()} if tables.loss is not None else {}),
     }
 
 
@@ -108,6 +122,7 @@ def tables_from_dict(data: object) -> CostTables:
         factors = {k: float(data.get(k, d)) for k, d in (("backward_factor", BACKWARD_FACTOR),
                                                          ("loss_factor", LOSS_FACTOR), ("op_gap", 0.0),
                                                          ("inject_gap", 0.0))}
+        loss = np.array(data["loss"], dtype=float) if data.get("loss") is not None else None
     except (TypeError, ValueError):
-        raise ValueError("costs.forward, costs.message and costs.memory must be numeric arrays") from None
-    return CostTables(ids=tuple(ids), forward=forward, message=message, memory=memory, **factors)
+        raise ValueError("costs.forward, costs.message, costs.memory and costs.loss must be numeric arrays") from None
+    return CostTables(ids=tuple(ids), forward=forward, message=message, memory=memory, loss=loss, **factors)

@@ -463,7 +463,7 @@ def plan_paths(problem: PathProblem, *, seed: int = 0, iterations: int = 400, co
         candidates.append(construct_by_capacity(problem, finder=finder, group_size=size))
     candidates = [repair_balance(problem, c, finder) for c in candidates]
     if collision_aware:
-        unit = (1 + problem.tables.backward_factor + problem.tables.loss_factor) * problem.tables.forward[:, 0]
+        unit = (1 + problem.tables.backward_factor) * problem.tables.forward[:, 0] + problem.tables.loss_times()
         candidates = [stagger(c, problem, unit, f, lead) for c in candidates for f in (0.0, 0.5, 1.0, 1.5, 2.0)
                       for lead in (False, True)]
     routes = min(candidates, key=lambda c: evaluate(problem, c, priority)[0])

@@ -103,7 +103,7 @@ def simulate(tables: CostTables, routes: list[SimRoute], *, priority: Priority =
     n = tables.num_peers
     fwd = tables.forward
     msg = tables.message
-    bwd_f, loss_f = tables.backward_factor, tables.loss_factor
+    bwd_f, loss_t = tables.backward_factor, tables.loss_times()
     op_gap, inject_gap = tables.op_gap, tables.inject_gap
     memory = tables.memory
     backward_first = priority == "backward_first"
@@ -150,7 +150,7 @@ def simulate(tables: CostTables, routes: list[SimRoute], *, priority: Priority =
         route, pos, kind, injected = task
         stage = route.stages[pos]
         base = fwd[v, stage]
-        dur = base if kind == FORWARD else (loss_f * base if kind == LOSS else bwd_f * base)
+        dur = base if kind == FORWARD else (loss_t[v] if kind == LOSS else bwd_f * base)
         end = now + dur
         if kind == FORWARD:
             held[v] += 1

@@ -26,6 +26,9 @@ class PeerSpec:
     region: str = ""
     data_holder: bool = False
     """Holds a data shard: pinned to stage 0."""
+    loss_seconds: float = 0.0
+    """Measured time of its loss step (LM head, loss, its backward) for one microbatch; 0 = not measured (the
+    model's loss factor times its stage-0 forward)."""
 
     def __post_init__(self) -> None:
         if not self.id:
@@ -34,6 +37,8 @@ class PeerSpec:
             raise ValueError(f"peer {self.id}: seconds_per_layer must be positive, got {self.seconds_per_layer}")
         if self.memory_slots < 1:
             raise ValueError(f"peer {self.id}: memory_slots must be >= 1, got {self.memory_slots}")
+        if not (self.loss_seconds >= 0 and np.isfinite(self.loss_seconds)):
+            raise ValueError(f"peer {self.id}: loss_seconds must be finite and >= 0, got {self.loss_seconds}")
 
 
 @dataclass(frozen=True)

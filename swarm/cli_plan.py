@@ -17,8 +17,9 @@ from scheduler.instance import InstanceError, load_instance
 from scheduler.path_rules import PathRules
 from scheduler.planner import PlanOptions, baseline_schedule, default_model, plan, plan_tables
 from scheduler.profiles import PRESETS, ProfileError, swarm_from
+from scheduler.round_trips import schedule_sim_routes
 from scheduler.schedule import Schedule, ScheduleError, validate
-from scheduler.simulator import SimRoute, simulate
+from scheduler.simulator import simulate
 
 
 def fail(message: str) -> None:
@@ -118,12 +119,6 @@ def load_schedule_with_costs(path: str) -> tuple[Schedule, CostTables]:
     return schedule, tables
 
 
-def sim_routes(schedule: Schedule, tables: CostTables) -> list[SimRoute]:
-    idx = {pid: i for i, pid in enumerate(tables.ids)}
-    return [SimRoute(r.microbatch, tuple(idx[p] for p in r.nodes), (0, *r.stages), r.inject_after)
-            for r in schedule.routes]
-
-
 @click.command()
 @click.argument("schedule_path", type=click.Path(dir_okay=False))
 @click.option("--gantt", type=click.Path(dir_okay=False), help="write a Gantt chart PNG of the iteration")
@@ -138,7 +133,7 @@ def simulate_command(schedule_path, gantt, tune_baseline, seed, as_json) -> None
         priority = schedule.meta.get("priority", "backward_first")
         if priority not in ("fifo", "backward_first"):
             raise ScheduleError(f"meta.priority must be fifo or backward_first, got {priority!r}")
-        result = simulate(tables, sim_routes(schedule, tables), priority=priority, record_ops=bool(gantt))
+        result = simulate(tables, schedule_sim_routes(schedule, tables), priority=priority, record_ops=bool(gantt))
         baselines = {
             name: baseline_schedule(schedule, tables, name, seed=seed, tune=tune_baseline).predicted_iteration_seconds
             for name in ("full_pipeline", "random_skip")

@@ -31,8 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from peers.model import FLAVORS  # noqa: E402
 from scheduler.profiles import swarm_from  # noqa: E402
+from scheduler.round_trips import schedule_sim_routes  # noqa: E402
 from scheduler.simulator import simulate  # noqa: E402
-from swarm.cli_plan import load_schedule_with_costs, sim_routes  # noqa: E402
+from swarm.cli_plan import load_schedule_with_costs  # noqa: E402
 from swarm.emulated_network import EmulatedNetwork, unavailable_reason  # noqa: E402
 from swarm.identity import ensure_identity  # noqa: E402
 from swarm.local_swarm import LocalSwarm  # noqa: E402
@@ -89,7 +90,7 @@ def measure(args: argparse.Namespace, method: str, net: EmulatedNetwork, keys: P
     if newest.stem != "schedule-0":
         print(f"  note: {method} was re-planned ({newest.stem}); the last epoch is simulated", flush=True)
     schedule, tables = load_schedule_with_costs(str(newest))
-    simulated = simulate(tables, sim_routes(schedule, tables)).makespan
+    simulated = simulate(tables, schedule_sim_routes(schedule, tables)).makespan
     ids = [ensure_identity(str(keys / f"peer-{i:02d}.key")) for i in range(args.peers)]
     labels = {p: f"peer-{i:02d} stage {schedule.placement.get(p, '-')}" for i, p in enumerate(ids)}
     spans = read_spans(run_dir.glob("trace-*.jsonl"))

@@ -83,3 +83,23 @@ def test_deadlock_is_reported_not_hung():
                    memory=np.array([1, 1]))
     res = simulate(t, [SimRoute(0, (0, 1), (0, 1)), SimRoute(1, (1, 0), (0, 1))])
     assert res.deadlocked and res.makespan == float("inf")
+
+
+def test_each_holder_takes_its_own_measured_loss_time():
+    import dataclasses
+
+    from scheduler.costs import tables_from_dict, tables_to_dict
+    from scheduler.swarm_view import ModelCost, PeerSpec, SwarmView
+
+    base = tiny_tables(3)
+    measured = dataclasses.replace(base, loss=np.array([0.7, 0.25, 0.25]))  # holder a's loss step is slow
+    route = [SimRoute(0, (0, 1), (0, 1))]
+    assert simulate(measured, route).makespan - simulate(base, route).makespan == pytest.approx(0.7 - 0.25)
+    assert measured.isolated_route_seconds([0, 1], [0, 1]) == pytest.approx(simulate(measured, route).makespan)
+    again = tables_from_dict(tables_to_dict(measured))
+    assert np.array_equal(again.loss, measured.loss) and tables_from_dict(tables_to_dict(base)).loss is None
+    # from the peers' records: measured where they measured, the model's factor elsewhere
+    view = SwarmView([PeerSpec("a", 0.5, loss_seconds=0.9), PeerSpec("b", 0.5)], np.zeros((2, 2)),
+                     np.full((2, 2), 1e9))
+    tables = CostTables.from_view(view, ModelCost(layers_per_stage=(2, 2), activation_bytes=1, loss_factor=0.5))
+    assert tables.loss_times().tolist() == pytest.approx([0.9, 0.5])
