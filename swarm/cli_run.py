@@ -92,7 +92,9 @@ def start(config_path, run_id, iterations, min_peers, stages, skip, seed, microb
 @click.option("--device", default="cpu", show_default=True, help="torch device (cpu, cuda, cuda:1)")
 @click.option("--precision", type=click.Choice(["auto", "fp32", "bf16", "fp16"]), default="auto", show_default=True,
               help="autocast of the compute (auto: bf16 on CUDA, fp32 on CPU)")
-@click.option("--stage", default="auto", show_default=True, help="stage to serve, or auto")
+@click.option("--stage", default="auto", show_default=True,
+              help="stage to serve, or auto (the scheduler may still move it to take over a stage whose last peer "
+                   "leaves)")
 @click.option("--data", "data_paths", multiple=True, type=click.Path(exists=True, dir_okay=False),
               help="own training files: this peer becomes a data holder")
 @click.option("--identity", type=click.Path(dir_okay=False), default=str(DEFAULT_IDENTITY), show_default=True)

@@ -23,6 +23,7 @@ import queue
 import statistics
 import threading
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -77,7 +78,7 @@ def view_from_records(records: dict[str, PeerRecord]) -> SwarmView:
     """The scheduler's view of the swarm from the peers' own (signed, measured) records."""
     order = sorted(records)
     peers = [PeerSpec(id=p, seconds_per_layer=records[p].seconds_per_layer, memory_slots=records[p].memory_slots,
-                      data_holder=records[p].data_holder) for p in order]
+                      data_holder=records[p].data_holder, loss_seconds=records[p].loss_seconds) for p in order]
     lat, bw = link_matrices(records, order, default_latency=0.001, default_bandwidth=1e9)
     # measured latency already includes the per-message cost of the transport
     return SwarmView(peers=peers, latency=lat, bandwidth=bw, message_overhead=0.0)
@@ -179,11 +180,18 @@ class Coordinator:
         self._drain_gossip(timeout=0.5)
 
     def finish(self, stop: threading.Event) -> None:
+        """The run reached its last iteration, or its operator stopped the coordinator: either way the run is over,
+        and peers are told so (they leave at once). A coordinator that dies without a word is replaced instead, and
+        so is a peer holding the scheduler role that leaves: its run goes on."""
         if self.done:
             logger.info("run %s finished: %d iterations", self.config.run_id, self.completed)
             self._publish(membership_topic(self.config.run_id), {"event": "finished",
                                                                         "iterations": self.completed})
             self._linger(stop)
+        elif stop.is_set() and self.options is not None and self._gossip is not None:
+            logger.info("run %s stopped after %d iterations", self.config.run_id, self.completed)
+            self._publish(membership_topic(self.config.run_id), {"event": "finished", "iterations": self.completed,
+                                                                        "stopped": True})
 
     def _linger(self, stop: threading.Event, timeout: float = 30.0) -> None:
         """Stay on the control plane until the peers have taken the last commit and left."""
@@ -326,9 +334,14 @@ class Coordinator:
         baseline.meta.update({k: v for k, v in schedule.meta.items() if k not in baseline.meta})
         return baseline
 
-    def replan(self, peers: dict[str, PeerRecord], *, start_iteration: int) -> Schedule:
+    def replan(self, peers: dict[str, PeerRecord], *, start_iteration: int,
+               handing_over: Collection[str] = ()) -> Schedule:
         """A new epoch for the live `peers`: survivors keep their stages, newcomers are placed one by one where
-        they help most, and departed holders' shards go to the surviving holders with the fewest."""
+        they help most, and departed holders' shards go to the surviving holders with the fewest.
+
+        :param handing_over: peers leaving gracefully: when one was the last of its stage, a peer of the largest
+          other stage group moves there and takes the stage's state over from it (`meta["handover"]`)
+        """
         cfg, old = self.config, self.schedule
         cost = self._model_cost(peers)
         view = self._view(peers)
@@ -344,6 +357,7 @@ class Coordinator:
                 logger.info("placing joining peer %s on stage %d", p, stage_of[i])
         if not np.any(stage_of == 0):
             raise RuntimeError("every data holder (stage 0) is gone: no microbatch can be injected until one joins")
+        handover = self._hand_over(tables, stage_of, handing_over)
         empty = {st for st in range(1, cfg.stages) if not np.any(stage_of == st)}
         if empty:
             asked = rules.stages_per_path
@@ -365,11 +379,43 @@ class Coordinator:
         schedule = self._as_configured(schedule, counts)
         before = self.in_force(start_iteration - 1) if start_iteration > 0 else None
         joiners = [p for p in schedule.placement if before is None or p not in before.placement]
+        # a move not yet taken (this epoch replaces the one that made it, from the same iteration) stands
+        earlier = old.meta.get("handover") or {}
+        handover.update({p: src for p, src in earlier.items() if p in schedule.placement and before is not None
+                         and p in before.placement and before.placement[p] != schedule.placement[p]})
         schedule.meta.update(start_iteration=start_iteration, num_shards=old.meta.get("num_shards", len(holders)),
                              shards=shards, shard_positions=dict(self.shard_positions), joiners=joiners,
-                             restore=self._restore_sources(schedule, joiners, before))
+                             restore=self._restore_sources(schedule, joiners, before), handover=handover)
         validate(schedule, balance_tolerance=None)
         return schedule
+
+    def _hand_over(self, tables: CostTables, stage_of: np.ndarray, leaving: Collection[str]) -> dict[str, str]:
+        """Moves for stages whose last peers leave gracefully (`stage_of` is updated): mover -> the leaving peer it
+        takes the stage's state from.
+
+        The mover comes from the largest group of another non-zero stage (it keeps at least one peer), the one
+        with the fastest links to the peers of the stages next to the vacated one. No group with a spare peer: the
+        stage is left empty (paths skip it until a joiner takes it over)."""
+        old, ids, moves = self.schedule, list(tables.ids), {}
+        for stage in sorted({old.placement[p] for p in leaving if p in old.placement} - {0}):
+            if np.any(stage_of == stage):
+                continue
+            source = sorted(p for p in leaving if old.placement.get(p) == stage)[0]
+            counts = np.bincount(stage_of[stage_of >= 0], minlength=old.num_stages)
+            spare = [i for i in range(len(ids)) if stage_of[i] > 0 and counts[stage_of[i]] >= 2]
+            if not spare:
+                logger.warning("%s, stage %d's last peer, leaves and no stage has a peer to spare: stage %d is left "
+                               "empty", source, stage, stage)
+                continue
+            largest = max(counts[stage_of[i]] for i in spare)
+            near = np.flatnonzero(np.isin(stage_of, [stage - 1, (stage + 1) % old.num_stages]))
+            mover = min((i for i in spare if counts[stage_of[i]] == largest),
+                        key=lambda i: (float(tables.message[i, near].sum() + tables.message[near, i].sum()), ids[i]))
+            logger.warning("%s, stage %d's last peer, leaves: %s moves from stage %d to take it over", source, stage,
+                           ids[mover], stage_of[mover])
+            stage_of[mover] = stage
+            moves[ids[mover]] = source
+        return moves
 
     @staticmethod
     def _restore_sources(schedule: Schedule, joiners: list[str], before: Schedule | None) -> dict[str, str]:
@@ -400,20 +446,24 @@ class Coordinator:
         for p in peers:
             self._first_seen.setdefault(p, now)
         gone = [p for p in self.schedule.placement if p not in peers]
+        draining = [p for p in self.schedule.placement if p in peers and peers[p].state == PeerState.DRAINING]
         joining = [p for p, r in peers.items() if p not in self.schedule.placement and r.state == PeerState.JOINING
                    and now - self._first_seen[p] >= SETTLE_SECONDS]
-        if not gone and not joining:
+        if not gone and not joining and not draining:
             return
         if gone:
             self._publish(membership_topic(self.config.run_id), {"event": "gone", "peers": gone,
                                                                  "iteration": self.completed})
+        # a holder's draws of the iteration in progress are ledgered against the positions of the last commit:
+        # without it, that iteration runs again (a draining holder is not announced gone: nothing is detoured)
         holders = set(self.in_force(self.completed).data_holders)
-        start = self.completed if holders & set(gone) else self.completed + 1
-        logger.warning("membership changed (gone: %s, joining: %s): re-planning from iteration %d", gone, joining,
-                       start)
-        live = {p: r for p, r in peers.items() if p in self.schedule.placement or p in joining}
+        start = self.completed if holders & {*gone, *draining} else self.completed + 1
+        logger.warning("membership changed (gone: %s, leaving: %s, joining: %s): re-planning from iteration %d",
+                       gone, draining, joining, start)
+        live = {p: r for p, r in peers.items()
+                if (p in self.schedule.placement or p in joining) and p not in draining}
         try:
-            self.publish_schedule(self.replan(live, start_iteration=start))
+            self.publish_schedule(self.replan(live, start_iteration=start, handing_over=draining))
         except (RuntimeError, ValueError) as e:
             logger.error("could not re-plan: %s", e)
 

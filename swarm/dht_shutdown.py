@@ -1,4 +1,4 @@
-"""Stopping a hivemind DHT without leaving its p2pd socket file behind.
+"""Stopping a hivemind DHT without leaving its socket files (p2pd's, its client's) behind.
 
 When a DHT does not finish its shutdown within its grace period (a request from a process that already exited can
 wedge its loop), hivemind terminates it; its p2pd then dies without unlinking its unix socket, and the files pile up
@@ -50,17 +50,35 @@ def is_listened_on(path: str) -> bool:
         return True
 
 
+async def _client_socket(dht: DHT, node: object) -> str | None:  # noqa: ARG001 - runs inside the DHT process
+    """The unix socket the DHT's own p2p client listens on (for streams its daemon hands it)."""
+    maddr = getattr(node.p2p, "_client_listen_maddr", None)  # type: ignore[attr-defined]
+    return maddr.value_for_protocol("unix") if maddr is not None else None
+
+
+def client_socket_path(dht: DHT) -> str | None:
+    """The DHT process's p2p client socket, or None if the DHT does not answer."""
+    if not dht.is_alive():
+        return None
+    try:
+        return dht.run_coroutine(_client_socket, return_future=True).result(timeout=_ASK_TIMEOUT)
+    except Exception as e:  # a DHT that cannot answer is stopped all the same
+        logger.debug("could not ask the DHT for its client socket: %s: %s", type(e).__name__, e)
+        return None
+
+
 def stop_dht(dht: DHT) -> None:
-    """Shut ``dht`` down; if its daemon left its socket file behind, unlink it."""
-    path = daemon_socket_path(dht)
+    """Shut ``dht`` down; if its daemon or its client left a socket file behind, unlink it."""
+    paths = [p for p in (daemon_socket_path(dht), client_socket_path(dht)) if p]
     dht.shutdown()
     dht.join(_UNLINK_GRACE)  # after a hard terminate, hivemind does not wait for the process to end
-    if path is None or dht.is_alive():
+    if not paths or dht.is_alive():
         return
     deadline = time.monotonic() + _UNLINK_GRACE
-    while os.path.exists(path) and time.monotonic() < deadline:
+    while any(os.path.exists(p) for p in paths) and time.monotonic() < deadline:
         time.sleep(0.1)
-    if os.path.exists(path) and not is_listened_on(path):
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
-        logger.debug("removed the socket %s its p2pd left behind", path)
+    for path in paths:
+        if os.path.exists(path) and not is_listened_on(path):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+            logger.debug("removed the socket %s the DHT left behind", path)

@@ -180,7 +180,8 @@ class LocalSwarm:
         f = Path(path) if path else self.run_dir / "metrics.jsonl"
         if not f.exists():
             return []
-        return [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
+        lines = f.read_text().split("\n")[:-1]  # the last piece is empty, or a record still being written
+        return [json.loads(line) for line in lines if line.strip()]
 
     def schedule(self) -> dict[str, Any] | None:
         files = sorted(self.run_dir.glob("schedule-*.json"), key=lambda p: int(p.stem.split("-")[1]))

@@ -44,8 +44,9 @@ from peers.data_ledger import DataLedger
 from peers.device_speed import measure_loss_seconds, measure_seconds_per_layer
 from peers.paced_worker import PacedWorker
 from peers.stage import balanced_split, neighbour_blocks, stage_template
-from peers.worker import StageWorker
+from peers.worker import StageWorker, WorkerError
 from scheduler.constants import LOSS_FACTOR
+from scheduler.round_trips import round_trips
 from scheduler.schedule import Schedule
 from swarm.constants import DHT_TIMEOUT, LOOPBACK_HOST, PROBE_SAMPLE_SIZE, SEND_CONCURRENCY
 from swarm.dht_shutdown import stop_dht
@@ -78,6 +79,16 @@ EMULATION_MARGIN = 2.0
 """Compute emulation pads the loss step to at least this multiple of its measured time (load varies)."""
 COMMIT_TIMEOUT = 120.0
 """Seconds to wait for the scheduler's commit (or a replacing epoch) before giving up on the run."""
+HOP_DEADLINE_FACTOR = 3.0
+HOP_DEADLINE_SLACK = 2.0
+"""A microbatch's backward is overdue HOP_DEADLINE_FACTOR times its planned round trip (scaled to how much longer
+than predicted iterations take) plus HOP_DEADLINE_SLACK seconds after its forward left this peer."""
+DRAIN_TIMEOUT = 120.0
+"""Most seconds a peer asked to stop keeps serving while it waits for a schedule without it (a graceful leave)."""
+HANDOVER_TIMEOUT = 60.0
+"""Seconds a peer moved to another stage waits for the state of the peer it replaces."""
+HOP_CHECK_TIMEOUT = 5.0
+"""Seconds the next hop of an overdue microbatch has to acknowledge a one-byte probe before it is taken for gone."""
 
 
 @dataclass(frozen=True)
@@ -164,9 +175,15 @@ class Peer:
         self._role = None
         self._role_thread: threading.Thread | None = None
         self._stop: threading.Event | None = None
+        """Set when this peer is asked to stop (it may drain first, see `_drain`)."""
+        self._halt = threading.Event()
+        """Set when it really leaves: ends its background loops (watchdog, prober, scheduler role)."""
+        self._drain_end = 0.0
         self._newer: Schedule | None = None
         self._commits: set[tuple[int, int]] = set()
         self._unreachable_reported: set[str] = set()
+        self._round_trips: tuple[int, dict[int, float]] = (-1, {})
+        """(epoch, microbatch -> this peer's planned round trip in it), see `_hop_deadlines`."""
         self._dht = self._transport = self._gossip = self._heartbeat = self._averager = None
         self._announced: dict[str, PeerRecord] | None = None
         """The live peers' records as the watchdog last read them from the DHT."""
@@ -180,8 +197,13 @@ class Peer:
             self._join(stop)
             if self.schedule is None:
                 return
-            while not stop.is_set() and (not self.config.iterations or self.iteration < self.config.iterations):
+            while not self.config.iterations or self.iteration < self.config.iterations:
+                if stop.is_set() and not self._drain():
+                    break
                 self._adopt_due_schedule()
+                if self.peer_id not in self.schedule.placement and self.state == PeerState.DRAINING:
+                    self._hand_over()
+                    break
                 if self.peer_id not in self.schedule.placement:
                     logger.warning("the schedule of epoch %d no longer includes this peer; asking to be placed again",
                                    self.schedule.epoch)
@@ -196,8 +218,8 @@ class Peer:
                     self._abandon_iteration()
                 except IterationTimeout as e:
                     logger.warning("%s; waiting for the scheduler to replace the schedule", e)
-                    self._report_unreachable_peers()
-                    if not self._wait_for_replacement(stop):
+                    self._report_stuck()
+                    if not self._wait_for_replacement(self._halt):
                         raise
                     self._abandon_iteration()
             logger.info("peer %s stops after iteration %d", self.peer_id, self.iteration)
@@ -250,10 +272,11 @@ class Peer:
                                                        ttl=3 * self.config.heartbeat)
         self._prober = LinkProber(self._transport, sample_size=o.probe_sample)
         self._probe_links()
-        threading.Thread(target=self._keep_probing, args=(stop,), name="skippipe-prober", daemon=True).start()
+        threading.Thread(target=self._keep_probing, args=(self._halt,), name="skippipe-prober", daemon=True).start()
         self._connected: set[str] = set()
         self._connect_control_plane(self.records.fetch_peers())
-        threading.Thread(target=self._watch_scheduler, args=(stop,), name="skippipe-watchdog", daemon=True).start()
+        threading.Thread(target=self._watch_scheduler, args=(self._halt,), name="skippipe-watchdog",
+                         daemon=True).start()
         self._gossip.publish(membership_topic(o.run_id), {"event": "join", "peer": self.peer_id}, wait=False)
         logger.info("peer %s joined run %s (%.4f s/layer); waiting to be placed", self.peer_id, o.run_id,
                     self.seconds_per_layer)
@@ -282,8 +305,77 @@ class Peer:
             self._schedule_notice.clear()
         return False
 
+    # ---- graceful leave ---------------------------------------------------------------------------
+    def _drain(self) -> bool:
+        """Asked to stop: whether to keep serving. A placed peer of a running swarm announces DRAINING and serves on
+        until the scheduler plans without it (the iteration in progress finishes, nothing in flight is lost), for at
+        most DRAIN_TIMEOUT; it leaves at once if the run has finished or it holds the scheduler role."""
+        scheduler_gone = time.monotonic() - self._scheduler_seen > 3 * self.config.heartbeat + 2.0
+        if self._finished.is_set() or self.schedule is None or self.peer_id not in self.schedule.placement or \
+                self._heartbeat is None or self._role is not None or scheduler_gone:
+            return False
+        if self.state != PeerState.DRAINING:
+            self.state = PeerState.DRAINING
+            self._drain_end = time.monotonic() + DRAIN_TIMEOUT
+            try:
+                self._heartbeat.beat_now()
+            except Exception as e:  # the next heartbeat carries the state anyway
+                logger.warning("could not announce draining at once: %s", e)
+            logger.info("asked to stop: serving until the scheduler plans without this peer (at most %.0f s)",
+                        DRAIN_TIMEOUT)
+        elif time.monotonic() > self._drain_end:
+            logger.warning("the scheduler did not plan without this peer within %.0f s: leaving now", DRAIN_TIMEOUT)
+            return False
+        return True
+
+    def _stopping_run(self) -> bool:
+        """Asked to stop while the run itself finishes (its scheduler said so): no commit will come."""
+        return self._stop is not None and self._stop.is_set() and self._finished.is_set()
+
+    def _hand_over(self) -> None:
+        """The scheduler plans without this draining peer: if it was its stage's last, send the stage's state to
+        the peer moved there to take over (the schedule names it), then leave."""
+        handover = self.schedule.meta.get("handover")
+        takers = [p for p, source in handover.items() if source == self.peer_id and p in self.schedule.placement] \
+            if isinstance(handover, dict) else []
+        sent: list[Future[bool]] = []
+        for peer in takers:
+            send_state(me=self.peer_id, worker=self.worker, to=peer, run_id=self.options.run_id,
+                       iteration=self.iteration, epoch=self.schedule.epoch,
+                       send=lambda *a: sent.append(self._send(*a)))
+        delivered = all(f.result(timeout=HANDOVER_TIMEOUT) for f in sent) if sent else True
+        if takers:
+            logger.info("handed stage %d's state (step %d) over to %s%s", self.stage, self.worker.steps,
+                        ", ".join(takers), "" if delivered else " (not delivered: it restarts from its own blocks)")
+        logger.info("left gracefully: schedule epoch %d runs without this peer from iteration %d",
+                    self.schedule.epoch, self.iteration)
+
+    def _move(self, schedule: Schedule, source: str) -> None:
+        """The scheduler moved this peer to another stage, to take over from `source`, that stage's last peer, which
+        leaves gracefully and hands the state over. Should the state not come, the stage restarts from this peer's
+        own blocks (as a stage that lost every peer restarts from a neighbour's)."""
+        old, old_stage = self.worker, self.stage
+        self.stage, self.state = schedule.placement[self.peer_id], PeerState.JOINING
+        self.worker = self._new_worker(schedule)
+        if self._averager is not None:  # its averaging group was the old stage's
+            self._averager.shutdown()
+            self._averager = None
+        try:
+            steps = load_state(self.worker, self._receive_state(source, timeout=HANDOVER_TIMEOUT))
+            logger.warning("moved from stage %d to stage %d: took over its state (step %d) from %s, which leaves",
+                           old_stage, self.stage, steps, source)
+        except (TimeoutError, WorkerError) as e:
+            load_stage_tensors(self.worker, neighbour_blocks(self.worker.module, old.module.state_dict()), {},
+                               steps=old.steps)
+            logger.warning("moved from stage %d to stage %d, but %s's state did not come (%s): initialised it from "
+                           "this peer's stage %d blocks", old_stage, self.stage, source, e, old_stage)
+        self.state = PeerState.ONLINE
+        for k in [k for k in self._buckets if k[1] == "state"]:
+            del self._buckets[k]
+
     def shutdown(self) -> None:
         """Announce leaving, then stop heartbeat, gossip, transport and DHT (each only if it was started)."""
+        self._halt.set()
         if self._heartbeat is not None:
             self.state = PeerState.LEAVING
             try:
@@ -354,7 +446,7 @@ class Peer:
             except Exception as e:
                 logger.debug("watchdog could not read the DHT: %s", e)
                 continue
-            live = {p: r for p, r in records.items() if r.state != PeerState.LEAVING}
+            live = {p: r for p, r in records.items() if r.state not in (PeerState.LEAVING, PeerState.DRAINING)}
             self._announced = live
             self._connect_control_plane(live)
             if self.scheduler in live:
@@ -409,7 +501,7 @@ class Peer:
                 refreshed = time.monotonic()
             self._probe_links(only_unmeasured=not refresh)
 
-    def _report_unreachable_peers(self) -> None:
+    def _report_stuck(self) -> None:
         """Tell the scheduler that this iteration is stuck here (it restarts it under a new epoch if nobody died)."""
         if self._gossip is not None:
             self._gossip.publish(membership_topic(self.options.run_id),
@@ -506,17 +598,8 @@ class Peer:
             self.worker = None
         self.stage = schedule.placement[self.peer_id]
         self.iteration = int(schedule.meta.get("start_iteration", 0))
-        split = balanced_split(self.model_config.n_layers, schedule.num_stages)
         if self.worker is None:
-            kwargs = {"memory_slots": schedule.memory[self.peer_id], "device": self.options.device,
-                      "precision": self._precision(), "seed": self.config.seed}
-            if self.options.emulate_seconds_per_layer:
-                self.worker = PacedWorker(self.peer_id, self.stage, self.model_config, split, self.config.optim,
-                                          seconds_per_layer=self.options.emulate_seconds_per_layer,
-                                          loss_seconds=self.loss_seconds, **kwargs)
-            else:
-                self.worker = StageWorker(self.peer_id, self.stage, self.model_config, split, self.config.optim,
-                                          **kwargs)
+            self.worker = self._new_worker(schedule)
         self.worker.reset()
         if self.iteration > 0 and joiner:
             source = self._restore_source(schedule, self.peer_id)
@@ -532,10 +615,24 @@ class Peer:
         logger.info("peer %s runs schedule epoch %d on stage %d from iteration %d", self.peer_id, schedule.epoch,
                     self.stage, self.iteration)
 
+    def _new_worker(self, schedule: Schedule) -> StageWorker:
+        """A fresh worker for this peer's stage in `schedule` (paced to the emulated device, if any)."""
+        split = balanced_split(self.model_config.n_layers, schedule.num_stages)
+        kwargs = {"memory_slots": schedule.memory[self.peer_id], "device": self.options.device,
+                  "precision": self._precision(), "seed": self.config.seed}
+        if self.options.emulate_seconds_per_layer:
+            return PacedWorker(self.peer_id, self.stage, self.model_config, split, self.config.optim,
+                               seconds_per_layer=self.options.emulate_seconds_per_layer,
+                               loss_seconds=self.loss_seconds, **kwargs)
+        return StageWorker(self.peer_id, self.stage, self.model_config, split, self.config.optim, **kwargs)
+
     def _adopt(self, schedule: Schedule) -> None:
         old = self.schedule
-        if self.peer_id in schedule.placement and schedule.placement[self.peer_id] != self.stage:
-            logger.error("schedule epoch %d moves this peer to stage %d; moving stages is not supported yet",
+        moved = self.peer_id in schedule.placement and schedule.placement[self.peer_id] != self.stage
+        handover = schedule.meta.get("handover")
+        source = handover.get(self.peer_id) if isinstance(handover, dict) else None
+        if moved and not isinstance(source, str):
+            logger.error("schedule epoch %d moves this peer to stage %d without a peer to take it over from: refused",
                          schedule.epoch, schedule.placement[self.peer_id])
             return
         self.schedule = schedule
@@ -553,6 +650,9 @@ class Peer:
             elif m.header.epoch == schedule.epoch:
                 self._file(m)
         if self.peer_id not in schedule.placement:
+            return
+        if moved:
+            self._move(schedule, source)
             return
         joiners = set(schedule.meta.get("joiners", ()))
         newcomers = [p for p in schedule.stage_peers(self.stage) if p in joiners]
@@ -589,9 +689,9 @@ class Peer:
             shards[int(k)] = shard
         self.shards = shards
 
-    def _receive_state(self, source: str | None = None) -> dict[int, Inbound]:
+    def _receive_state(self, source: str | None = None, timeout: float = COMMIT_TIMEOUT) -> dict[int, Inbound]:
         """The two parts of a stage's state, from a same-stage peer (or from `source`, whatever its stage)."""
-        end = time.monotonic() + COMMIT_TIMEOUT
+        end = time.monotonic() + timeout
         parts: dict[int, Inbound] = {}
         while len(parts) < 2 and time.monotonic() < end:
             for m in self._receive("state", 0.5, any_iteration=True):
@@ -671,10 +771,11 @@ class Peer:
                                     iteration=self.iteration, send=self._send, batches=batches,
                                     hold=self._hold, timeline=self.timeline,
                                     gone=lambda: self._gone | self._unreachable,
-                                    broken=self._report_broken)
+                                    broken=self._report_broken, hop_deadlines=self._hop_deadlines(schedule),
+                                    overdue=self._check_next_hop)
         t0 = time.perf_counter()
         result = executor.run(lambda t: self._receive("hop", t), deadline=self.iteration_deadline(),
-                              aborted=self._replaced)
+                              aborted=lambda: self._replaced() or self._stopping_run())
         if self.stage == 0:
             report = {"kind": "done", "peer": self.peer_id, "iteration": self.iteration, "epoch": schedule.epoch,
                       "loss_sum": result.loss_sum, "losses": result.losses, "tokens": result.tokens,
@@ -744,6 +845,8 @@ class Peer:
         while key not in self._commits:
             if self._replaced():
                 raise IterationAborted(f"iteration {self.iteration} replaced before its commit")
+            if self._stopping_run():
+                raise IterationAborted(f"iteration {self.iteration} abandoned: the run is stopping")
             if time.monotonic() > end:
                 raise IterationTimeout(f"no commit of iteration {self.iteration} within {COMMIT_TIMEOUT:.0f} s")
             executor.handle(self._receive("hop", 0.2))
@@ -794,7 +897,8 @@ class Peer:
                 self._buckets[(it, "hop")].append(m)
             return
         kind = {Direction.AVERAGE: "avg", Direction.STATE: "state"}.get(m.header.direction, "hop")
-        if kind == "state" and self.state == PeerState.ONLINE:
+        if kind == "state" and self.state == PeerState.ONLINE and (not m.header.stages or
+                                                                    m.header.stages[0] == self.stage):
             logger.debug("stage state from %s dropped: this peer is already serving its stage", m.sender)
         elif kind == "state":
             self._buckets[(it, kind)].append(m)
@@ -818,7 +922,9 @@ class Peer:
                 self._file(self._raw.get_nowait())
             except queue.Empty:
                 break
-        for old in [k for k in self._buckets if k[0] < self.iteration and k[1] != "state"]:
+        online = self.state == PeerState.ONLINE  # a state transfer it did not use is void an iteration later
+        for old in [k for k in self._buckets if k[0] < self.iteration - (1 if k[1] == "state" else 0) and
+                    (k[1] != "state" or online)]:
             del self._buckets[old]
         out: list[Inbound] = []
         for k in keys():
@@ -846,13 +952,45 @@ class Peer:
                     self._unreachable = self._unreachable | {peer}
                 if header.direction in (Direction.FORWARD, Direction.BACKWARD):
                     self._raw.put(Undelivered(peer, header, tensor, unreachable=isinstance(e, PeerUnreachable)))
-                if peer not in self._unreachable_reported and self._gossip is not None:
-                    self._unreachable_reported.add(peer)
-                    self._gossip.publish(membership_topic(self.options.run_id),
-                                         {"event": "unreachable", "peer": peer}, wait=False)
+                self._report_unreachable(peer)
                 return False
 
         return self._sender.submit(deliver)
+
+    def _report_unreachable(self, peer: str) -> None:
+        """Tell the scheduler (once per peer and epoch) that `peer` cannot be reached from here."""
+        if peer not in self._unreachable_reported and self._gossip is not None:
+            self._unreachable_reported.add(peer)
+            self._gossip.publish(membership_topic(self.options.run_id), {"event": "unreachable", "peer": peer},
+                                 wait=False)
+
+    def _hop_deadlines(self, schedule: Schedule) -> dict[int, float]:
+        """This peer's per-hop deadlines for `schedule` (see `HOP_DEADLINE_FACTOR`): none if it carries no costs."""
+        if self._round_trips[0] != schedule.epoch:
+            trips = round_trips(schedule)
+            self._round_trips = (schedule.epoch, {mb: t for (p, mb), t in trips.items() if p == self.peer_id})
+        scale = 1.0
+        predicted = schedule.predicted_iteration_seconds or 0.0
+        if self._commit_periods and predicted > 0:
+            scale = max(1.0, statistics.median(self._commit_periods[-RECENT_ITERATIONS:]) / predicted)
+        return {mb: HOP_DEADLINE_FACTOR * t * scale + HOP_DEADLINE_SLACK for mb, t in self._round_trips[1].items()}
+
+    def _check_next_hop(self, peer: str, microbatch: int) -> None:
+        """A microbatch sent to `peer` is overdue: probe `peer` off the main loop. One that does not answer is
+        taken for gone (the executor reports the microbatch broken, the scheduler hears that it is unreachable);
+        one that answers is slow, or waits on a hop further on, whose own upstream peer checks it."""
+        def check() -> None:
+            try:
+                self._transport.probe(peer, 1, timeout=HOP_CHECK_TIMEOUT)
+                logger.info("microbatch %d is late but %s answers: waiting on", microbatch, peer)
+            except TransportError as e:
+                logger.warning("microbatch %d is overdue at %s, which does not answer (%s): taking it for gone",
+                               microbatch, peer, e)
+                self._unreachable = self._unreachable | {peer}
+                self._report_unreachable(peer)
+                self._raw.put(None)  # wake the main loop: the executor finds the microbatch broken
+
+        self._sender.submit(check)
 
     def _report_broken(self, microbatch: int, why: str) -> None:
         """A microbatch of this iteration cannot finish: the scheduler runs the iteration again."""

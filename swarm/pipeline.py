@@ -16,7 +16,9 @@ itself. Anything else is logged with the sender's peer id and dropped; the itera
 Peers that are gone (the scheduler said so, or no stream to them could be opened) are detoured around in flight:
 a forward goes to another peer of the same stage, or of another stage the path may take instead
 (`scheduler.detour`). A microbatch whose activations a gone peer held cannot finish its backward pass: it is
-reported broken, and the scheduler runs the iteration again under a new epoch.
+reported broken, and the scheduler runs the iteration again under a new epoch. A peer that died holding a
+microbatch in its queue causes no failed send: the peer that sent it the forward notices when the backward is late
+past its per-hop deadline (the plan's round trip, scaled to measured times) and checks on it.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
@@ -70,6 +72,8 @@ Receive = Callable[[float], "list[Inbound | Undelivered]"]
 """receive(timeout): this iteration's messages that arrived, waiting up to `timeout` for the first."""
 Broken = Callable[[int, str], None]
 """broken(microbatch, why): a microbatch of this iteration cannot finish (its activations died with a peer)."""
+Overdue = Callable[[str, int], None]
+"""overdue(peer, microbatch): the backward of a microbatch sent to `peer` is late past its per-hop deadline."""
 
 
 class IterationTimeout(RuntimeError):
@@ -113,12 +117,17 @@ class PipelineExecutor:
     def __init__(self, *, me: str, worker: StageWorker, schedule: Schedule, run_id: str, iteration: int,
                  send: Send, batches: dict[int, torch.Tensor] | None = None,
                  hold: Callable[[Inbound], None] | None = None, timeline: Timeline | None = None,
-                 gone: Callable[[], Collection[str]] = frozenset, broken: Broken | None = None) -> None:
+                 gone: Callable[[], Collection[str]] = frozenset, broken: Broken | None = None,
+                 hop_deadlines: Mapping[int, float] | None = None, overdue: Overdue | None = None) -> None:
         """:param hold: takes messages of a newer schedule epoch (from peers that switched first) for later
         :param timeline: records each operation's span (forward, backward, ...)
         :param gone: peers known to be gone (declared by the scheduler, or unreachable from this peer); read
           often, detoured around
         :param broken: told of each microbatch that cannot finish
+        :param hop_deadlines: microbatch -> seconds after this peer sent its forward by which its backward should be
+          back (the plan's round trip, `scheduler.round_trips`, scaled to measured times); past it `overdue` is
+          told once, so that the peer checks on the next hop (a dead one holding the microbatch in its queue is
+          otherwise noticed only when its record expires)
         """
         self.me, self.worker, self.schedule, self.run_id, self.iteration = me, worker, schedule, run_id, iteration
         self.timeline = timeline
@@ -128,10 +137,13 @@ class PipelineExecutor:
         self.in_use: dict[int, Route] = dict(self.routes)
         """Each microbatch's route as this peer last saw it: the scheduled one, or a detour of it."""
         self.gone, self.on_broken = gone, broken
+        self.hop_deadlines, self.on_overdue = dict(hop_deadlines or {}), overdue
+        self._overdue: set[int] = set()
         self.unreachable: set[str] = set()
         """Peers no stream could be opened to during this iteration."""
-        self._awaiting: dict[int, tuple[str, Future[bool] | None]] = {}
-        """Microbatch -> the peer this one sent its forward to (its backward comes from there), and that send."""
+        self._awaiting: dict[int, tuple[str, Future[bool] | None, float]] = {}
+        """Microbatch -> the peer this one sent its forward to (its backward comes from there), that send, and when
+        (monotonic seconds)."""
         self._broken: set[int] = set()
         self._substituted: set[int] = set()
         self.own = sorted((r for r in schedule.routes if r.origin == me), key=lambda r: (r.inject_after, r.microbatch))
@@ -167,6 +179,7 @@ class PipelineExecutor:
                     f"iteration {self.iteration}: {self.result.backward_done}/{self.expected} backward passes after "
                     f"{deadline:.0f} s (stashed {self.worker.stashed}, {waiting} forwards waiting)")
             self._accept(receive(0.0))
+            self._check_overdue()
             if not self._step():
                 self._accept(receive(self._idle_wait()))
         self.result.finished = time.time()
@@ -180,6 +193,7 @@ class PipelineExecutor:
         """Process messages of this iteration; also after `run` returned, while the peer waits for the commit:
         a detour may still bring it a microbatch of a gone peer of its stage."""
         self._accept(messages)
+        self._check_overdue()
         while self._step():
             if self._poll is not None:
                 self._accept(self._poll(0.0))
@@ -268,7 +282,7 @@ class PipelineExecutor:
                            stages=(0, *r.stages))
         sent = self.send(r.nodes[hop], header, tensor)
         if direction == Direction.FORWARD:
-            self._awaiting[r.microbatch] = (r.nodes[hop], sent)
+            self._awaiting[r.microbatch] = (r.nodes[hop], sent, time.monotonic())
 
     def _gone_now(self) -> set[str]:
         return set(self.gone()) | self.unreachable
@@ -306,10 +320,23 @@ class PipelineExecutor:
         gone = self._gone_now()
         if not gone:
             return
-        for mb, (peer, sent) in list(self._awaiting.items()):
+        for mb, (peer, sent, _) in list(self._awaiting.items()):
             delivered = sent is None or (sent.done() and sent.exception() is None and sent.result() is True)
             if peer in gone and delivered and mb not in self._broken:
                 self._break(mb, f"its activations were with {peer}, which is gone")
+
+    def _check_overdue(self) -> None:
+        """Tell of backward passes late past their per-hop deadline, once each."""
+        if self.on_overdue is None or not self.hop_deadlines:
+            return
+        now = time.monotonic()
+        for mb, (peer, _, since) in list(self._awaiting.items()):
+            limit = self.hop_deadlines.get(mb)
+            if limit is not None and mb not in self._overdue and mb not in self._broken and now - since > limit:
+                self._overdue.add(mb)
+                logger.warning("iteration %d: the backward of microbatch %d is %.1f s late from %s (deadline %.1f s)",
+                               self.iteration, mb, now - since - limit, peer, limit)
+                self.on_overdue(peer, mb)
 
     def _break(self, microbatch: int, why: str) -> None:
         if microbatch in self._broken:

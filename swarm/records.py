@@ -253,6 +253,10 @@ class Heartbeat:
                 logger.warning("heartbeat failed: %s: %s", type(e).__name__, e)
             self._stop.wait(self.period)
 
+    def beat_now(self, timeout: float = DHT_TIMEOUT) -> bool:
+        """Publish the record now, from the calling thread (a change of state the scheduler should see at once)."""
+        return self.records.publish_peer(self.make_record(), ttl=self.ttl, timeout=timeout)
+
     def stop(self, *, leave: bool = True, timeout: float = DHT_TIMEOUT) -> None:
         """Stop beating; if ``leave``, publish the record once more with state LEAVING (it then expires unrefreshed).
 

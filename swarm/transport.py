@@ -69,6 +69,8 @@ _SWEEP_PERIOD = 5.0
 """How often a sender looks for idle streams to close (dead, or unused for ``_IDLE_CLOSE``)."""
 _ONE_WRITE_BYTES = 64 * 1024
 """Messages up to this size go out in a single write (one syscall, one p2pd frame)."""
+HANDLER_REMOVAL_TIMEOUT = 2.0
+"""Seconds the daemon gets to drop a stream handler at shutdown; the client is closed either way."""
 
 OnReceive = Callable[[str, HopHeader, torch.Tensor], None]
 """``on_receive(sender_peer_id, header, tensor)``, called in one worker thread, one message at a time."""
@@ -195,13 +197,15 @@ class Transport:
         for writer in list(self._inbound):  # ends the handlers waiting for a next message: senders see EOF
             writer.close()
         await asyncio.sleep(0)
-        for name in (HOP_PROTOCOL, PROBE_PROTOCOL):
-            try:
-                await self._p2p.remove_binary_stream_handler(name)
-            except Exception as e:  # the daemon may already be gone with its DHT
-                logger.debug("removing handler %s: %s", name, e)
-        self._consumer.cancel()
-        await self._p2p.shutdown()
+        try:
+            for name in (HOP_PROTOCOL, PROBE_PROTOCOL):
+                try:
+                    await asyncio.wait_for(self._p2p.remove_binary_stream_handler(name), HANDLER_REMOVAL_TIMEOUT)
+                except Exception as e:  # the daemon may already be gone with its DHT, or not answer
+                    logger.debug("removing handler %s: %s", name, e)
+            self._consumer.cancel()
+        finally:  # whatever happened above: close the client, which also removes its unix socket file
+            await self._p2p.shutdown()
 
     def _run(self, coro, timeout: float) -> Any:
         future = asyncio.run_coroutine_threadsafe(asyncio.wait_for(coro, timeout), self._loop)

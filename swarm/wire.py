@@ -348,6 +348,9 @@ class PeerState(IntEnum):
     JOINING = 0
     ONLINE = 1
     LEAVING = 2
+    DRAINING = 3
+    """Asked to stop: it serves until the scheduler plans without it, hands its stage's state over if nobody else
+    holds it, then leaves (a graceful leave)."""
 
 
 @dataclass(frozen=True)

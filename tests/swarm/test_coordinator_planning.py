@@ -185,3 +185,48 @@ def test_corroborated_unreachable_reports_declare_a_peer_gone_before_its_record_
     unreachable(a, b)
     unreachable(relay, b)  # two reporters: gone at once, whatever its heartbeat says
     assert b not in c._live_peers()
+
+
+def test_a_lone_stages_peer_leaving_gracefully_is_replaced_by_a_moved_peer_without_any_detour(monkeypatch):
+    c = coordinator("skippipe")
+    peers = records()
+    c.schedule = c.plan(peers, epoch=0, start_iteration=0)
+    c.schedules, c.completed = [c.schedule], 3
+    placement = dict(c.schedule.placement)
+    lone = next((p for p, s in placement.items() if s > 0 and len(c.schedule.stage_peers(s)) == 1), None)
+    if lone is None:  # make one: every other peer of some stage leaves first (plain departures)
+        stage = max(range(1, STAGES), key=lambda s: -len(c.schedule.stage_peers(s)))
+        lone, *others = c.schedule.stage_peers(stage)
+        live = {p: r for p, r in peers.items() if p not in others}
+        watch_publications(c, monkeypatch, live)
+        c._follow_membership(live)
+        peers = live
+    stage = c.schedule.placement[lone]
+    draining = {**peers, lone: dataclasses.replace(peers[lone], state=PeerState.DRAINING)}
+    published = watch_publications(c, monkeypatch, draining)
+    c._follow_membership(draining)
+    new = published[-1]
+    assert lone not in new.placement and new.meta["start_iteration"] == 4  # the iteration in progress goes on
+    assert not any(n.get("event") == "gone" for n in c.notices)  # nobody detours around a peer still serving
+    (mover, source), = new.meta["handover"].items()
+    assert source == lone and new.placement[mover] == stage
+    before = c.schedules[-2].placement
+    assert len([p for p in before if before[p] == before[mover]]) >= 2  # its old stage keeps a peer
+    assert all(new.placement[p] == s for p, s in before.items() if p not in (lone, mover))  # nobody else moves
+    validate(new, balance_tolerance=None)
+    c._follow_membership(draining)  # the same view again: no further epoch
+    assert published[-1] is new
+
+
+def test_a_stopped_coordinator_tells_the_peers_the_run_is_over_but_a_leaving_scheduler_role_does_not():
+    import threading
+    from types import SimpleNamespace
+
+    stop = threading.Event()
+    stop.set()
+    for options, told in ((SimpleNamespace(), True), (None, False)):  # the coordinator process; a peer's role
+        c = coordinator("skippipe")
+        c.options, c._gossip, c.notices = options, object(), []
+        c._publish = lambda topic, payload, c=c: c.notices.append(payload)
+        c.finish(stop)
+        assert c.notices == ([{"event": "finished", "iterations": 0, "stopped": True}] if told else [])

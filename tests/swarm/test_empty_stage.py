@@ -1,9 +1,11 @@
 """A stage that loses every peer: paths skip it while nobody serves it; the next peer to join takes it over,
-restoring it from its own checkpoint when it has one, else from a neighbouring stage's blocks. The run goes on
-throughout and no sample is lost or doubled."""
+restoring it from its own checkpoint when it has one, else from a neighbouring stage's blocks. When its last peer
+leaves gracefully instead (Ctrl+C), a peer of a larger stage moves there and takes the state over from it, and the
+stage is never empty. The run goes on throughout and no sample is lost or doubled."""
 
 from __future__ import annotations
 
+import signal
 import time
 from collections import Counter
 
@@ -67,18 +69,27 @@ def test_a_stage_without_peers_is_skipped_then_restored(tmp_path):
         swarm.watch(len(swarm.metrics()) + 3, timeout=180)
         swarm.add_peer(6, args(6))  # a stranger without a checkpoint: starts from stage 1's blocks
         wait_log(swarm, 6, "initialised it from stage 1's blocks")
+        swarm.watch(len(swarm.metrics()) + 3, timeout=180)
+        emptied = (run_dir / "coordinator.log").read_text().count("lost every peer")
+        swarm.peers[6].send_signal(signal.SIGINT)  # stage 2's only peer leaves gracefully
+        assert swarm.peers[6].wait(timeout=180) == 0
+        wait_log(swarm, 6, "handed stage 2's state")
         records = swarm.watch(ITERATIONS, timeout=240)
     finally:
         swarm.stop()
     assert [r["iteration"] for r in records] == list(range(1, ITERATIONS + 1))
     assert records[-1]["loss"] < records[0]["loss"]
     coordinator_log = (run_dir / "coordinator.log").read_text()
-    assert coordinator_log.count("lost every peer") >= 2
+    assert coordinator_log.count("lost every peer") == emptied >= 2  # not after the graceful leave
+    assert "stage 2's last peer, leaves: " in coordinator_log
     logs = "".join((run_dir / f"peer-{i:02d}.log").read_text() for i in range(4))
     assert "(stage 2) is gone; forward detoured to" in logs and "(stage 1)" in logs
     final = swarm.schedule()
-    new = ensure_identity(str(run_dir / "peer-06.key"))
-    assert final["placement"][new] == 2 and any(2 in r["stages"] for r in final["routes"])
+    movers = [i for i in (2, 3) if "took over its state" in (run_dir / f"peer-{i:02d}.log").read_text()]
+    assert len(movers) == 1, "one stage 1 peer should have moved to stage 2"
+    assert final["placement"][ensure_identity(str(run_dir / f"peer-{movers[0]:02d}.key"))] == 2
+    assert ensure_identity(str(run_dir / "peer-06.key")) not in final["placement"]
+    assert any(2 in r["stages"] for r in final["routes"])
     entries = [e for f in sorted(run_dir.glob("ledger-*.jsonl")) for e in read_ledger(f)]
     status = sample_status(entries, {(r["iteration"] - 1, r["epoch"]) for r in records})
     processed = Counter(c["processed"] for c in status.values())

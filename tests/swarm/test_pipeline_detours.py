@@ -51,11 +51,16 @@ def batches(sched: Schedule, origin: str) -> dict[int, torch.Tensor]:
 
 class Iteration:
     """One iteration of `sched` on the live peers; `dead` peers never answer, `dies_after` peers stop working
-    after handling that many messages (their activations die with them)."""
+    after handling that many messages (their activations die with them), `frozen` peers accept messages (their
+    transport acknowledges them) but never process them. With `hop_deadline`, a peer whose backward is that late
+    checks on the peer it sent the forward to, as `Peer` probes it: a dead or frozen one is then gone."""
 
     def __init__(self, sched: Schedule, dead: set[str] = frozenset(), gone: set[str] = frozenset(),
-                 dies_after: dict[str, int] | None = None):
+                 dies_after: dict[str, int] | None = None, frozen: set[str] = frozenset(),
+                 hop_deadline: float | None = None):
         self.sched, self.dead, self.dies_after = sched, set(dead), dict(dies_after or {})
+        self.frozen = set(frozen)
+        self.checked: list[tuple[str, str, int]] = []
         self.inbox: dict[str, queue.Queue] = {p: queue.Queue() for p in sched.placement}
         self.broken: list[tuple[str, int, str]] = []
         self.gone = frozenset(gone)  # replaced, never mutated: executor threads read it
@@ -65,7 +70,9 @@ class Iteration:
             p: PipelineExecutor(me=p, worker=self.workers[p], schedule=sched, run_id=RUN, iteration=0,
                                 send=self._sender(p), batches=batches(sched, p) if s == 0 else None,
                                 gone=lambda: self.gone,
-                                broken=lambda mb, why, p=p: self.broken.append((p, mb, why)))
+                                broken=lambda mb, why, p=p: self.broken.append((p, mb, why)),
+                                hop_deadlines={r.microbatch: hop_deadline for r in sched.routes}
+                                if hop_deadline else None, overdue=self._checker(p))
             for p, s in sched.placement.items() if p not in dead}
         self.committed = threading.Event()
 
@@ -81,8 +88,18 @@ class Iteration:
             return sent
         return send
 
+    def _checker(self, me: str):
+        def check(peer: str, microbatch: int) -> None:
+            self.checked.append((me, peer, microbatch))
+            if peer in self.dead or peer in self.frozen:
+                self.gone = self.gone | {peer}
+        return check
+
     def _receive(self, me: str):
         def receive(timeout: float) -> list:
+            if me in self.frozen:
+                time.sleep(timeout)
+                return []
             out = []
             try:
                 out.append(self.inbox[me].get(timeout=timeout))
@@ -180,6 +197,18 @@ def test_a_microbatch_whose_activations_died_is_reported_broken():
     it.run()
     assert it.broken, "the microbatch stuck at a2 was not reported"
     assert all(why.endswith("which is gone") or "could not be delivered" in why for _, _, why in it.broken)
+    assert {mb for _, mb, _ in it.broken} <= {r.microbatch for r in sched.routes if "a2" in r.peers}
+
+
+def test_a_backward_late_past_its_hop_deadline_gets_the_next_hop_checked_and_a_frozen_one_found():
+    sched = schedule()
+    # a2's transport takes its forwards, but the process holding them never runs again; nobody is told
+    it = Iteration(sched, frozen={"a2"}, hop_deadline=1.0)
+    start = time.monotonic()
+    it.run(timeout=30)
+    assert time.monotonic() - start < 15  # found by the deadline, not by the scheduler's expiry of a2
+    assert it.broken and all("a2" in why for _, _, why in it.broken)
+    assert "a2" in {peer for _, peer, _ in it.checked}
     assert {mb for _, mb, _ in it.broken} <= {r.microbatch for r in sched.routes if "a2" in r.peers}
 
 
