@@ -1,6 +1,8 @@
 """Measure the links to a sample of peers over the real transport; the scheduler plans from these numbers.
 
-Latency is half the best round trip of a small message; goodput is the bytes of a probe divided by the time they
+Latency is half the median round trip of a small message: the typical one, which on a loaded machine includes the
+scheduling delays every activation pays too (the best of a few round trips made the planner's messages 10-15 ms
+too fast on the emulated WAN); goodput is the bytes of a probe divided by the time they
 take beyond that round trip: a small probe first, then a few MiB if the link carries them in a couple of seconds
 (a slow link is measured on the small one, so that it does not hold up the round). Both go through
 :class:`~swarm.transport.Transport` streams, so they include what every activation pays (stream opening, p2pd,
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import random
+import statistics
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -32,7 +35,7 @@ from swarm.wire import PeerRecord
 
 logger = logging.getLogger(__name__)
 
-_PINGS = 3
+_PINGS = 5
 
 
 @dataclass(frozen=True)
@@ -75,7 +78,8 @@ class LinkProber:
 
     def measure(self, peer_id: str) -> LinkEstimate:
         """One raw measurement of the link to ``peer_id``; raises TransportError if it cannot be reached."""
-        rtt = min(self.transport.probe(peer_id, self.ping_bytes, timeout=self.timeout) for _ in range(_PINGS))
+        rtt = statistics.median(self.transport.probe(peer_id, self.ping_bytes, timeout=self.timeout)
+                                for _ in range(_PINGS))
 
         def goodput(size: int) -> float:
             return size / max(self.transport.probe(peer_id, size, timeout=self.timeout) - rtt, 1e-6)
