@@ -543,6 +543,12 @@ class Coordinator:
         if msg.sender not in running.placement or epoch != running.epoch or (it, epoch) in self._restarted:
             return
         self._restarted.add((it, epoch))
+        if p.get("event") == "broken":  # a peer that held activations died: whoever is reported unreachable is
+            now = time.monotonic()      # taken for gone now, or the rerun would wait on it again
+            for suspect in [q for q in self.schedule.placement if self._unreachable.reporters(q, now)]:
+                logger.warning("%s is gone: reported unreachable while a microbatch broke", suspect)
+                self._declared_gone.add(suspect)
+                self._unreachable.forget(suspect)
         peers = {q: r for q, r in self._live_peers().items() if q in self.schedule.placement}
         logger.warning("iteration %d is %s at %s under epoch %d: running it again under a new epoch", it,
                        p.get("event"), msg.sender, epoch)

@@ -950,9 +950,9 @@ class Peer:
                                header.microbatch, peer, e)
                 if isinstance(e, PeerUnreachable):
                     self._unreachable = self._unreachable | {peer}
+                self._report_unreachable(peer)  # before a broken microbatch is reported: the scheduler drops it then
                 if header.direction in (Direction.FORWARD, Direction.BACKWARD):
                     self._raw.put(Undelivered(peer, header, tensor, unreachable=isinstance(e, PeerUnreachable)))
-                self._report_unreachable(peer)
                 return False
 
         return self._sender.submit(deliver)

@@ -230,3 +230,28 @@ def test_a_stopped_coordinator_tells_the_peers_the_run_is_over_but_a_leaving_sch
         c._publish = lambda topic, payload, c=c: c.notices.append(payload)
         c.finish(stop)
         assert c.notices == ([{"event": "finished", "iterations": 0, "stopped": True}] if told else [])
+
+
+def test_a_broken_microbatch_reruns_the_iteration_without_the_peers_reported_unreachable(monkeypatch):
+    from types import SimpleNamespace
+
+    from swarm.gossip import GossipMessage, membership_topic
+
+    c = coordinator("skippipe")
+    peers = records()
+    c.schedule = c.plan(peers, epoch=0, start_iteration=0)
+    c.schedules, c.completed = [c.schedule], 3
+    relay, reporter = [p for p, s in c.schedule.placement.items() if s != 0][:2]
+    ages = dict.fromkeys(peers, 0.5)  # its heartbeat still looks fresh: one report alone would not convict it
+    c.records = SimpleNamespace(fetch_peers_with_age=lambda ttl: {p: (r, ages[p]) for p, r in peers.items()})
+    published = []
+    monkeypatch.setattr(c, "publish_schedule", lambda s: (published.append(s), setattr(c, "schedule", s),
+                                                          c.schedules.append(s)))
+
+    def say(payload):
+        c._handle(GossipMessage(topic=membership_topic("plan-test"), sender=reporter, seqno=0, payload=payload))
+
+    say({"event": "unreachable", "peer": relay})
+    assert relay in c._live_peers() and not published
+    say({"event": "broken", "peer": reporter, "iteration": 3, "epoch": 0, "microbatch": 2})
+    assert len(published) == 1 and published[0].meta["start_iteration"] == 3 and relay not in published[0].placement
