@@ -160,7 +160,7 @@ def test_mis_sized_tensor_bytes_rejected():
     ({"memory_slots": 0}, "memory_slots"),
     ({"seconds_per_layer": float("nan")}, "seconds_per_layer"),
     ({"seconds_per_layer": "fast"}, "seconds_per_layer"),
-    ({"state": 3}, "state"),
+    ({"state": 4}, "state"),
     ({"links": {PEER_B: [0.1]}}, "links"),
     ({"links": {PEER_B: [0.1, -5.0]}}, "bytes_per_s"),
     ({"links": {PEER_B: [0.1, 1e6, 3]}}, "links"),
