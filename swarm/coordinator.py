@@ -272,8 +272,9 @@ class Coordinator:
         if self.schedule is None or not isinstance(target, str) or target not in self.schedule.placement or \
                 msg.sender not in self.schedule.placement or msg.sender in self._declared_gone:
             return
-        self._unreachable.report(msg.sender, target, time.monotonic())
-        self._judge_unreachable(time.monotonic())
+        now = time.monotonic()
+        self._unreachable.report(msg.sender, target, now)
+        self._judge_unreachable(now)
 
     def _judge_unreachable(self, now: float) -> None:
         """Declare gone the peers that corroborated reports show unreachable; take back those that rejoined."""
@@ -284,9 +285,13 @@ class Coordinator:
                 self._declared_gone.discard(p)
                 self._unreachable.forget(p)
         for p, why in self._unreachable.gone(self._heartbeat_age, now).items():
-            logger.warning("%s is gone: %s", p, why)
-            self._declared_gone.add(p)
-            self._unreachable.forget(p)
+            self._declare_gone(p, why)
+
+    def _declare_gone(self, peer: str, why: str) -> None:
+        """Take `peer` for gone before its record expires (the next DHT read leaves it out)."""
+        logger.warning("%s is gone: %s", peer, why)
+        self._declared_gone.add(peer)
+        self._unreachable.forget(peer)
 
     def _model_cost(self, peers: dict[str, PeerRecord]) -> ModelCost:
         """The model's costs: layers per stage, bytes per message, and the loss step relative to the stage-0
@@ -351,13 +356,14 @@ class Coordinator:
                              stage_param_bytes=cost.stage_param_bytes, latency=view.latency, bandwidth=view.bandwidth)
         ids = list(tables.ids)
         stage_of = np.array([old.placement.get(p, -1) for p in ids])
+        # survivors take over the stages left by graceful leavers first: a joiner would only get neighbour blocks
+        handover = self._hand_over(tables, stage_of, handing_over)
         for i, p in enumerate(ids):
             if stage_of[i] < 0:
                 stage_of = place_joining(tables, stage_of, i, goal, data_holder=peers[p].data_holder)
                 logger.info("placing joining peer %s on stage %d", p, stage_of[i])
         if not np.any(stage_of == 0):
             raise RuntimeError("every data holder (stage 0) is gone: no microbatch can be injected until one joins")
-        handover = self._hand_over(tables, stage_of, handing_over)
         empty = {st for st in range(1, cfg.stages) if not np.any(stage_of == st)}
         if empty:
             asked = rules.stages_per_path
@@ -546,9 +552,7 @@ class Coordinator:
         if p.get("event") == "broken":  # a peer that held activations died: whoever is reported unreachable is
             now = time.monotonic()      # taken for gone now, or the rerun would wait on it again
             for suspect in [q for q in self.schedule.placement if self._unreachable.reporters(q, now)]:
-                logger.warning("%s is gone: reported unreachable while a microbatch broke", suspect)
-                self._declared_gone.add(suspect)
-                self._unreachable.forget(suspect)
+                self._declare_gone(suspect, "reported unreachable while a microbatch broke")
         peers = {q: r for q, r in self._live_peers().items() if q in self.schedule.placement}
         logger.warning("iteration %d is %s at %s under epoch %d: running it again under a new epoch", it,
                        p.get("event"), msg.sender, epoch)

@@ -24,17 +24,27 @@ _UNLINK_GRACE = 2.0
 """How long p2pd gets to remove its own socket after the DHT stopped."""
 
 
+async def _socket_paths(dht: DHT, node: object) -> tuple[str | None, str | None]:  # noqa: ARG001 - in the DHT
+    """The unix sockets of the DHT's p2pd and of its own p2p client (which its daemon hands streams to)."""
+    p2p = node.p2p  # type: ignore[attr-defined]
+    client = getattr(p2p, "_client_listen_maddr", None)  # hivemind keeps it private; None if it ever goes
+    return p2p.daemon_listen_maddr.value_for_protocol("unix"), client.value_for_protocol("unix") if client else None
+
+
+def socket_paths(dht: DHT) -> tuple[str | None, str | None]:
+    """(daemon socket, client socket) of a running DHT, in one round trip; (None, None) if it does not answer."""
+    if not dht.is_alive():
+        return None, None
+    try:
+        return dht.run_coroutine(_socket_paths, return_future=True).result(timeout=_ASK_TIMEOUT)
+    except Exception as e:  # a DHT that cannot answer is stopped all the same
+        logger.debug("could not ask the DHT for its sockets: %s: %s", type(e).__name__, e)
+        return None, None
+
+
 def daemon_socket_path(dht: DHT) -> str | None:
     """The unix socket the DHT's p2pd listens on, or None if the DHT does not answer."""
-    if not dht.is_alive():
-        return None
-    try:
-        future = dht.run_coroutine(DHT._get_p2p_daemon_listen_maddr, return_future=True)
-        maddr = future.result(timeout=_ASK_TIMEOUT)
-        return maddr.value_for_protocol("unix")
-    except Exception as e:  # a DHT that cannot answer is stopped all the same
-        logger.debug("could not ask the DHT for its daemon socket: %s: %s", type(e).__name__, e)
-        return None
+    return socket_paths(dht)[0]
 
 
 def is_listened_on(path: str) -> bool:
@@ -50,26 +60,9 @@ def is_listened_on(path: str) -> bool:
         return True
 
 
-async def _client_socket(dht: DHT, node: object) -> str | None:  # noqa: ARG001 - runs inside the DHT process
-    """The unix socket the DHT's own p2p client listens on (for streams its daemon hands it)."""
-    maddr = getattr(node.p2p, "_client_listen_maddr", None)  # type: ignore[attr-defined]
-    return maddr.value_for_protocol("unix") if maddr is not None else None
-
-
-def client_socket_path(dht: DHT) -> str | None:
-    """The DHT process's p2p client socket, or None if the DHT does not answer."""
-    if not dht.is_alive():
-        return None
-    try:
-        return dht.run_coroutine(_client_socket, return_future=True).result(timeout=_ASK_TIMEOUT)
-    except Exception as e:  # a DHT that cannot answer is stopped all the same
-        logger.debug("could not ask the DHT for its client socket: %s: %s", type(e).__name__, e)
-        return None
-
-
 def stop_dht(dht: DHT) -> None:
     """Shut ``dht`` down; if its daemon or its client left a socket file behind, unlink it."""
-    paths = [p for p in (daemon_socket_path(dht), client_socket_path(dht)) if p]
+    paths = [p for p in socket_paths(dht) if p]
     dht.shutdown()
     dht.join(_UNLINK_GRACE)  # after a hard terminate, hivemind does not wait for the process to end
     if not paths or dht.is_alive():

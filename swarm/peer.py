@@ -310,9 +310,8 @@ class Peer:
         """Asked to stop: whether to keep serving. A placed peer of a running swarm announces DRAINING and serves on
         until the scheduler plans without it (the iteration in progress finishes, nothing in flight is lost), for at
         most DRAIN_TIMEOUT; it leaves at once if the run has finished or it holds the scheduler role."""
-        scheduler_gone = time.monotonic() - self._scheduler_seen > 3 * self.config.heartbeat + 2.0
         if self._finished.is_set() or self.schedule is None or self.peer_id not in self.schedule.placement or \
-                self._heartbeat is None or self._role is not None or scheduler_gone:
+                self._heartbeat is None or self._role is not None or self._scheduler_silent():
             return False
         if self.state != PeerState.DRAINING:
             self.state = PeerState.DRAINING
@@ -343,7 +342,10 @@ class Peer:
             send_state(me=self.peer_id, worker=self.worker, to=peer, run_id=self.options.run_id,
                        iteration=self.iteration, epoch=self.schedule.epoch,
                        send=lambda *a: sent.append(self._send(*a)))
-        delivered = all(f.result(timeout=HANDOVER_TIMEOUT) for f in sent) if sent else True
+        try:
+            delivered = all(f.result(timeout=HANDOVER_TIMEOUT) for f in sent)
+        except TimeoutError:
+            delivered = False
         if takers:
             logger.info("handed stage %d's state (step %d) over to %s%s", self.stage, self.worker.steps,
                         ", ".join(takers), "" if delivered else " (not delivered: it restarts from its own blocks)")
@@ -436,9 +438,12 @@ class Peer:
         stale = time.monotonic() - self._scheduler_seen > self.config.heartbeat * 1.5
         return stale and sender == getattr(self, "_candidate", None)
 
+    def _scheduler_silent(self) -> bool:
+        """The scheduler's record has not been seen for longer than a record lives (three heartbeats and a grace)."""
+        return time.monotonic() - self._scheduler_seen > 3 * self.config.heartbeat + 2.0
+
     def _watch_scheduler(self, stop: threading.Event) -> None:
         """Background: follow the scheduler's heartbeat; when it is gone, the successor takes over planning."""
-        grace = 3 * self.config.heartbeat + 2.0
         while not stop.is_set() and not self._finished.is_set():
             time.sleep(self.config.heartbeat)
             try:
@@ -453,7 +458,7 @@ class Peer:
                 self._scheduler_seen = time.monotonic()
                 continue
             self._candidate = self._successor(live)
-            if time.monotonic() - self._scheduler_seen < grace or self._candidate is None:
+            if not self._scheduler_silent() or self._candidate is None:
                 continue
             logger.warning("scheduler %s is gone; %s takes over", self.scheduler, self._candidate)
             self.scheduler, self._scheduler_seen = self._candidate, time.monotonic()
@@ -830,12 +835,18 @@ class Peer:
         which include the slowest peer's averaging), at least MIN_ITERATION_DEADLINE and at most the configured
         cap. A hang (a lost message, a peer dead but not yet expired) is noticed in a minute on a fast swarm,
         not after a fixed five."""
-        expected = self.schedule.predicted_iteration_seconds or 0.0
-        if self._commit_periods:
-            expected = max(expected, statistics.median(self._commit_periods[-RECENT_ITERATIONS:]))
+        expected = self._expected_iteration_seconds(self.schedule)
         if not expected > 0:
             return self.options.iteration_deadline
         return min(self.options.iteration_deadline, max(MIN_ITERATION_DEADLINE, DEADLINE_FACTOR * expected))
+
+    def _expected_iteration_seconds(self, schedule: Schedule) -> float:
+        """What an iteration takes: the schedule's prediction, or the median of the recent commit periods when
+        longer (they include averaging and the slowest peer); 0 if neither is known."""
+        expected = schedule.predicted_iteration_seconds or 0.0
+        if self._commit_periods:
+            expected = max(expected, statistics.median(self._commit_periods[-RECENT_ITERATIONS:]))
+        return expected
 
     def _wait_for_commit(self, executor: PipelineExecutor) -> None:
         """Block until the scheduler commits this iteration; a replacing epoch aborts it instead. Meanwhile keep
@@ -969,10 +980,8 @@ class Peer:
         if self._round_trips[0] != schedule.epoch:
             trips = round_trips(schedule)
             self._round_trips = (schedule.epoch, {mb: t for (p, mb), t in trips.items() if p == self.peer_id})
-        scale = 1.0
         predicted = schedule.predicted_iteration_seconds or 0.0
-        if self._commit_periods and predicted > 0:
-            scale = max(1.0, statistics.median(self._commit_periods[-RECENT_ITERATIONS:]) / predicted)
+        scale = self._expected_iteration_seconds(schedule) / predicted if predicted > 0 else 1.0
         return {mb: HOP_DEADLINE_FACTOR * t * scale + HOP_DEADLINE_SLACK for mb, t in self._round_trips[1].items()}
 
     def _check_next_hop(self, peer: str, microbatch: int) -> None:

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from peers.worker import MemoryLimitError, StageWorker, WorkerError
+from peers.worker import StageWorker, WorkerError
 from scheduler.detour import detour, detour_violation
 from scheduler.schedule import Route, Schedule
 from swarm.timeline import Timeline
@@ -229,8 +229,7 @@ class PipelineExecutor:
                 return True
         if best is None:
             return False
-        key, m = self._ready.pop(best[1])
-        self._handle(m, key)
+        self._handle(self._ready.pop(best[1])[1])
         return True
 
     def _idle_wait(self) -> float:
@@ -347,7 +346,7 @@ class PipelineExecutor:
         if self.on_broken is not None:
             self.on_broken(microbatch, why)
 
-    def _handle(self, m: Inbound, key: tuple[int, float, int, int]) -> None:
+    def _handle(self, m: Inbound) -> None:
         h = m.header
         why = self._mismatch(m)
         if why:
@@ -369,12 +368,8 @@ class PipelineExecutor:
             if h.direction == Direction.FORWARD and h.hop == 0:
                 self._loss(r, m.tensor)
             elif h.direction == Direction.FORWARD:
-                try:
-                    start = time.time()
-                    act = self.worker.forward(h.microbatch, m.tensor, stage=r.stages[h.hop - 1])
-                except MemoryLimitError:  # not expected: `_step` admits forwards only while a slot is free
-                    self._ready.append((key, m))
-                    return
+                start = time.time()  # `_step` admits a forward only while a memory slot is free
+                act = self.worker.forward(h.microbatch, m.tensor, stage=r.stages[h.hop - 1])
                 self._span("forward", start, h.microbatch, r.stages[h.hop - 1])
                 nxt = h.hop + 1 if h.hop < len(r.peers) else 0
                 self._emit(r, nxt, Direction.FORWARD, act)
