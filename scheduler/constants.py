@@ -24,6 +24,15 @@ BACKWARD_FACTOR = 1.5
 LOSS_FACTOR = 0.25
 """Time of the loss step at the data holder relative to its forward time."""
 
+MAX_JITTER_SAMPLES = 1024
+"""Message-time deviations a cost table keeps (pooled over the swarm's peers)."""
+
+MAX_JITTER_SECONDS = 60.0
+"""Largest deviation of one message's time accepted as jitter (beyond it, a link is broken, not jittery)."""
+
+JITTER_QUANTILES = 16
+"""Points of its measured jitter distribution a peer publishes."""
+
 MAX_PEERS = 4096
 MAX_STAGES = 256
 MAX_MICROBATCHES = 1_000_000

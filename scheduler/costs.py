@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from scheduler.constants import BACKWARD_FACTOR, LOSS_FACTOR
+from scheduler.constants import BACKWARD_FACTOR, LOSS_FACTOR, MAX_JITTER_SAMPLES, MAX_JITTER_SECONDS
 from scheduler.swarm_view import ModelCost, SwarmView
 
 
@@ -34,6 +34,10 @@ class CostTables:
     loss: np.ndarray | None = None
     """[peer] seconds of its loss step where measured (data holders differ: device, load); None = loss_factor
     times its stage-0 forward for every peer."""
+    jitter: np.ndarray | None = None
+    """[k] measured deviations (seconds, either sign) of one message's time from its link's typical time, pooled
+    over the swarm: on a shared or loaded network a few tens of milliseconds reorder the queues the planner counted
+    on. `expected_makespan` draws each message's deviation from these; None = not measured (no jitter)."""
 
     def __post_init__(self) -> None:
         n = len(self.ids)
@@ -48,6 +52,10 @@ class CostTables:
         if self.loss is not None and (self.loss.shape != (n,) or np.any(self.loss < 0) or
                                       not np.all(np.isfinite(self.loss))):
             raise ValueError(f"loss must give [{n}] finite non-negative seconds")
+        if self.jitter is not None and (self.jitter.ndim != 1 or len(self.jitter) > MAX_JITTER_SAMPLES or
+                                        not np.all(np.abs(self.jitter) <= MAX_JITTER_SECONDS)):
+            raise ValueError(f"jitter must be at most {MAX_JITTER_SAMPLES} deviations of at most "
+                             f"{MAX_JITTER_SECONDS:g} s")
 
     def loss_times(self) -> np.ndarray:
         """[peer] seconds of one microbatch's loss step."""
@@ -72,6 +80,7 @@ class CostTables:
         """Tables for `model` on `view`."""
         forward = view.forward_seconds(model)
         measured = np.array([p.loss_seconds for p in view.peers], dtype=float)
+        jitter = [d for p in view.peers for d in p.message_jitter]
         return cls(
             ids=tuple(view.ids),
             forward=forward,
@@ -80,6 +89,7 @@ class CostTables:
             loss_factor=model.loss_factor,
             op_gap=op_gap,
             loss=np.where(measured > 0, measured, model.loss_factor * forward[:, 0]) if np.any(measured > 0) else None,
+            jitter=pooled_jitter(jitter),
         )
 
     def isolated_route_seconds(self, nodes: list[int], stages: list[int]) -> float:
@@ -105,6 +115,7 @@ def tables_to_dict(tables: CostTables) -> dict:
         "op_gap": tables.op_gap,
         "inject_gap": tables.inject_gap,
         **({"loss": tables.loss.tolist()} if tables.loss is not None else {}),
+        **({"jitter": tables.jitter.tolist()} if tables.jitter is not None else {}),
     }
 
 
@@ -123,6 +134,19 @@ def tables_from_dict(data: object) -> CostTables:
                                                          ("loss_factor", LOSS_FACTOR), ("op_gap", 0.0),
                                                          ("inject_gap", 0.0))}
         loss = np.array(data["loss"], dtype=float) if data.get("loss") is not None else None
+        jitter = np.array(data["jitter"], dtype=float) if data.get("jitter") is not None else None
     except (TypeError, ValueError):
-        raise ValueError("costs.forward, costs.message, costs.memory and costs.loss must be numeric arrays") from None
-    return CostTables(ids=tuple(ids), forward=forward, message=message, memory=memory, loss=loss, **factors)
+        raise ValueError("costs.forward, costs.message, costs.memory, costs.loss and costs.jitter must be numeric "
+                         "arrays") from None
+    return CostTables(ids=tuple(ids), forward=forward, message=message, memory=memory, loss=loss, jitter=jitter,
+                      **factors)
+
+
+def pooled_jitter(deviations: list[float]) -> np.ndarray | None:
+    """The swarm's jitter samples from every peer's measured deviations (evenly thinned to the limit), or None."""
+    if not deviations:
+        return None
+    pooled = np.sort(np.asarray(deviations, dtype=float))
+    if len(pooled) > MAX_JITTER_SAMPLES:
+        pooled = pooled[np.linspace(0, len(pooled) - 1, MAX_JITTER_SAMPLES).round().astype(int)]
+    return np.clip(pooled, -MAX_JITTER_SECONDS, MAX_JITTER_SECONDS)

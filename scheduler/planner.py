@@ -13,8 +13,9 @@ import numpy as np
 from scheduler.baselines import full_pipeline, random_skip, tune_columns
 from scheduler.constants import DEFAULT_MEMORY_SLOTS
 from scheduler.costs import CostTables, tables_to_dict
+from scheduler.expected_makespan import expected_makespan
 from scheduler.path_rules import PathRules, rules_around
-from scheduler.paths import PathProblem, PlannedRoute, evaluate, plan_paths
+from scheduler.paths import PathProblem, PlannedRoute, evaluate, plan_paths, to_sim_routes
 from scheduler.placement import PlacementGoal, place
 from scheduler.profiles import swarm_from
 from scheduler.schedule import Route, Schedule
@@ -44,9 +45,14 @@ def default_model(num_stages: int, num_layers: int | None = None) -> ModelCost:
 
 
 def make_schedule(tables: CostTables, stage_of: np.ndarray, routes: list[PlannedRoute], rules: PathRules, *,
-                  epoch: int, planner: str, predicted: float | None, run_id: str = "", meta: dict | None = None
-                  ) -> Schedule:
-    """Package planner output (peer indices) as a `Schedule` (peer ids), with the costs it was planned on."""
+                  epoch: int, planner: str, predicted: float | None, run_id: str = "", meta: dict | None = None,
+                  priority: Priority = "backward_first") -> Schedule:
+    """Package planner output (peer indices) as a `Schedule` (peer ids), with the costs it was planned on.
+
+    Where the tables carry measured jitter, the predicted iteration is the expected makespan under it (the
+    on-time makespan `predicted` goes to `meta["on_time_seconds"]`): deadlines and the runtime's comparisons
+    then start from what the network can deliver.
+    """
     ids = tables.ids
     placement = {ids[v]: int(st) for v, st in enumerate(stage_of) if st >= 0}
     memory = {ids[v]: int(tables.memory[v]) for v, st in enumerate(stage_of) if st >= 0}
@@ -57,6 +63,11 @@ def make_schedule(tables: CostTables, stage_of: np.ndarray, routes: list[Planned
     )
     full_meta = {"costs": tables_to_dict(tables)}
     full_meta.update(meta or {})
+    if tables.jitter is not None and predicted is not None:
+        expected = expected_makespan(tables, to_sim_routes(routes), priority=priority)
+        if expected.draws:
+            full_meta.update(on_time_seconds=predicted, jitter_p90_seconds=round(expected.p90, 4))
+            predicted = expected.mean
     return Schedule(epoch=epoch, rules=rules, placement=placement, memory=memory, routes=sched_routes,
                     run_id=run_id, predicted_iteration_seconds=predicted, planner=planner, meta=full_meta)
 
@@ -89,7 +100,7 @@ def plan_tables(tables: CostTables, rules: PathRules, options: PlanOptions = Pla
     elapsed = time.perf_counter() - t0
     name = "skippipe" if options.collision_aware else "skippipe_without_collision_awareness"
     return make_schedule(tables, stage_of, plan.routes, rules, epoch=epoch, planner=name,
-                         predicted=plan.makespan, run_id=run_id,
+                         predicted=plan.makespan, run_id=run_id, priority=options.priority,
                          meta={"seed": options.seed, "plan_seconds": round(elapsed, 4),
                                "placement_seconds": round(t_place, 4), "priority": options.priority,
                                "microbatches_per_holder": options.microbatches_per_holder})
@@ -139,7 +150,7 @@ def baseline_schedule(schedule: Schedule, tables: CostTables, method: str, *, se
         raise ValueError(f"unknown baseline {method!r}")
     score, res = evaluate(problem, routes, priority)
     return make_schedule(tables, stage_of, routes, rules, epoch=schedule.epoch, planner=method,
-                         predicted=res.makespan, run_id=schedule.run_id,
+                         predicted=res.makespan, run_id=schedule.run_id, priority=priority,
                          meta={"microbatches_per_holder": mb, "seed": seed})
 
 

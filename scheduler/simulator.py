@@ -10,6 +10,10 @@ Among waiting operations a peer serves backward passes (and the loss) before for
 exactly), or simply the earliest arrival first (`fifo`). A forward
 that arrives while the peer runs another microbatch's forward is a collision (TC2): its wait is
 counted. The makespan is when the last microbatch finishes its backward pass at its data holder.
+
+Given a random generator and tables with measured `jitter`, each message between two peers takes its link's time
+plus a deviation drawn from that jitter (never less than zero): one draw of the iteration as a loaded network
+runs it (`scheduler.expected_makespan` averages many).
 """
 
 from __future__ import annotations
@@ -93,12 +97,13 @@ class SimResult:
 
 
 def simulate(tables: CostTables, routes: list[SimRoute], *, priority: Priority = "backward_first",
-             record_ops: bool = False) -> SimResult:
+             record_ops: bool = False, rng: np.random.Generator | None = None) -> SimResult:
     """Simulate one iteration of `routes` on `tables`.
 
     :param routes: each microbatch's forward route; it returns to its origin for the loss, then runs backward
         along the reversed route.
     :param record_ops: keep every operation (for a Gantt chart); off in the planner's inner loop.
+    :param rng: draw each message's deviation from `tables.jitter` (when measured); None = the links' own times.
     """
     n = tables.num_peers
     fwd = tables.forward
@@ -107,6 +112,8 @@ def simulate(tables: CostTables, routes: list[SimRoute], *, priority: Priority =
     op_gap, inject_gap = tables.op_gap, tables.inject_gap
     memory = tables.memory
     backward_first = priority == "backward_first"
+    jittered = rng is not None and tables.jitter is not None and len(tables.jitter) > 0
+    deviations = iter(rng.choice(tables.jitter, size=sum(2 * len(r.nodes) for r in routes)) if jittered else ())
 
     busy_until = np.zeros(n)
     running_forward = [-1] * n  # microbatch whose forward a peer is running, for collision accounting
@@ -185,7 +192,8 @@ def simulate(tables: CostTables, routes: list[SimRoute], *, priority: Priority =
                 nxt, to = None, -1
                 finish[route.microbatch] = end
         if nxt is not None:
-            heapq.heappush(events, (end + msg[v, to], seq, 0, to, nxt))
+            hop = msg[v, to] if not jittered or to == v else max(0.0, msg[v, to] + next(deviations))
+            heapq.heappush(events, (end + hop, seq, 0, to, nxt))
             seq += 1
         heapq.heappush(events, (busy_until[v], seq, 1, v, None))
         seq += 1

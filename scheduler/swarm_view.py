@@ -11,7 +11,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from scheduler.constants import DEFAULT_MEMORY_SLOTS, DEFAULT_MESSAGE_OVERHEAD_SECONDS, LOSS_FACTOR
+from scheduler.constants import (
+    DEFAULT_MEMORY_SLOTS,
+    DEFAULT_MESSAGE_OVERHEAD_SECONDS,
+    JITTER_QUANTILES,
+    LOSS_FACTOR,
+    MAX_JITTER_SECONDS,
+)
 
 
 @dataclass(frozen=True)
@@ -29,6 +35,9 @@ class PeerSpec:
     loss_seconds: float = 0.0
     """Measured time of its loss step (LM head, loss, its backward) for one microbatch; 0 = not measured (the
     model's loss factor times its stage-0 forward)."""
+    message_jitter: tuple[float, ...] = ()
+    """Quantiles of how much the messages it received deviated from their link's typical time (seconds); empty =
+    not measured. The cost tables pool every peer's."""
 
     def __post_init__(self) -> None:
         if not self.id:
@@ -39,6 +48,10 @@ class PeerSpec:
             raise ValueError(f"peer {self.id}: memory_slots must be >= 1, got {self.memory_slots}")
         if not (self.loss_seconds >= 0 and np.isfinite(self.loss_seconds)):
             raise ValueError(f"peer {self.id}: loss_seconds must be finite and >= 0, got {self.loss_seconds}")
+        if len(self.message_jitter) > JITTER_QUANTILES or not all(
+                abs(d) <= MAX_JITTER_SECONDS for d in self.message_jitter):
+            raise ValueError(f"peer {self.id}: message_jitter must be at most {JITTER_QUANTILES} deviations of at "
+                             f"most {MAX_JITTER_SECONDS:g} s")
 
 
 @dataclass(frozen=True)

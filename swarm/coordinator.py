@@ -34,8 +34,8 @@ import numpy as np
 from peers.data import Corpus
 from peers.model import ModelConfig
 from peers.stage import balanced_split, stage_template
-from scheduler.constants import LOSS_FACTOR
-from scheduler.costs import CostTables, tables_from_dict
+from scheduler.constants import JITTER_QUANTILES, LOSS_FACTOR
+from scheduler.costs import CostTables, pooled_jitter, tables_from_dict
 from scheduler.path_rules import PathRules, rules_around
 from scheduler.placement import PlacementGoal, place_joining
 from scheduler.planner import PlanOptions, baseline_schedule, plan, plan_tables
@@ -78,7 +78,8 @@ def view_from_records(records: dict[str, PeerRecord]) -> SwarmView:
     """The scheduler's view of the swarm from the peers' own (signed, measured) records."""
     order = sorted(records)
     peers = [PeerSpec(id=p, seconds_per_layer=records[p].seconds_per_layer, memory_slots=records[p].memory_slots,
-                      data_holder=records[p].data_holder, loss_seconds=records[p].loss_seconds) for p in order]
+                      data_holder=records[p].data_holder, loss_seconds=records[p].loss_seconds,
+                      message_jitter=records[p].jitter) for p in order]
     lat, bw = link_matrices(records, order, default_latency=0.001, default_bandwidth=1e9)
     # measured latency already includes the per-message cost of the transport
     return SwarmView(peers=peers, latency=lat, bandwidth=bw, message_overhead=0.0)
@@ -600,6 +601,11 @@ class Coordinator:
             "epoch": self.in_force(iteration).epoch,
             "time": round(time.time(), 3),
         }
+        jitter = pooled_jitter([d for p in self.in_force(iteration).placement if p in self._records
+                                for d in self._records[p].jitter])
+        if jitter is not None:  # the scheduled peers' latest measurements, pooled as the planner pools them
+            points = (np.arange(JITTER_QUANTILES) + 0.5) / JITTER_QUANTILES
+            record["jitter_ms"] = [round(1e3 * float(q), 2) for q in np.quantile(jitter, points)]
         self.completed = max(self.completed, iteration + 1)
         logger.info("iteration %(iteration)d  loss %(loss).4f  %(tokens_per_s)s tokens/s  %(iteration_seconds).3f s  "
                     "%(peers_online)d peers  epoch %(epoch)d", record)

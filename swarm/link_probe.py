@@ -30,6 +30,7 @@ from swarm.constants import (
     PROBE_SAMPLE_SIZE,
     PROBE_TIMEOUT,
 )
+from swarm.message_jitter import MessageJitter
 from swarm.transport import Transport, TransportError
 from swarm.wire import PeerRecord
 
@@ -62,24 +63,29 @@ class LinkProber:
     :param transport: the peer's transport (probes travel on its streams)
     :param sample_size: peers probed per round; unmeasured peers first, then the stalest
     :param rng: source of the sampling order (seed it for reproducible tests)
+    :param jitter: also given each ping's one-way time (half its round trip), until pipeline messages measure it
     """
 
     def __init__(self, transport: Transport, *, sample_size: int = PROBE_SAMPLE_SIZE, alpha: float = PROBE_EWMA_ALPHA,
                  ping_bytes: int = PROBE_PING_BYTES, goodput_bytes: int = PROBE_GOODPUT_BYTES,
-                 timeout: float = PROBE_TIMEOUT, rng: random.Random | None = None):
+                 timeout: float = PROBE_TIMEOUT, rng: random.Random | None = None,
+                 jitter: MessageJitter | None = None):
         if not 0 < alpha <= 1:
             raise ValueError(f"alpha must be in (0, 1], got {alpha}")
         self.transport, self.sample_size, self.alpha = transport, sample_size, alpha
         self.ping_bytes, self.goodput_bytes, self.timeout = ping_bytes, goodput_bytes, timeout
         self.rng = rng or random.Random()
+        self.jitter = jitter
         self._estimates: dict[str, LinkEstimate] = {}
         self._round = 0
         self._probed_at: dict[str, int] = {}
 
     def measure(self, peer_id: str) -> LinkEstimate:
         """One raw measurement of the link to ``peer_id``; raises TransportError if it cannot be reached."""
-        rtt = statistics.median(self.transport.probe(peer_id, self.ping_bytes, timeout=self.timeout)
-                                for _ in range(_PINGS))
+        pings = [self.transport.probe(peer_id, self.ping_bytes, timeout=self.timeout) for _ in range(_PINGS)]
+        rtt = statistics.median(pings)
+        if self.jitter is not None:
+            self.jitter.observe(f"{peer_id}/probe", [p / 2 for p in pings])
 
         def goodput(size: int) -> float:
             return size / max(self.transport.probe(peer_id, size, timeout=self.timeout) - rtt, 1e-6)

@@ -27,7 +27,7 @@ import time
 from collections import defaultdict
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import hivemind
 import torch
@@ -53,6 +53,7 @@ from swarm.dht_shutdown import stop_dht
 from swarm.gossip import GossipClient, GossipMessage, membership_topic, progress_topic, schedule_topic
 from swarm.identity import ensure_identity, load_identity
 from swarm.link_probe import LinkProber
+from swarm.message_jitter import MessageJitter
 from swarm.pipeline import Inbound, IterationAborted, IterationTimeout, PipelineExecutor, Undelivered
 from swarm.records import SwarmRecords
 from swarm.run_config import RunConfig
@@ -149,6 +150,8 @@ class Peer:
         self.links: dict[str, tuple[float, float]] = {}
         self.seconds_per_layer = 1.0
         self.loss_seconds = 0.0
+        self.jitter = MessageJitter()
+        """Deviations of the pipeline messages (and probes) it receives from their links' medians."""
         self._commit_periods: list[float] = []
         """Seconds between the scheduler's consecutive commits as this peer saw them: the swarm's iteration period,
         slowest peer and averaging included (for this peer's deadlines)."""
@@ -270,7 +273,7 @@ class Peer:
             self.seconds_per_layer = measure_seconds_per_layer(*shape)
         self._heartbeat = self.records.start_heartbeat(self._record, period=self.config.heartbeat,
                                                        ttl=3 * self.config.heartbeat)
-        self._prober = LinkProber(self._transport, sample_size=o.probe_sample)
+        self._prober = LinkProber(self._transport, sample_size=o.probe_sample, jitter=self.jitter)
         self._probe_links()
         threading.Thread(target=self._keep_probing, args=(self._halt,), name="skippipe-prober", daemon=True).start()
         self._connected: set[str] = set()
@@ -409,7 +412,8 @@ class Peer:
         return PeerRecord(peer_id=self.peer_id, stage=self.stage, seconds_per_layer=self.seconds_per_layer,
                           memory_slots=self.config.memory, links=dict(self.links), loss_seconds=self.loss_seconds,
                           addresses=tuple(str(a) for a in self._dht.get_visible_maddrs()), state=self.state,
-                          data_holder=bool(self.options.data_paths), control_addrs=tuple(self._gossip_info.maddrs))
+                          data_holder=bool(self.options.data_paths), control_addrs=tuple(self._gossip_info.maddrs),
+                          jitter=self.jitter.quantiles())
 
     # ---- the scheduler and its successor ------------------------------------------------------------
     def _connect_control_plane(self, records: dict[str, PeerRecord], limit: int = 8) -> None:
@@ -897,6 +901,8 @@ class Peer:
     # ---- messages ---------------------------------------------------------------------------------
     def _on_receive(self, sender: str, header: HopHeader, tensor: torch.Tensor) -> None:
         """Transport thread: hand over to the main loop (the worker is used from one thread only)."""
+        if header.sent_at and header.direction in (Direction.FORWARD, Direction.BACKWARD):
+            self.jitter.observe(f"{sender}/{header.direction.name}", time.time() - header.sent_at)
         self._raw.put(Inbound(sender, header, tensor))
 
     def _file(self, m: Inbound | Undelivered | None) -> None:
@@ -947,6 +953,8 @@ class Peer:
         was not comes back to the main loop as `Undelivered` (its executor detours it or reports it broken)."""
         plain = header.direction in (Direction.AVERAGE, Direction.STATE) or self.config.wire_dtype == "float32"
         wire = None if plain else self.config.wire_dtype
+        if header.direction in (Direction.FORWARD, Direction.BACKWARD):
+            header = replace(header, sent_at=time.time())  # before the sender queue: its wait is the link's too
 
         def deliver() -> bool:
             try:

@@ -17,7 +17,7 @@ from typing import Any
 import msgpack
 import torch
 
-from scheduler.constants import MAX_STAGES
+from scheduler.constants import JITTER_QUANTILES, MAX_JITTER_SECONDS, MAX_STAGES
 from scheduler.schedule import Schedule, ScheduleError
 from swarm.constants import (
     COMPRESSION_DTYPES,
@@ -281,6 +281,9 @@ class HopHeader:
     """dtype the sender computed in, when it cast the tensor for the wire; empty = none."""
     weight: int = 0
     """AVERAGE messages: microbatches behind the gradient sum (its weight in the group mean)."""
+    sent_at: float = 0.0
+    """Sender's wall clock when the message left its pipeline (0 = not stamped): the receiver measures jitter from
+    it against the link's median, so the clocks need not agree."""
     version: int = WIRE_VERSION
 
     @property
@@ -307,6 +310,8 @@ class HopHeader:
             d["restore_dtype"] = self.restore_dtype
         if self.weight:
             d["weight"] = self.weight
+        if self.sent_at:
+            d["sent_at"] = self.sent_at
         return pack(d)
 
     @classmethod
@@ -339,6 +344,7 @@ class HopHeader:
             stages=stages,
             restore_dtype=restore,
             weight=_int(d.get("weight", 0), "header.weight", 0, 1 << 40),
+            sent_at=_float(d.get("sent_at", 0.0), "header.sent_at", 0.0, 1e11),
             version=version,
         )
 
@@ -374,6 +380,9 @@ class PeerRecord:
     """Multiaddrs of its gossip sidecar, so peers stay connected on the control plane without the coordinator."""
     loss_seconds: float = 0.0
     """Measured time of the loss step (LM head, loss and its backward) for one microbatch; 0 = not measured."""
+    jitter: tuple[float, ...] = ()
+    """Quantiles (seconds) of how much the messages it received deviated from their link's median; () = not yet
+    measured (`swarm.message_jitter`)."""
     version: int = WIRE_VERSION
 
     def to_msgpack(self) -> bytes:
@@ -384,6 +393,7 @@ class PeerRecord:
             "links": {p: [float(lat), float(bw)] for p, (lat, bw) in self.links.items()},
             "addresses": list(self.addresses), "state": int(self.state), "data_holder": self.data_holder,
             "control_addrs": list(self.control_addrs),
+            **({"jitter": [float(j) for j in self.jitter]} if self.jitter else {}),
         })
 
     @classmethod
@@ -418,6 +428,8 @@ class PeerRecord:
             data_holder=data_holder,
             control_addrs=tuple(_str(a, "peer.control_addrs[]", MAX_ADDRESS_CHARS)
                                 for a in _list(d.get("control_addrs", []), "peer.control_addrs", MAX_ADDRESSES)),
+            jitter=tuple(_float(j, "peer.jitter[]", -MAX_JITTER_SECONDS, MAX_JITTER_SECONDS)
+                         for j in _list(d.get("jitter", []), "peer.jitter", JITTER_QUANTILES)),
             version=version,
         )
 

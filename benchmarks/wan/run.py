@@ -9,7 +9,9 @@ the kernel shapes each directed link to the profile's bandwidth (tc htb) and the
 latency; every peer emulates the profile's compute speed (`--emulate-speed`: operations padded to it, so 12-20
 peers fit on 2 cores). Peers measure their links by probing, as in a real run, and the coordinator plans on
 those measurements. The first iteration (streams opening) is not counted; the median of the others is compared
-with the simulation of the planned schedule on the measured cost tables it carries.
+with the simulation of the planned schedule on the measured cost tables it carries: the expected makespan over
+simulations whose messages deviate as the peers measured theirs deviate during the run (`jitter_ms` of the
+coordinator's metrics), next to the on-time simulation and the planner's own prediction.
 
 Writes to --out: results.json, wan.png (bar chart: measured vs simulated per method), trace-<method>.json
 (Chrome trace of every peer's compute and transfers; open in ui.perfetto.dev) and each run's logs.
@@ -23,6 +25,7 @@ import shutil
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +33,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from peers.model import FLAVORS  # noqa: E402
+from scheduler.expected_makespan import expected_makespan  # noqa: E402
 from scheduler.profiles import swarm_from  # noqa: E402
 from scheduler.round_trips import schedule_sim_routes  # noqa: E402
 from scheduler.simulator import simulate  # noqa: E402
@@ -90,7 +94,14 @@ def measure(args: argparse.Namespace, method: str, net: EmulatedNetwork, keys: P
     if newest.stem != "schedule-0":
         print(f"  note: {method} was re-planned ({newest.stem}); the last epoch is simulated", flush=True)
     schedule, tables = load_schedule_with_costs(str(newest))
-    simulated = simulate(tables, schedule_sim_routes(schedule, tables)).makespan
+    routes = schedule_sim_routes(schedule, tables)
+    on_time = simulate(tables, routes).makespan
+    # the jitter the scheduled peers measured on their pipeline messages during the run, as the coordinator
+    # logged it (the schedule's tables carry what they had measured when it was planned: mostly probes)
+    run_jitter = next((r["jitter_ms"] for r in reversed(records) if r.get("jitter_ms")), None)
+    expected = expected_makespan(replace(tables, jitter=np.array(run_jitter) / 1e3) if run_jitter else tables,
+                                 routes)
+    simulated = expected.mean
     ids = [ensure_identity(str(keys / f"peer-{i:02d}.key")) for i in range(args.peers)]
     labels = {p: f"peer-{i:02d} stage {schedule.placement.get(p, '-')}" for i, p in enumerate(ids)}
     spans = read_spans(run_dir.glob("trace-*.jsonl"))
@@ -102,13 +113,17 @@ def measure(args: argparse.Namespace, method: str, net: EmulatedNetwork, keys: P
     off = ~np.eye(len(order), dtype=bool)
     link_ratio = float(np.median(tables.message[off] / truth[off]))
     result = {"method": method, "measured_s": times, "median_s": statistics.median(times), "simulated_s": simulated,
-              "planned_s": schedule.predicted_iteration_seconds, "microbatches": len(schedule.routes),
+              "on_time_s": on_time, "planned_s": schedule.predicted_iteration_seconds,
+              "planned_jitter_ms": [round(1e3 * j, 2) for j in (tables.jitter if tables.jitter is not None else [])],
+              "run_jitter_ms": run_jitter, "simulated_p90_s": expected.p90, "microbatches": len(schedule.routes),
               "stages_per_path": sorted({len(r.stages) + 1 for r in schedule.routes}),
               "measured_over_emulated_message_time": round(link_ratio, 3),
               "wall_s": round(time.monotonic() - start, 1)}
     each = ", ".join(f"{t:.2f}" for t in times)
     print(f"{LABELS[method]:>22}: measured median {result['median_s']:.2f} s (iterations {each}), "
-          f"simulated {simulated:.2f} s, measured/simulated {result['median_s'] / simulated:.2f}; "
+          f"simulated {simulated:.2f} s with the run's jitter (on time {on_time:.2f}, planned "
+          f"{schedule.predicted_iteration_seconds or float('nan'):.2f}), measured/simulated "
+          f"{result['median_s'] / simulated:.2f} (on time {result['median_s'] / on_time:.2f}); "
           f"link model/emulated links {link_ratio:.2f}", flush=True)
     return result
 
@@ -124,8 +139,9 @@ def chart(results: list[dict], path: Path, title: str) -> None:
     med = [r["median_s"] for r in results]
     lo = [r["median_s"] - min(r["measured_s"]) for r in results]
     hi = [max(r["measured_s"]) - r["median_s"] for r in results]
-    ax.bar(x - 0.18, med, 0.36, yerr=[lo, hi], capsize=3, label="measured (median, min-max)", color="#3b75af")
-    ax.bar(x + 0.18, [r["simulated_s"] for r in results], 0.36, label="simulated", color="#f0a04b")
+    ax.bar(x - 0.27, med, 0.27, yerr=[lo, hi], capsize=3, label="measured (median, min-max)", color="#3b75af")
+    ax.bar(x, [r["simulated_s"] for r in results], 0.27, label="simulated, measured jitter", color="#f0a04b")
+    ax.bar(x + 0.27, [r["on_time_s"] for r in results], 0.27, label="simulated, on time", color="#f6d3a5")
     ax.set_xticks(x, [LABELS[r["method"]] for r in results])
     ax.set_ylabel("iteration time (s)")
     ax.set_title(title, fontsize=9)
