@@ -152,6 +152,10 @@ def test_local_swarm_trains_refuses_hostile_input_and_keeps_stages_identical(run
     assert [r["iteration"] for r in records] == list(range(1, ITERATIONS + 1))
     assert records[-1]["loss"] < records[0]["loss"] - 0.3, records
     assert all(r["epoch"] == 0 for r in records)  # the bogus epoch 99 was never adopted
+    # the peers measured their messages' jitter: from probes before the plan, from pipeline messages after it
+    assert len(schedule["meta"]["costs"]["jitter"]) >= 16
+    jitter = records[-1]["jitter_ms"]
+    assert len(jitter) == 16 and jitter == sorted(jitter) and jitter[0] <= 0 <= jitter[-1]
     logs = peer_logs(run.run_dir)
     everything = "\n".join(logs.values())
     assert re.search(rf"refused a message from {intruder.peer_id}: .*(msgpack|unpack|decode)", everything, re.I)

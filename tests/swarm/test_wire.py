@@ -54,12 +54,12 @@ def repack(data: bytes, **changes) -> bytes:
 
 # ---- round trips -------------------------------------------------------------------------------------------------
 def test_records_round_trip():
-    h = header(restore_dtype="float32", dtype="bfloat16")
+    h = header(restore_dtype="float32", dtype="bfloat16", sent_at=1796055206.4553084)
     assert HopHeader.from_msgpack(h.to_msgpack()) == h
     assert h.origin == PEER_A and h.target == PEER_B
     rec = PeerRecord(peer_id=PEER_A, stage=0, seconds_per_layer=0.01, memory_slots=3,
                      links={PEER_B: (0.002, 1.5e8)}, addresses=("/ip4/127.0.0.1/tcp/1",), state=PeerState.ONLINE,
-                     data_holder=True)
+                     data_holder=True, jitter=(-0.004, 0.0, 0.012))
     assert PeerRecord.from_msgpack(rec.to_msgpack()) == rec
     spec = RunSpec(run_id="run1", model={"flavor": "tiny", "n_layer": 4, "dims": [1, 2.5, None, True]}, stages=3,
                    skip_ratio=0.33, hyperparameters={"lr": 4e-4}, data={"path": "corpus"}, coordinator=PEER_A)
@@ -127,6 +127,8 @@ def test_oversized_message_rejected_before_unpacking():
     ({"shape": [1 << 20, 1 << 20]}, "exceeds the limit"),
     ({"stages": [0, 1]}, "stages"),
     ({"restore_dtype": "str"}, "dtype"),
+    ({"sent_at": -1.0}, "sent_at"),
+    ({"sent_at": "now"}, "sent_at"),
     ({"version": WIRE_VERSION + 1}, "version"),
     ({"version": ...}, "version"),
     ({"run": ...}, "run"),
@@ -167,6 +169,10 @@ def test_mis_sized_tensor_bytes_rejected():
     ({"links": {f"p{i}": [0.1, 1.0] for i in range(300)}}, "limit"),
     ({"addresses": ["a"] * 100}, "addresses"),
     ({"data_holder": 1}, "data_holder"),
+    ({"jitter": [0.01] * 17}, "jitter"),
+    ({"jitter": [float("nan")]}, "jitter"),
+    ({"jitter": [120.0]}, "jitter"),
+    ({"jitter": 0.01}, "jitter"),
 ])
 def test_bad_peer_record_rejected(changes, match):
     rec = PeerRecord(peer_id=PEER_A, stage=0, seconds_per_layer=0.01, memory_slots=3)
