@@ -127,18 +127,20 @@ def place(tables: CostTables, goal: PlacementGoal, *, pinned: dict[int, int] | N
 
 
 def place_joining(tables: CostTables, stage_of: np.ndarray, peer: int, goal: PlacementGoal, *,
-                  data_holder: bool = False) -> np.ndarray:
+                  data_holder: bool = False, holder_wanted: bool = False) -> np.ndarray:
     """Place one new peer (index `peer`, currently -1) where the swarm's score improves most; nobody else moves.
 
-    A stage that lost all its peers comes first: until someone serves it, paths have to skip it.
+    A stage that lost all its peers comes first: until someone serves it, paths have to skip it. Then, with
+    `holder_wanted`, stage 0: a data shard whose holder left is carried by another holder, which then injects
+    twice the microbatches and runs twice the loss steps, the whole iteration waiting on it.
     """
     out = stage_of.copy()
     if data_holder:
         out[peer] = 0
         return out
     empty = [st for st in range(1, goal.rules.num_stages) if not np.any(stage_of == st)]
-    if empty:
-        out[peer] = empty[0]
+    if empty or holder_wanted:
+        out[peer] = empty[0] if empty else 0
         return out
     options = []
     for st in range(1, goal.rules.num_stages):

@@ -56,6 +56,9 @@ logger = logging.getLogger(__name__)
 
 SETTLE_SECONDS = 2.0
 """After the last new peer announced itself, wait this long (for its link probes) before planning."""
+JOIN_PROBE_SECONDS = 60.0
+"""A peer joining mid-run is placed once its record shows its first round of link probes (it is ready to work,
+and the planner knows its links), or after this long without them."""
 LINK_WAIT_SECONDS = 30.0
 """Before the first plan, wait at most this long for the peers to have measured every link (a large swarm
 probes a sample of its links only, and plans with the gaps filled)."""
@@ -359,10 +362,14 @@ class Coordinator:
         stage_of = np.array([old.placement.get(p, -1) for p in ids])
         # survivors take over the stages left by graceful leavers first: a joiner would only get neighbour blocks
         handover = self._hand_over(tables, stage_of, handing_over)
+        num_shards = int(old.meta.get("num_shards", len(old.data_holders)))
         for i, p in enumerate(ids):
             if stage_of[i] < 0:
-                stage_of = place_joining(tables, stage_of, i, goal, data_holder=peers[p].data_holder)
-                logger.info("placing joining peer %s on stage %d", p, stage_of[i])
+                wanted = int(np.sum(stage_of == 0)) < num_shards  # a shard carried by a holder not its own
+                stage_of = place_joining(tables, stage_of, i, goal, data_holder=peers[p].data_holder,
+                                         holder_wanted=wanted)
+                logger.info("placing joining peer %s on stage %d%s", p, stage_of[i],
+                            " (a data shard lost its holder)" if wanted and stage_of[i] == 0 else "")
         if not np.any(stage_of == 0):
             raise RuntimeError("every data holder (stage 0) is gone: no microbatch can be injected until one joins")
         empty = {st for st in range(1, cfg.stages) if not np.any(stage_of == st)}
@@ -375,11 +382,16 @@ class Coordinator:
         holders = [ids[i] for i in np.flatnonzero(stage_of == 0)]
         shards: dict[str, list[int]] = {h: list(old.meta.get("shards", {}).get(h, [])) for h in holders}
         owned = {k for ks in shards.values() for k in ks}
-        for k in range(int(old.meta.get("num_shards", 0))):
+        for k in range(num_shards):
             if k not in owned:
                 taker = min(holders, key=lambda h: (len(shards[h]), h))
                 shards[taker].append(k)
                 logger.info("shard %d goes to %s", k, taker)
+        for h in holders:  # a new holder takes a shard over from one carrying several, at its committed position
+            donor = max(holders, key=lambda d: (len(shards[d]), d))
+            if not shards[h] and len(shards[donor]) > 1:
+                shards[h].append(shards[donor].pop())
+                logger.info("shard %d moves from %s to %s", shards[h][0], donor, h)
         counts = {ids.index(h): cfg.microbatches * max(1, len(ks)) for h, ks in shards.items()}
         schedule = plan_tables(tables, rules, self._plan_options(), stage_of=stage_of, epoch=old.epoch + 1,
                                run_id=cfg.run_id, microbatch_counts=counts)
@@ -390,8 +402,8 @@ class Coordinator:
         earlier = old.meta.get("handover") or {}
         handover.update({p: src for p, src in earlier.items() if p in schedule.placement and before is not None
                          and p in before.placement and before.placement[p] != schedule.placement[p]})
-        schedule.meta.update(start_iteration=start_iteration, num_shards=old.meta.get("num_shards", len(holders)),
-                             shards=shards, shard_positions=dict(self.shard_positions), joiners=joiners,
+        schedule.meta.update(start_iteration=start_iteration, num_shards=num_shards, shards=shards,
+                             shard_positions=dict(self.shard_positions), joiners=joiners,
                              restore=self._restore_sources(schedule, joiners, before), handover=handover)
         validate(schedule, balance_tolerance=None)
         return schedule
@@ -454,17 +466,23 @@ class Coordinator:
             self._first_seen.setdefault(p, now)
         gone = [p for p in self.schedule.placement if p not in peers]
         draining = [p for p in self.schedule.placement if p in peers and peers[p].state == PeerState.DRAINING]
+        # a joiner announces itself before it has probed its links: placed earlier, the others would wait for it
         joining = [p for p, r in peers.items() if p not in self.schedule.placement and r.state == PeerState.JOINING
-                   and now - self._first_seen[p] >= SETTLE_SECONDS]
+                   and now - self._first_seen[p] >= SETTLE_SECONDS
+                   and (r.links or now - self._first_seen[p] >= JOIN_PROBE_SECONDS)]
         if not gone and not joining and not draining:
             return
         if gone:
             self._publish(membership_topic(self.config.run_id), {"event": "gone", "peers": gone,
                                                                  "iteration": self.completed})
         # a holder's draws of the iteration in progress are ledgered against the positions of the last commit:
-        # without it, that iteration runs again (a draining holder is not announced gone: nothing is detoured)
-        holders = set(self.in_force(self.completed).data_holders)
-        start = self.completed if holders & {*gone, *draining} else self.completed + 1
+        # without it, or when a joiner is to take over a shard another holder carries, that iteration runs again
+        # (a draining holder is not announced gone: nothing is detoured)
+        in_force = self.in_force(self.completed)
+        holders = set(in_force.data_holders)
+        staying = len(holders - {*gone, *draining})
+        shard_moves = bool(joining) and staying < int(in_force.meta.get("num_shards", len(holders)))
+        start = self.completed if holders & {*gone, *draining} or shard_moves else self.completed + 1
         logger.warning("membership changed (gone: %s, leaving: %s, joining: %s): re-planning from iteration %d",
                        gone, draining, joining, start)
         live = {p: r for p, r in peers.items()

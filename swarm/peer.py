@@ -275,6 +275,10 @@ class Peer:
                                                        ttl=3 * self.config.heartbeat)
         self._prober = LinkProber(self._transport, sample_size=o.probe_sample, jitter=self.jitter)
         self._probe_links()
+        try:
+            self._heartbeat.beat_now()  # the scheduler places a joiner once its record shows its links
+        except Exception as e:  # the next heartbeat carries them anyway
+            logger.warning("could not publish the measured links at once: %s", e)
         threading.Thread(target=self._keep_probing, args=(self._halt,), name="skippipe-prober", daemon=True).start()
         self._connected: set[str] = set()
         self._connect_control_plane(self.records.fetch_peers())

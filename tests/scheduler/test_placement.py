@@ -47,6 +47,16 @@ def test_joining_peer_moves_nobody_else():
     assert (after[:13] == stage_of[:13]).all()
 
 
+def test_a_joiner_restores_a_missing_data_holder_unless_a_stage_is_empty():
+    tables, goal = tables_and_goal()
+    stage_of = place(tables, goal, iterations=10)
+    stage_of[13] = -1
+    assert place_joining(tables, stage_of, 13, goal, holder_wanted=True)[13] == 0
+    emptied = np.where(stage_of == 2, -1, stage_of)
+    emptied[13] = -1
+    assert place_joining(tables, emptied, 13, goal, holder_wanted=True)[13] == 2
+
+
 def test_departure_refills_an_emptied_stage_with_one_move():
     tables, goal = tables_and_goal()
     stage_of = place(tables, goal, iterations=10)

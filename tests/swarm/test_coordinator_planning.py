@@ -255,3 +255,38 @@ def test_a_broken_microbatch_reruns_the_iteration_without_the_peers_reported_unr
     assert relay in c._live_peers() and not published
     say({"event": "broken", "peer": reporter, "iteration": 3, "epoch": 0, "microbatch": 2})
     assert len(published) == 1 and published[0].meta["start_iteration"] == 3 and relay not in published[0].placement
+
+
+def test_a_joiner_is_placed_once_probed_and_restores_a_lost_data_holder_from_this_iteration(monkeypatch):
+    c = coordinator("skippipe")
+    peers = records()
+    c.schedule = c.plan(peers, epoch=0, start_iteration=0)
+    c.schedules, c.completed = [c.schedule], 3
+    assert c.schedule.meta["shards"] == {h: [i] for i, h in enumerate(c.schedule.data_holders)}
+    holder = c.schedule.data_holders[1]
+    live = {p: r for p, r in peers.items() if p != holder}
+    published = watch_publications(c, monkeypatch, live)
+    c._follow_membership(live)
+    carried = published[-1].meta["shards"]
+    assert holder not in carried and sorted(k for ks in carried.values() for k in ks) == [0, 1, 2]
+    carrier = next(h for h, ks in carried.items() if len(ks) == 2)
+    assert len(published[-1].routes_from(carrier)) == 8  # it injects its own microbatches and the lost shard's
+
+    # a volunteer announces itself: not placed before its record shows its first round of link probes
+    c.completed = 5
+    newcomer = dataclasses.replace(peers[holder], peer_id="peer-new", state=PeerState.JOINING, links={})
+    live = {**live, "peer-new": newcomer}
+    published = watch_publications(c, monkeypatch, live)
+    monkeypatch.setattr("swarm.coordinator.time.monotonic", lambda: 10.0)  # settled, not yet past the probe wait
+    c._first_seen["peer-new"] = 0.0
+    c._follow_membership(live)
+    assert not published
+    live["peer-new"] = dataclasses.replace(newcomer, links=peers[holder].links)
+    c._follow_membership(live)
+    schedule = published[-1]
+    # it becomes a data holder and takes the carried shard over, rerunning the iteration in progress so that the
+    # shard's position is the one of the last commit
+    assert schedule.placement["peer-new"] == 0 and schedule.meta["start_iteration"] == 5
+    assert len(schedule.meta["shards"]["peer-new"]) == 1 and len(schedule.meta["shards"][carrier]) == 1
+    assert {h: len(schedule.routes_from(h)) for h in schedule.data_holders} == dict.fromkeys(schedule.data_holders, 4)
+    validate(schedule, balance_tolerance=None)
