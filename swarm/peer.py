@@ -39,9 +39,10 @@ from peers.checkpoint import (
     param_digest,
     save_stage_checkpoint,
 )
-from peers.data import Corpus, Shard
+from peers.data import Corpus
 from peers.data_ledger import DataLedger
 from peers.device_speed import measure_loss_seconds, measure_seconds_per_layer
+from peers.holder_shards import HolderShards
 from peers.paced_worker import PacedWorker
 from peers.stage import balanced_split, neighbour_blocks, stage_template
 from peers.worker import StageWorker, WorkerError
@@ -156,8 +157,9 @@ class Peer:
         """Seconds between the scheduler's consecutive commits as this peer saw them: the swarm's iteration period,
         slowest peer and averaging included (for this peer's deadlines)."""
         self._last_commit: float | None = None
-        self.shards: dict[int, Shard] = {}
         self.ledger = DataLedger(options.ledger_path, holder=self.peer_id)
+        self.data: HolderShards | None = None
+        """The shards it draws from while it holds data (stage 0); set up once the corpus is built."""
         self._raw: queue.Queue[Inbound | Undelivered | None] = queue.Queue()
         """Messages for the main loop (None only wakes it up)."""
         self._gone: frozenset[str] = frozenset()
@@ -261,6 +263,7 @@ class Peer:
                              f"{self.model_config.vocab_size}")
         if o.data_paths:
             self.corpus = self.corpus.with_documents(o.data_paths)
+        self.data = HolderShards(self.corpus, self.ledger)
         shape = (self.model_config, self.config.data.batch_size, self.config.data.seq_len, o.device)
         self.loss_seconds = measure_loss_seconds(*shape)
         if o.emulate_seconds_per_layer:
@@ -687,20 +690,13 @@ class Peer:
         if self.stage != 0:
             return
         if self.options.data_paths:
-            self.shards = self.shards or {0: self.corpus.shard(0, 1)}
+            self.data.use_own_data()
             return
         specs = schedule.meta.get("shards", {}).get(self.peer_id)
-        total = int(schedule.meta.get("num_shards", len(schedule.data_holders)))
         if specs is None:
             specs = [schedule.data_holders.index(self.peer_id)]
-        positions = schedule.meta.get("shard_positions", {})
-        shards = {}
-        for k in specs:
-            shard = self.shards.get(k) or self.corpus.shard(int(k), total)
-            if k not in self.shards and positions.get(str(k)) is not None:
-                shard.load_state_dict(positions[str(k)])
-            shards[int(k)] = shard
-        self.shards = shards
+        self.data.assign(specs, int(schedule.meta.get("num_shards", len(schedule.data_holders))),
+                         schedule.meta.get("shard_positions", {}))
 
     def _receive_state(self, source: str | None = None, timeout: float = COMMIT_TIMEOUT) -> dict[int, Inbound]:
         """The two parts of a stage's state, from a same-stage peer (or from `source`, whatever its stage)."""
@@ -752,29 +748,16 @@ class Peer:
 
     # ---- one iteration ----------------------------------------------------------------------------
     def _draw(self, schedule: Schedule) -> dict[int, torch.Tensor]:
-        """This holder's microbatches for the iteration, round-robin over its shards, each draw ledgered."""
+        """This holder's microbatches for the iteration, in the order it injects them."""
         own = sorted((r for r in schedule.routes if r.origin == self.peer_id),
                      key=lambda r: (r.inject_after, r.microbatch))
-        self._snapshot = {k: s.state_dict() for k, s in self.shards.items()}
-        keys = sorted(self.shards)
-        batches = {}
-        for j, r in enumerate(own):
-            k = keys[j % len(keys)]
-            batches[r.microbatch] = self.shards[k].next_batch()
-            self.ledger.draw(iteration=self.iteration, epoch=schedule.epoch, shard=k,
-                             data_epoch=self.shards[k].epoch, microbatch=r.microbatch,
-                             windows=self.shards[k].last_indices)
-        return batches
+        return self.data.draw([r.microbatch for r in own], iteration=self.iteration, epoch=schedule.epoch)
 
     def _abandon_iteration(self) -> None:
         """Drop the iteration's gradients and stashes; a holder requeues its draws and rewinds its shards."""
         self.worker.reset()
-        if self.stage == 0 and getattr(self, "_snapshot", None):
-            self.ledger.requeue(self.iteration)
-            for k, state in self._snapshot.items():
-                if k in self.shards:
-                    self.shards[k].load_state_dict(state)
-            self._snapshot = {}
+        if self.stage == 0 and self.data is not None:
+            self.data.rewind(self.iteration)
         self._adopt_due_schedule()
 
     def _run_iteration(self) -> None:
@@ -793,7 +776,7 @@ class Peer:
             report = {"kind": "done", "peer": self.peer_id, "iteration": self.iteration, "epoch": schedule.epoch,
                       "loss_sum": result.loss_sum, "losses": result.losses, "tokens": result.tokens,
                       "started": result.started, "finished": time.time(), "dropped": result.dropped,
-                      "shards": {str(k): s.state_dict() for k, s in self.shards.items()}}
+                      "shards": self.data.positions()}
             self._gossip.publish(progress_topic(o.run_id), report, wait=False)
             if self._role is not None:  # gossip does not deliver a peer's own messages back to it
                 self._role._gossip_inbox.put(GossipMessage(topic=progress_topic(o.run_id), sender=self.peer_id,
@@ -802,8 +785,7 @@ class Peer:
         self._wait_for_commit(executor)
         self.timeline.record("commit", waited, time.time(), iteration=self.iteration)
         if self.stage == 0:
-            self.ledger.commit(self.iteration)
-            self._snapshot = {}
+            self.data.commit(self.iteration)
         t1 = time.perf_counter()
         group = schedule.stage_peers(self.stage)
         if self.config.averaging == "hivemind":
@@ -821,7 +803,7 @@ class Peer:
         done = self.iteration + 1
         if o.checkpoint_dir and self.config.checkpoint_every and done % self.config.checkpoint_every == 0:
             save_stage_checkpoint(o.checkpoint_dir, worker, iteration=done, seed=self.config.seed,
-                                  shard=next(iter(self.shards.values()), None),
+                                  shard=self.data.first(),
                                   extra={"run_id": o.run_id, "peer": self.peer_id, "epoch": schedule.epoch})
             logger.info("checkpoint of stage %d at iteration %d written to %s", self.stage, done, o.checkpoint_dir)
         if o.log_param_digest:

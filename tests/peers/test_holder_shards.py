@@ -1,0 +1,50 @@
+"""HolderShards: a holder's draws, rewound when an iteration is abandoned, and a shard handed over at its committed
+position: every sample processed exactly once."""
+
+from collections import Counter
+
+import pytest
+import torch
+
+from peers.data import Corpus, DataConfig
+from peers.data_ledger import DataLedger, sample_status
+from peers.holder_shards import HolderShards
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    return Corpus.build(DataConfig(seq_len=32, batch_size=4))
+
+
+def test_an_abandoned_iteration_draws_the_same_samples_again(corpus):
+    data = HolderShards(corpus, DataLedger(holder="a"))
+    data.assign([0, 2], 3, {})
+    first = data.draw([5, 6, 7], iteration=0, epoch=0)
+    data.rewind(0)
+    again = data.draw([5, 6, 7], iteration=0, epoch=1)
+    assert all(torch.equal(first[m], again[m]) for m in first)
+    data.commit(0)
+    status = sample_status(data.ledger.entries)
+    assert set(Counter(c["processed"] for c in status.values())) == {1}
+    assert all(c["requeued"] == 1 for c in status.values())
+    data.rewind(1)  # nothing drawn since the commit: nothing to rewind
+    assert data.ledger.entries[-1]["event"] == "processed"
+
+
+def test_a_shard_handed_over_at_its_committed_position_loses_and_repeats_nothing(corpus):
+    carrier, joiner = HolderShards(corpus, DataLedger(holder="a")), HolderShards(corpus, DataLedger(holder="b"))
+    carrier.assign([0, 1], 2, {})
+    carrier.draw([0, 1], iteration=0, epoch=0)
+    carrier.commit(0)
+    committed = carrier.positions()
+    carrier.draw([0, 1], iteration=1, epoch=0)  # the iteration in progress when the joiner arrives: rerun
+    carrier.rewind(1)
+    carrier.assign([0], 2, committed)  # it keeps shard 0 as it stands
+    joiner.assign([1], 2, committed)  # shard 1 moves at its committed position
+    carrier.draw([0], iteration=1, epoch=1)
+    joiner.draw([1], iteration=1, epoch=1)
+    carrier.commit(1)
+    joiner.commit(1)
+    status = sample_status(carrier.ledger.entries + joiner.ledger.entries)
+    assert set(Counter(c["processed"] for c in status.values())) == {1}
+    assert {e["shard"] for e in joiner.ledger.entries if e["event"] == "draw"} == {1}
