@@ -4,7 +4,9 @@
 
 Places and plans a random heterogeneous swarm once (the start of a run), then times what the scheduler does when
 a peer dies or joins: survivors keep their stages, a joiner is placed incrementally, and paths are planned
-again on the fixed placement (no placement search).
+again on the fixed placement (no placement search). The last row re-plans after the death again on tables that
+carry measured jitter (the quantiles the WAN benchmark's peers measured), which adds the jitter-aware polish
+(`REPLAN_JITTER_POLISH` moves of 1 + `jitter_draws` simulations each) that a live swarm's re-plans run.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import argparse
 import os
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -23,8 +26,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from scheduler.costs import CostTables  # noqa: E402
 from scheduler.path_rules import PathRules  # noqa: E402
 from scheduler.placement import PlacementGoal, place, place_joining  # noqa: E402
-from scheduler.planner import PlanOptions, default_model, plan_tables  # noqa: E402
+from scheduler.planner import REPLAN_JITTER_POLISH, PlanOptions, default_model, plan_tables  # noqa: E402
 from scheduler.profiles import random_swarm  # noqa: E402
+
+WAN_JITTER_MS = [-5.01, -3.0, -2.04, -1.39, -0.8, -0.41, -0.1, 0.0, 0.0, 0.02, 0.46, 1.31, 2.25, 3.76, 6.44,
+                 13.73]
+"""Message-time deviations the peers measured on the emulated WAN (BENCHMARKS "WAN", run 7, SkipPipe)."""
 
 
 def main() -> None:
@@ -50,6 +57,11 @@ def main() -> None:
     t0 = time.perf_counter()
     after_death = plan_tables(survivors, rules, PlanOptions(), stage_of=np.delete(stage_of, victim), epoch=1)
     t_death = time.perf_counter() - t0
+    jittery = replace(survivors, jitter=np.array(WAN_JITTER_MS) / 1e3)
+    t0 = time.perf_counter()
+    after_death_jitter = plan_tables(jittery, rules, replace(PlanOptions(), jitter_polish=REPLAN_JITTER_POLISH),
+                                     stage_of=np.delete(stage_of, victim), epoch=1)
+    t_death_jitter = time.perf_counter() - t0
     # a peer joins: placed incrementally, then paths again
     t0 = time.perf_counter()
     joined = np.append(stage_of, -1)
@@ -61,6 +73,9 @@ def main() -> None:
     print(f"re-plan after a relay died: {t_death:.2f} s (iteration {after_death.predicted_iteration_seconds:.2f} s)")
     print(f"re-plan after a peer joined (incremental placement + paths): {t_join:.2f} s (iteration "
           f"{after_join.predicted_iteration_seconds:.2f} s)")
+    print(f"re-plan after a relay died, on tables with measured jitter: {t_death_jitter:.2f} s (expected iteration "
+          f"{after_death_jitter.predicted_iteration_seconds:.2f} s; {t_death_jitter / t_death:.2f}x the re-plan "
+          "above)")
 
 
 if __name__ == "__main__":

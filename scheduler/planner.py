@@ -22,6 +22,10 @@ from scheduler.schedule import Route, Schedule
 from scheduler.simulator import Priority
 from scheduler.swarm_view import ModelCost, SwarmView
 
+REPLAN_JITTER_POLISH = 20
+"""Jitter-aware local-search moves of a re-plan (a first plan makes `PlanOptions.jitter_polish`): a membership
+change holds the swarm until the new epoch is out, and each such move costs 1 + jitter_draws simulations."""
+
 DEFAULT_MODEL = ModelCost.balanced(num_layers=24, num_stages=6, activation_bytes=8 * 1024 * 1024 * 4)
 """The paper's 500M-class model: 24 layers, an 8-sample x 1024-token x 1024-dim fp32 activation (32 MiB)."""
 
@@ -37,6 +41,11 @@ class PlanOptions:
     placement_iterations: int = 100
     collision_aware: bool = True
     priority: Priority = "backward_first"
+    jitter_draws: int = 8
+    """Jittered simulations per score in the polish below (only where the tables carry measured jitter)."""
+    jitter_polish: int = 100
+    """Local-search moves after the on-time ones, scored on the expected makespan under the measured jitter
+    (costs 1 + jitter_draws simulations each; 0 = off)."""
 
 
 def default_model(num_stages: int, num_layers: int | None = None) -> ModelCost:
@@ -96,7 +105,8 @@ def plan_tables(tables: CostTables, rules: PathRules, options: PlanOptions = Pla
     t_place = time.perf_counter() - t0
     problem = problem_for(tables, stage_of, rules, options.microbatches_per_holder, microbatch_counts)
     plan = plan_paths(problem, seed=options.seed, iterations=options.iterations,
-                      collision_aware=options.collision_aware, priority=options.priority)
+                      collision_aware=options.collision_aware, priority=options.priority,
+                      jitter_draws=options.jitter_draws, jitter_polish=options.jitter_polish)
     elapsed = time.perf_counter() - t0
     name = "skippipe" if options.collision_aware else "skippipe_without_collision_awareness"
     return make_schedule(tables, stage_of, plan.routes, rules, epoch=epoch, planner=name,

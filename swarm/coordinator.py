@@ -24,7 +24,7 @@ import statistics
 import threading
 import time
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +38,7 @@ from scheduler.constants import JITTER_QUANTILES, LOSS_FACTOR
 from scheduler.costs import CostTables, pooled_jitter, tables_from_dict
 from scheduler.path_rules import PathRules, rules_around
 from scheduler.placement import PlacementGoal, place_joining
-from scheduler.planner import PlanOptions, baseline_schedule, plan, plan_tables
+from scheduler.planner import REPLAN_JITTER_POLISH, PlanOptions, baseline_schedule, plan, plan_tables
 from scheduler.profiles import swarm_from
 from scheduler.schedule import Schedule, validate
 from scheduler.swarm_view import ModelCost, PeerSpec, SwarmView
@@ -393,7 +393,8 @@ class Coordinator:
                 shards[h].append(shards[donor].pop())
                 logger.info("shard %d moves from %s to %s", shards[h][0], donor, h)
         counts = {ids.index(h): cfg.microbatches * max(1, len(ks)) for h, ks in shards.items()}
-        schedule = plan_tables(tables, rules, self._plan_options(), stage_of=stage_of, epoch=old.epoch + 1,
+        options = replace(self._plan_options(), jitter_polish=REPLAN_JITTER_POLISH)  # the swarm waits for it
+        schedule = plan_tables(tables, rules, options, stage_of=stage_of, epoch=old.epoch + 1,
                                run_id=cfg.run_id, microbatch_counts=counts)
         schedule = self._as_configured(schedule, counts)
         before = self.in_force(start_iteration - 1) if start_iteration > 0 else None

@@ -87,3 +87,24 @@ def test_a_schedule_planned_on_measured_jitter_predicts_the_expected_iteration()
     assert "on_time_seconds" not in on_time.meta
     assert schedule.meta["on_time_seconds"] <= schedule.predicted_iteration_seconds
     assert schedule.meta["jitter_p90_seconds"] >= schedule.predicted_iteration_seconds
+
+
+def test_the_jitter_polish_never_worsens_the_expected_makespan_and_is_off_without_jitter():
+    from scheduler.paths import PathProblem, evaluate, plan_paths
+
+    rng = np.random.default_rng(5)
+    n = 8
+    tables = CostTables(ids=tuple(f"p{i}" for i in range(n)), forward=rng.uniform(0.5, 1.0, (n, 4)),
+                        message=rng.uniform(0.05, 0.3, (n, n)) * (1 - np.eye(n)), memory=np.full(n, 2))
+    stage_of = np.array([0, 0, 1, 1, 2, 2, 3, 3])
+    problem = PathProblem(tables, stage_of, (0, 1), (3, 3), PathRules(num_stages=4, stages_per_path=3))
+    on_time = plan_paths(problem, iterations=60)
+    assert plan_paths(problem, iterations=60, jitter_draws=8, jitter_polish=40).routes == on_time.routes
+    jittery = PathProblem(dataclasses.replace(tables, jitter=np.array([-0.05, -0.01, 0.0, 0.02, 0.1, 0.3])),
+                          stage_of, (0, 1), (3, 3), problem.rules)
+    base = plan_paths(jittery, iterations=60)
+    polished = plan_paths(jittery, iterations=60, jitter_draws=8, jitter_polish=40)
+    assert base.routes == on_time.routes  # the on-time search ignores jitter
+    assert evaluate(jittery, polished.routes, "backward_first", draws=8)[0] <= \
+        evaluate(jittery, base.routes, "backward_first", draws=8)[0]
+    assert polished.iterations > base.iterations
