@@ -365,7 +365,8 @@ class Coordinator:
         num_shards = int(old.meta.get("num_shards", len(old.data_holders)))
         for i, p in enumerate(ids):
             if stage_of[i] < 0:
-                wanted = int(np.sum(stage_of == 0)) < num_shards  # a shard carried by a holder not its own
+                # a shard carried by a holder not its own (holders with their own documents draw none of them)
+                wanted = sum(not peers[ids[j]].data_holder for j in np.flatnonzero(stage_of == 0)) < num_shards
                 stage_of = place_joining(tables, stage_of, i, goal, data_holder=peers[p].data_holder,
                                          holder_wanted=wanted)
                 logger.info("placing joining peer %s on stage %d%s", p, stage_of[i],
@@ -382,13 +383,15 @@ class Coordinator:
         holders = [ids[i] for i in np.flatnonzero(stage_of == 0)]
         shards: dict[str, list[int]] = {h: list(old.meta.get("shards", {}).get(h, [])) for h in holders}
         owned = {k for ks in shards.values() for k in ks}
+        # a holder with its own documents draws from them only: the run's shards go to the others where there are
+        takers = [h for h in holders if not peers[h].data_holder] or holders
         for k in range(num_shards):
             if k not in owned:
-                taker = min(holders, key=lambda h: (len(shards[h]), h))
+                taker = min(takers, key=lambda h: (len(shards[h]), h))
                 shards[taker].append(k)
                 logger.info("shard %d goes to %s", k, taker)
-        for h in holders:  # a new holder takes a shard over from one carrying several, at its committed position
-            donor = max(holders, key=lambda d: (len(shards[d]), d))
+        for h in takers:  # a new holder takes a shard over from one carrying several, at its committed position
+            donor = max(takers, key=lambda d: (len(shards[d]), d))
             if not shards[h] and len(shards[donor]) > 1:
                 shards[h].append(shards[donor].pop())
                 logger.info("shard %d moves from %s to %s", shards[h][0], donor, h)
@@ -481,8 +484,9 @@ class Coordinator:
         # (a draining holder is not announced gone: nothing is detoured)
         in_force = self.in_force(self.completed)
         holders = set(in_force.data_holders)
-        staying = len(holders - {*gone, *draining})
-        shard_moves = bool(joining) and staying < int(in_force.meta.get("num_shards", len(holders)))
+        staying = len({h for h in holders - {*gone, *draining} if h in peers and not peers[h].data_holder})
+        shard_moves = any(not peers[p].data_holder for p in joining) and \
+            staying < int(in_force.meta.get("num_shards", len(holders)))
         start = self.completed if holders & {*gone, *draining} or shard_moves else self.completed + 1
         logger.warning("membership changed (gone: %s, leaving: %s, joining: %s): re-planning from iteration %d",
                        gone, draining, joining, start)

@@ -290,3 +290,33 @@ def test_a_joiner_is_placed_once_probed_and_restores_a_lost_data_holder_from_thi
     assert len(schedule.meta["shards"]["peer-new"]) == 1 and len(schedule.meta["shards"][carrier]) == 1
     assert {h: len(schedule.routes_from(h)) for h in schedule.data_holders} == dict.fromkeys(schedule.data_holders, 4)
     validate(schedule, balance_tolerance=None)
+
+
+def test_a_joiner_with_its_own_documents_is_not_handed_a_carried_shard(monkeypatch):
+    c = coordinator("skippipe")
+    peers = records()
+    c.schedule = c.plan(peers, epoch=0, start_iteration=0)
+    c.schedules, c.completed = [c.schedule], 2
+    gone = c.schedule.data_holders[0]
+    live = {p: r for p, r in peers.items() if p != gone}
+    published = watch_publications(c, monkeypatch, live)
+    c._follow_membership(live)
+    carrier = next(h for h, ks in published[-1].meta["shards"].items() if len(ks) == 2)
+    # a volunteer with its own documents (--data) joins: a data holder, but it draws from them only
+    c.completed = 4
+    own = dataclasses.replace(peers[gone], peer_id="peer-own", state=PeerState.JOINING, data_holder=True)
+    live = {**live, "peer-own": own}
+    c._first_seen["peer-own"] = -100.0
+    c._follow_membership(live)
+    schedule = published[-1]
+    assert schedule.placement["peer-own"] == 0 and schedule.meta["shards"].get("peer-own", []) == []
+    assert len(schedule.meta["shards"][carrier]) == 2 and schedule.meta["start_iteration"] == 5
+    # a plain volunteer joins next: it becomes the carried shard's holder
+    c.completed = 6
+    plain = dataclasses.replace(peers[gone], peer_id="peer-plain", state=PeerState.JOINING)
+    live = {**live, "peer-plain": plain}
+    c._first_seen["peer-plain"] = -100.0
+    c._follow_membership(live)
+    schedule = published[-1]
+    assert schedule.placement["peer-plain"] == 0 and len(schedule.meta["shards"]["peer-plain"]) == 1
+    assert len(schedule.meta["shards"][carrier]) == 1 and schedule.meta["start_iteration"] == 6
