@@ -12,6 +12,7 @@ The code is organized as follows:
 - baselines.py: the DT-FM full pipeline and network-oblivious random skip
 - detour.py: how a microbatch in flight goes around a gone peer, and which detours a receiver accepts
 - simulator.py: discrete-event simulation of one iteration (makespan, busy time, collisions, memory)
+- expected_makespan.py: the iteration a schedule can expect when message times jitter as measured
 - round_trips.py: how long, in the plan, a peer waits for a microbatch it sent on to come back (per-hop deadlines)
 - gantt.py: a Gantt chart PNG of a simulated iteration
 - schedule.py: `Schedule` and `Route`, the versioned plan peers execute, and its validator

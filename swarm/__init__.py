@@ -25,6 +25,7 @@ The code is organized as follows:
 - records.py: SwarmRecords, the signed DHT records (run spec, per-peer heartbeat records, current schedule)
 - transport.py: Transport, activations and gradients over hivemind p2pd binary streams, with backpressure
 - link_probe.py: LinkProber, latency and goodput to sampled peers (EWMA), the links map of a PeerRecord
+- message_jitter.py: MessageJitter, how far received messages' times deviate from their link's median
 - averaging.py: StageAverager, per-stage DecentralizedAverager rounds weighted by microbatches processed
 - gossip.py: GossipClient, the owner side of the GossipSub control plane (schedules, membership), over a pipe
 - gossip_sidecar.py: the py-libp2p GossipSub sidecar process that GossipClient starts (never imports hivemind)
