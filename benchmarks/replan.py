@@ -23,15 +23,12 @@ import numpy as np
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.jitter_planning import WAN_JITTER_MS  # noqa: E402
 from scheduler.costs import CostTables  # noqa: E402
 from scheduler.path_rules import PathRules  # noqa: E402
 from scheduler.placement import PlacementGoal, place, place_joining  # noqa: E402
 from scheduler.planner import REPLAN_JITTER_POLISH, PlanOptions, default_model, plan_tables  # noqa: E402
 from scheduler.profiles import random_swarm  # noqa: E402
-
-WAN_JITTER_MS = [-5.01, -3.0, -2.04, -1.39, -0.8, -0.41, -0.1, 0.0, 0.0, 0.02, 0.46, 1.31, 2.25, 3.76, 6.44,
-                 13.73]
-"""Message-time deviations the peers measured on the emulated WAN (BENCHMARKS "WAN", run 7, SkipPipe)."""
 
 
 def main() -> None:
