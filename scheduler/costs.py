@@ -10,7 +10,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from scheduler.constants import BACKWARD_FACTOR, LOSS_FACTOR, MAX_JITTER_SAMPLES, MAX_JITTER_SECONDS
+from scheduler.constants import (
+    BACKWARD_FACTOR,
+    JITTER_QUANTILES,
+    LOSS_FACTOR,
+    MAX_JITTER_SAMPLES,
+    MAX_JITTER_SECONDS,
+)
 from scheduler.swarm_view import ModelCost, SwarmView
 
 
@@ -140,6 +146,11 @@ def tables_from_dict(data: object) -> CostTables:
                          "arrays") from None
     return CostTables(ids=tuple(ids), forward=forward, message=message, memory=memory, loss=loss, jitter=jitter,
                       **factors)
+
+
+def jitter_quantiles(deviations: np.ndarray | list[float], k: int = JITTER_QUANTILES) -> tuple[float, ...]:
+    """`k` evenly spaced quantiles (midpoints) of measured deviations, seconds: what a peer publishes."""
+    return tuple(float(q) for q in np.quantile(np.asarray(deviations, dtype=float), (np.arange(k) + 0.5) / k))
 
 
 def pooled_jitter(deviations: list[float]) -> np.ndarray | None:

@@ -34,8 +34,8 @@ import numpy as np
 from peers.data import Corpus
 from peers.model import ModelConfig
 from peers.stage import balanced_split, stage_template
-from scheduler.constants import JITTER_QUANTILES, LOSS_FACTOR
-from scheduler.costs import CostTables, pooled_jitter, tables_from_dict
+from scheduler.constants import LOSS_FACTOR
+from scheduler.costs import CostTables, jitter_quantiles, pooled_jitter, tables_from_dict
 from scheduler.path_rules import PathRules, rules_around
 from scheduler.placement import PlacementGoal, place_joining
 from scheduler.planner import REPLAN_JITTER_POLISH, PlanOptions, baseline_schedule, plan, plan_tables
@@ -86,6 +86,12 @@ def view_from_records(records: dict[str, PeerRecord]) -> SwarmView:
     lat, bw = link_matrices(records, order, default_latency=0.001, default_bandwidth=1e9)
     # measured latency already includes the per-message cost of the transport
     return SwarmView(peers=peers, latency=lat, bandwidth=bw, message_overhead=0.0)
+
+
+def shard_drawers(holders: Collection[str], peers: dict[str, PeerRecord]) -> list[str]:
+    """The data holders among `holders` that draw from the run's shards: one started with its own documents
+    (`--data`) draws from them only, so the run's shards are never given to it."""
+    return sorted(h for h in holders if h in peers and not peers[h].data_holder)
 
 
 class Coordinator:
@@ -330,8 +336,11 @@ class Coordinator:
         return schedule
 
     def _plan_options(self) -> PlanOptions:
-        return PlanOptions(microbatches_per_holder=self.config.microbatches, seed=self.config.seed,
-                           collision_aware=self.config.planner != "skippipe-no-collision")
+        options = PlanOptions(microbatches_per_holder=self.config.microbatches, seed=self.config.seed,
+                              collision_aware=self.config.planner != "skippipe-no-collision")
+        if self.config.planner in ("full-pipeline", "random-skip"):  # SkipPipe's paths are replaced: no polish
+            options = replace(options, jitter_polish=0)
+        return options
 
     def _as_configured(self, schedule: Schedule, counts: dict[int, int] | None = None) -> Schedule:
         """SkipPipe's schedule, or the configured baseline's on the same placement, work and costs."""
@@ -365,8 +374,8 @@ class Coordinator:
         num_shards = int(old.meta.get("num_shards", len(old.data_holders)))
         for i, p in enumerate(ids):
             if stage_of[i] < 0:
-                # a shard carried by a holder not its own (holders with their own documents draw none of them)
-                wanted = sum(not peers[ids[j]].data_holder for j in np.flatnonzero(stage_of == 0)) < num_shards
+                # a shard carried by a holder not its own
+                wanted = len(shard_drawers([ids[j] for j in np.flatnonzero(stage_of == 0)], peers)) < num_shards
                 stage_of = place_joining(tables, stage_of, i, goal, data_holder=peers[p].data_holder,
                                          holder_wanted=wanted)
                 logger.info("placing joining peer %s on stage %d%s", p, stage_of[i],
@@ -383,8 +392,7 @@ class Coordinator:
         holders = [ids[i] for i in np.flatnonzero(stage_of == 0)]
         shards: dict[str, list[int]] = {h: list(old.meta.get("shards", {}).get(h, [])) for h in holders}
         owned = {k for ks in shards.values() for k in ks}
-        # a holder with its own documents draws from them only: the run's shards go to the others where there are
-        takers = [h for h in holders if not peers[h].data_holder] or holders
+        takers = shard_drawers(holders, peers) or holders
         for k in range(num_shards):
             if k not in owned:
                 taker = min(takers, key=lambda h: (len(shards[h]), h))
@@ -396,7 +404,8 @@ class Coordinator:
                 shards[h].append(shards[donor].pop())
                 logger.info("shard %d moves from %s to %s", shards[h][0], donor, h)
         counts = {ids.index(h): cfg.microbatches * max(1, len(ks)) for h, ks in shards.items()}
-        options = replace(self._plan_options(), jitter_polish=REPLAN_JITTER_POLISH)  # the swarm waits for it
+        options = self._plan_options()
+        options = replace(options, jitter_polish=min(options.jitter_polish, REPLAN_JITTER_POLISH))  # the swarm waits
         schedule = plan_tables(tables, rules, options, stage_of=stage_of, epoch=old.epoch + 1,
                                run_id=cfg.run_id, microbatch_counts=counts)
         schedule = self._as_configured(schedule, counts)
@@ -484,8 +493,8 @@ class Coordinator:
         # (a draining holder is not announced gone: nothing is detoured)
         in_force = self.in_force(self.completed)
         holders = set(in_force.data_holders)
-        staying = len({h for h in holders - {*gone, *draining} if h in peers and not peers[h].data_holder})
-        shard_moves = any(not peers[p].data_holder for p in joining) and \
+        staying = len(shard_drawers(holders - {*gone, *draining}, peers))
+        shard_moves = bool(shard_drawers(joining, peers)) and \
             staying < int(in_force.meta.get("num_shards", len(holders)))
         start = self.completed if holders & {*gone, *draining} or shard_moves else self.completed + 1
         logger.warning("membership changed (gone: %s, leaving: %s, joining: %s): re-planning from iteration %d",
@@ -627,8 +636,7 @@ class Coordinator:
         jitter = pooled_jitter([d for p in self.in_force(iteration).placement if p in self._records
                                 for d in self._records[p].jitter])
         if jitter is not None:  # the scheduled peers' latest measurements, pooled as the planner pools them
-            points = (np.arange(JITTER_QUANTILES) + 0.5) / JITTER_QUANTILES
-            record["jitter_ms"] = [round(1e3 * float(q), 2) for q in np.quantile(jitter, points)]
+            record["jitter_ms"] = [round(1e3 * q, 2) for q in jitter_quantiles(jitter)]
         self.completed = max(self.completed, iteration + 1)
         logger.info("iteration %(iteration)d  loss %(loss).4f  %(tokens_per_s)s tokens/s  %(iteration_seconds).3f s  "
                     "%(peers_online)d peers  epoch %(epoch)d", record)

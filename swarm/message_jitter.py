@@ -18,6 +18,7 @@ from collections.abc import Iterable
 import numpy as np
 
 from scheduler.constants import JITTER_QUANTILES, MAX_JITTER_SECONDS
+from scheduler.costs import jitter_quantiles
 
 LINK_WINDOW = 32
 """Recent times per link that its median is taken over."""
@@ -64,7 +65,7 @@ class MessageJitter:
             pool = np.array(self._pool)
         if len(pool) < k:
             return ()
-        return tuple(round(float(q), 6) for q in np.quantile(pool, (np.arange(k) + 0.5) / k))
+        return tuple(round(q, 6) for q in jitter_quantiles(pool, k))
 
     def __len__(self) -> int:
         with self._lock:

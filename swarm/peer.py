@@ -756,7 +756,7 @@ class Peer:
     def _abandon_iteration(self) -> None:
         """Drop the iteration's gradients and stashes; a holder requeues its draws and rewinds its shards."""
         self.worker.reset()
-        if self.stage == 0 and self.data is not None:
+        if self.data is not None:  # a no-op unless it drew for this iteration
             self.data.rewind(self.iteration)
         self._adopt_due_schedule()
 
