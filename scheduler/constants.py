@@ -33,6 +33,18 @@ MAX_JITTER_SECONDS = 60.0
 JITTER_QUANTILES = 16
 """Points of its measured jitter distribution a peer publishes."""
 
+REBALANCE_MIN_GAIN = 0.1
+"""A survivor moves to refill a stage group a departure shrank only if the planned iteration gets this much shorter."""
+
+REBALANCE_HORIZON = 10
+"""Iterations a rebalancing move must pay its state transfer back in (a volunteer may join and refill it sooner)."""
+
+REBALANCE_CANDIDATES = 6
+"""Survivors a re-plan tries as the mover into each shrunk stage group (each try plans the paths quickly)."""
+
+STATE_BYTES_PER_PARAM_BYTE = 3
+"""A stage's state on the wire per byte of its weights: the weights and AdamW's two moments."""
+
 MAX_PEERS = 4096
 MAX_STAGES = 256
 MAX_MICROBATCHES = 1_000_000

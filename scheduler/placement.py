@@ -5,7 +5,8 @@ worst intra-stage link), 28 s for 20 nodes. Skip paths do not follow a fixed sta
 the wrong proxy. Here a placement is scored by what it is for: the simulated iteration of quickly planned
 routes (most-constrained-first, capacity-aware), plus the slowest stage's averaging round. A seeded local
 search swaps peers between stages. Joins and departures are incremental: a joining peer goes to the
-stage where it helps most, and survivors move only when a stage is left empty.
+stage where it helps most, and survivors move only with cause: a stage left empty that paths cannot skip, or a
+stage group a departure shrank into the swarm's bottleneck (`rebalance`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from scheduler.constants import REBALANCE_CANDIDATES, REBALANCE_HORIZON, REBALANCE_MIN_GAIN, STATE_BYTES_PER_PARAM_BYTE
 from scheduler.costs import CostTables
 from scheduler.path_rules import PathRules
 from scheduler.paths import PathProblem, RouteFinder, construct_by_capacity, evaluate
@@ -65,11 +67,17 @@ def averaging_seconds(stage_of: np.ndarray, goal: PlacementGoal) -> float:
     return worst
 
 
-def score_placement(tables: CostTables, stage_of: np.ndarray, goal: PlacementGoal) -> float:
-    """Simulated iteration of quickly planned routes on this placement, plus its averaging round."""
+def score_placement(tables: CostTables, stage_of: np.ndarray, goal: PlacementGoal,
+                    counts: dict[int, int] | None = None) -> float:
+    """Simulated iteration of quickly planned routes on this placement, plus its averaging round.
+
+    :param counts: data holder -> microbatches it injects (default: `goal.microbatches_per_holder` each)
+    """
     holders = tuple(int(h) for h in np.flatnonzero(stage_of == 0))
+    per = goal.microbatches_per_holder
     try:
-        problem = PathProblem(tables, stage_of, holders, (goal.microbatches_per_holder,) * len(holders), goal.rules)
+        problem = PathProblem(tables, stage_of, holders, tuple((counts or {}).get(h, per) for h in holders),
+                              goal.rules)
     except ValueError:
         return float("inf")
     finder = RouteFinder(problem)
@@ -174,3 +182,78 @@ def place_after_departure(tables: CostTables, stage_of: np.ndarray, departed: li
         moved.append(v)
     return out, moved
 
+
+
+def rebalance(tables: CostTables, stage_of: np.ndarray, shrunk: set[int], goal: PlacementGoal, *,
+              counts: dict[int, int] | None = None, fixed: set[int] = frozenset(), min_gain: float = REBALANCE_MIN_GAIN
+              ) -> tuple[np.ndarray, dict[int, int], dict[int, int]]:
+    """After departures: for each stage group they `shrunk`, the one move of a survivor into it that shortens the
+    quickly planned iteration most, if by at least `min_gain` and by more than the state transfer costs over
+    `REBALANCE_HORIZON` iterations. A lost peer can leave its stage the swarm's bottleneck (a lone peer serving
+    a whole group's microbatches; a data holder carrying a departed holder's shard, injecting and running the
+    loss of twice the microbatches) until a volunteer joins: one move often buys back most of the iteration.
+
+    Movers come from non-zero stages that keep a peer, and are not in `fixed` (e.g. this epoch's joiners). A
+    mover to stage 0 takes a carried shard over: it injects a holder's share of the holder carrying the most,
+    so stage 0 is a target only while some holder carries more than its share. Empty stages are not targets
+    (paths skip them; `place_after_departure` refills them where paths cannot).
+
+    :param counts: data holder -> microbatches it injects (default: `goal.microbatches_per_holder` each)
+    :returns: the new placement, the new counts, and mover -> the peer of its new stage it takes the state from
+        (the one with the fastest link to it)
+    """
+    out = stage_of.copy()
+    per = goal.microbatches_per_holder
+    counts = dict(counts or {int(h): per for h in np.flatnonzero(out == 0)})
+    moves: dict[int, int] = {}
+    for st in sorted(shrunk):
+        members = [int(v) for v in np.flatnonzero(out == st) if int(v) not in moves]
+        carrier = max(counts, key=lambda h: (counts[h], -h), default=None)
+        if not members or (st == 0 and (carrier is None or counts[carrier] <= per)):
+            continue
+        base = score_placement(tables, out, goal, counts)
+        best: tuple[float, int, np.ndarray, dict[int, int]] | None = None
+        for v in _movers(tables, out, st, goal, set(moves) | set(fixed)):
+            trial, trial_counts = out.copy(), dict(counts)
+            trial[v] = st
+            if st == 0:
+                trial_counts[carrier] -= per
+                trial_counts[v] = per
+            score = score_placement(tables, trial, goal, trial_counts)
+            if best is None or score < best[0]:
+                best = (score, v, trial, trial_counts)
+        if best is None:
+            continue
+        score, v, trial, trial_counts = best
+        source = max(members, key=lambda m: (_state_bandwidth(tables, goal, m, v), -m))
+        transfer = _transfer_seconds(goal, st, source, v)
+        if score <= base * (1 - min_gain) and (base - score) * REBALANCE_HORIZON > transfer:
+            out, counts = trial, trial_counts
+            moves[v] = source
+    return out, counts, moves
+
+
+def _movers(tables: CostTables, stage_of: np.ndarray, stage: int, goal: PlacementGoal, fixed: set[int]) -> list[int]:
+    """Up to `REBALANCE_CANDIDATES` peers that may move to `stage`: from the largest other non-zero groups
+    first, then the best connected to the peers of the stages next to it (those it will exchange with)."""
+    sizes = np.bincount(stage_of[stage_of >= 0], minlength=goal.rules.num_stages)
+    spare = [int(v) for v in np.flatnonzero(stage_of > 0)
+             if stage_of[v] != stage and sizes[stage_of[v]] >= 2 and int(v) not in fixed]
+    near = np.flatnonzero(np.isin(stage_of, [stage - 1, (stage + 1) % goal.rules.num_stages]))
+    spare.sort(key=lambda v: (-sizes[stage_of[v]],
+                              float(tables.message[v, near].sum() + tables.message[near, v].sum()), v))
+    return spare[:REBALANCE_CANDIDATES]
+
+
+def _state_bandwidth(tables: CostTables, goal: PlacementGoal, source: int, to: int) -> float:
+    if goal.bandwidth is not None:
+        return float(goal.bandwidth[source, to])
+    return 1.0 / max(float(tables.message[source, to]), 1e-9)
+
+
+def _transfer_seconds(goal: PlacementGoal, stage: int, source: int, to: int) -> float:
+    """Seconds to send a stage's weights and optimizer state over one link (0 when the goal has no link data)."""
+    if not goal.stage_param_bytes or goal.bandwidth is None or goal.latency is None:
+        return 0.0
+    nbytes = STATE_BYTES_PER_PARAM_BYTE * goal.stage_param_bytes[stage]
+    return float(nbytes / goal.bandwidth[source, to] + goal.latency[source, to])

@@ -37,7 +37,7 @@ from peers.stage import balanced_split, stage_template
 from scheduler.constants import LOSS_FACTOR
 from scheduler.costs import CostTables, jitter_quantiles, pooled_jitter, tables_from_dict
 from scheduler.path_rules import PathRules, rules_around
-from scheduler.placement import PlacementGoal, place_joining
+from scheduler.placement import PlacementGoal, place_after_departure, place_joining, rebalance
 from scheduler.planner import REPLAN_JITTER_POLISH, PlanOptions, baseline_schedule, plan, plan_tables
 from scheduler.profiles import swarm_from
 from scheduler.schedule import Schedule, validate
@@ -354,8 +354,9 @@ class Coordinator:
 
     def replan(self, peers: dict[str, PeerRecord], *, start_iteration: int,
                handing_over: Collection[str] = ()) -> Schedule:
-        """A new epoch for the live `peers`: survivors keep their stages, newcomers are placed one by one where
-        they help most, and departed holders' shards go to the surviving holders with the fewest.
+        """A new epoch for the live `peers`: survivors keep their stages unless a move buys back what a departure
+        cost, newcomers are placed one by one where they help most, and departed holders' shards go to the
+        surviving holders with the fewest.
 
         :param handing_over: peers leaving gracefully: when one was the last of its stage, a peer of the largest
           other stage group moves there and takes the stage's state over from it (`meta["handover"]`)
@@ -372,6 +373,7 @@ class Coordinator:
         # survivors take over the stages left by graceful leavers first: a joiner would only get neighbour blocks
         handover = self._hand_over(tables, stage_of, handing_over)
         num_shards = int(old.meta.get("num_shards", len(old.data_holders)))
+        fixed = {ids.index(p) for p in handover} | {i for i in range(len(ids)) if stage_of[i] < 0}
         for i, p in enumerate(ids):
             if stage_of[i] < 0:
                 # a shard carried by a holder not its own
@@ -382,6 +384,14 @@ class Coordinator:
                             " (a data shard lost its holder)" if wanted and stage_of[i] == 0 else "")
         if not np.any(stage_of == 0):
             raise RuntimeError("every data holder (stage 0) is gone: no microbatch can be injected until one joins")
+        if cfg.rebalance:
+            stage_of = self._rebalance(tables, goal, stage_of, peers, handover, fixed)
+        if cfg.planner == "full-pipeline":  # every microbatch visits every stage: an empty one is refilled
+            was = stage_of.copy()
+            stage_of, filled = place_after_departure(tables, stage_of, [], goal)
+            for v in filled:
+                logger.warning("stage %d lost every peer and a full pipeline cannot skip it: %s moves there from "
+                               "stage %d and restarts it", stage_of[v], ids[v], was[v])
         empty = {st for st in range(1, cfg.stages) if not np.any(stage_of == st)}
         if empty:
             asked = rules.stages_per_path
@@ -390,19 +400,7 @@ class Coordinator:
                            sorted(empty), f"; the skip budget is relaxed: paths visit {rules.stages_per_path} "
                            f"stages instead of {asked}" if relaxed else "")
         holders = [ids[i] for i in np.flatnonzero(stage_of == 0)]
-        shards: dict[str, list[int]] = {h: list(old.meta.get("shards", {}).get(h, [])) for h in holders}
-        owned = {k for ks in shards.values() for k in ks}
-        takers = shard_drawers(holders, peers) or holders
-        for k in range(num_shards):
-            if k not in owned:
-                taker = min(takers, key=lambda h: (len(shards[h]), h))
-                shards[taker].append(k)
-                logger.info("shard %d goes to %s", k, taker)
-        for h in takers:  # a new holder takes a shard over from one carrying several, at its committed position
-            donor = max(takers, key=lambda d: (len(shards[d]), d))
-            if not shards[h] and len(shards[donor]) > 1:
-                shards[h].append(shards[donor].pop())
-                logger.info("shard %d moves from %s to %s", shards[h][0], donor, h)
+        shards = self._assign_shards(holders, peers, num_shards, log=True)
         counts = {ids.index(h): cfg.microbatches * max(1, len(ks)) for h, ks in shards.items()}
         options = self._plan_options()
         options = replace(options, jitter_polish=min(options.jitter_polish, REPLAN_JITTER_POLISH))  # the swarm waits
@@ -417,9 +415,51 @@ class Coordinator:
                          and p in before.placement and before.placement[p] != schedule.placement[p]})
         schedule.meta.update(start_iteration=start_iteration, num_shards=num_shards, shards=shards,
                              shard_positions=dict(self.shard_positions), joiners=joiners,
-                             restore=self._restore_sources(schedule, joiners, before), handover=handover)
+                             restore=self._restore_sources(schedule, before, handover), handover=handover)
         validate(schedule, balance_tolerance=None)
         return schedule
+
+    def _rebalance(self, tables: CostTables, goal: PlacementGoal, stage_of: np.ndarray,
+                   peers: dict[str, PeerRecord], handover: dict[str, str], fixed: set[int]) -> np.ndarray:
+        """Moves of survivors into the stage groups departures shrank, where they pay (`placement.rebalance`);
+        each mover is added to `handover` with the peer of its new stage that sends it the stage's state."""
+        old, ids = self.schedule, list(tables.ids)
+        had = np.bincount(list(old.placement.values()), minlength=old.num_stages)
+        has = np.bincount(stage_of[stage_of >= 0], minlength=old.num_stages)
+        shrunk = {st for st in range(old.num_stages) if has[st] < had[st]}
+        if not shrunk:
+            return stage_of
+        holders = [ids[i] for i in np.flatnonzero(stage_of == 0)]
+        shards = self._assign_shards(holders, peers, int(old.meta.get("num_shards", len(old.data_holders))))
+        counts = {ids.index(h): self.config.microbatches * max(1, len(ks)) for h, ks in shards.items()}
+        own_data = {i for i in range(len(ids)) if peers[ids[i]].data_holder}  # they draw their own documents only
+        out, _, moves = rebalance(tables, stage_of, shrunk, goal, counts=counts, fixed=fixed | own_data)
+        for v, source in moves.items():
+            logger.warning("stage %d's group shrank: %s moves there from stage %d and takes its state over from %s",
+                           out[v], ids[v], stage_of[v], ids[source])
+            handover[ids[v]] = ids[source]
+        return out
+
+    def _assign_shards(self, holders: list[str], peers: dict[str, PeerRecord], num_shards: int, *,
+                       log: bool = False) -> dict[str, list[int]]:
+        """Holder -> the run's shards it draws from: each keeps its own; a departed holder's go to the drawer with
+        the fewest; a new holder takes one over from a drawer carrying several (at its committed position)."""
+        shards: dict[str, list[int]] = {h: list(self.schedule.meta.get("shards", {}).get(h, [])) for h in holders}
+        owned = {k for ks in shards.values() for k in ks}
+        takers = shard_drawers(holders, peers) or holders
+        for k in range(num_shards):
+            if k not in owned:
+                taker = min(takers, key=lambda h: (len(shards[h]), h))
+                shards[taker].append(k)
+                if log:
+                    logger.info("shard %d goes to %s", k, taker)
+        for h in takers:
+            donor = max(takers, key=lambda d: (len(shards[d]), d))
+            if not shards[h] and len(shards[donor]) > 1:
+                shards[h].append(shards[donor].pop())
+                if log:
+                    logger.info("shard %d moves from %s to %s", shards[h][0], donor, h)
+        return shards
 
     def _hand_over(self, tables: CostTables, stage_of: np.ndarray, leaving: Collection[str]) -> dict[str, str]:
         """Moves for stages whose last peers leave gracefully (`stage_of` is updated): mover -> the leaving peer it
@@ -450,15 +490,16 @@ class Coordinator:
         return moves
 
     @staticmethod
-    def _restore_sources(schedule: Schedule, joiners: list[str], before: Schedule | None) -> dict[str, str]:
-        """Joiner -> the peer whose stage it starts from, for joiners of a stage nobody kept serving: a veteran
-        of the nearest stage below (above if none); the joiner uses its own checkpoint of the stage instead if it
-        has one."""
+    def _restore_sources(schedule: Schedule, before: Schedule | None, handover: dict[str, str]) -> dict[str, str]:
+        """Peer new to its stage (a joiner, or a mover with no stage peer to take the state from) -> the peer it
+        starts the stage from, for stages nobody kept serving: a veteran of the nearest stage below (above if
+        none); a joiner uses its own checkpoint of the stage instead if it has one."""
         if before is None:
             return {}
-        veterans = {p: st for p, st in schedule.placement.items() if p not in joiners and p in before.placement}
+        fresh = [p for p, st in schedule.placement.items() if before.placement.get(p) != st and p not in handover]
+        veterans = {p: st for p, st in schedule.placement.items() if before.placement.get(p) == st}
         sources = {}
-        for p in joiners:
+        for p in fresh:
             st = schedule.placement[p]
             if st == 0 or st in veterans.values():
                 continue

@@ -362,10 +362,12 @@ class Peer:
         logger.info("left gracefully: schedule epoch %d runs without this peer from iteration %d",
                     self.schedule.epoch, self.iteration)
 
-    def _move(self, schedule: Schedule, source: str) -> None:
-        """The scheduler moved this peer to another stage, to take over from `source`, that stage's last peer, which
-        leaves gracefully and hands the state over. Should the state not come, the stage restarts from this peer's
-        own blocks (as a stage that lost every peer restarts from a neighbour's)."""
+    def _move(self, schedule: Schedule, source: str, *, restart: bool = False) -> None:
+        """The scheduler moved this peer to another stage, to take its state over from `source`: that stage's last
+        peer leaving gracefully, or a peer staying on it (the move refills a group a departure shrank). With
+        `restart`, nobody has the stage any more and `source` is a peer of a neighbouring stage (a full pipeline
+        cannot skip the stage): it restarts as a joiner of an emptied stage does. Should the state not come, the
+        stage restarts from this peer's own blocks (as a stage that lost every peer restarts from a neighbour's)."""
         old, old_stage = self.worker, self.stage
         self.stage, self.state = schedule.placement[self.peer_id], PeerState.JOINING
         self.worker = self._new_worker(schedule)
@@ -373,9 +375,13 @@ class Peer:
             self._averager.shutdown()
             self._averager = None
         try:
-            steps = load_state(self.worker, self._receive_state(source, timeout=HANDOVER_TIMEOUT))
-            logger.warning("moved from stage %d to stage %d: took over its state (step %d) from %s, which leaves",
-                           old_stage, self.stage, steps, source)
+            if restart:
+                self._restore_stage(source, schedule.placement[source])
+                logger.warning("moved from stage %d to stage %d, which had no peer left", old_stage, self.stage)
+            else:
+                steps = load_state(self.worker, self._receive_state(source, timeout=HANDOVER_TIMEOUT))
+                logger.warning("moved from stage %d to stage %d: took over its state (step %d) from %s", old_stage,
+                               self.stage, steps, source)
         except (TimeoutError, WorkerError) as e:
             load_stage_tensors(self.worker, neighbour_blocks(self.worker.module, old.module.state_dict()), {},
                                steps=old.steps)
@@ -646,8 +652,10 @@ class Peer:
         old = self.schedule
         moved = self.peer_id in schedule.placement and schedule.placement[self.peer_id] != self.stage
         handover = schedule.meta.get("handover")
-        source = handover.get(self.peer_id) if isinstance(handover, dict) else None
-        if moved and not isinstance(source, str):
+        handover = handover if isinstance(handover, dict) else {}
+        source = handover.get(self.peer_id)
+        restart = self._restore_source(schedule, self.peer_id) if moved and not isinstance(source, str) else None
+        if moved and not isinstance(source, str) and restart is None:
             logger.error("schedule epoch %d moves this peer to stage %d without a peer to take it over from: refused",
                          schedule.epoch, schedule.placement[self.peer_id])
             return
@@ -668,19 +676,24 @@ class Peer:
         if self.peer_id not in schedule.placement:
             return
         if moved:
-            self._move(schedule, source)
+            self._move(schedule, source if restart is None else restart, restart=restart is not None)
+            self._set_shards(schedule)
             return
         joiners = set(schedule.meta.get("joiners", ()))
         newcomers = [p for p in schedule.stage_peers(self.stage) if p in joiners]
         veterans = [p for p in schedule.stage_peers(self.stage) if p not in joiners and p in old.placement]
-        # the first veteran of a stage equips its newcomers; the scheduler names who equips a restarted stage
+        # the first veteran of a stage equips its newcomers; the scheduler names who equips a moved peer and a
+        # restarted stage
         receivers = newcomers if veterans and veterans[0] == self.peer_id else []
-        receivers += [p for p in joiners if self._restore_source(schedule, p) == self.peer_id]
+        receivers += [p for p, src in handover.items() if src == self.peer_id and p in schedule.placement
+                      and p not in receivers]
+        receivers += [p for p in schedule.placement if p != self.peer_id and p not in receivers
+                      and self._restore_source(schedule, p) == self.peer_id]
         for peer in receivers:
             send_state(me=self.peer_id, worker=self.worker, to=peer, run_id=self.options.run_id,
                        iteration=self.iteration, epoch=schedule.epoch, send=self._send)
-            logger.info("sent stage %d's state to joining peer %s (stage %d)", self.stage, peer,
-                        schedule.placement.get(peer, -1))
+            logger.info("sent stage %d's state to %s peer %s (stage %d)", self.stage,
+                        "joining" if peer in joiners else "moving", peer, schedule.placement.get(peer, -1))
         self._set_shards(schedule)
         logger.info("adopted schedule epoch %d at iteration %d (%d peers)", schedule.epoch, self.iteration,
                     len(schedule.placement))

@@ -26,6 +26,7 @@ batch_size = 8
 wire_dtype = "float32"  # or float16 / bfloat16 on the wire
 profile = ""            # plan on a network preset instead of the measured links (studies, emulation)
 planner = "skippipe"    # or skippipe-no-collision / full-pipeline / random-skip (baselines, for benchmarks)
+rebalance = true        # a survivor may move to a stage group a departure left the bottleneck
 ```
 """
 
@@ -76,6 +77,9 @@ class RunConfig:
     planner: Planner = "skippipe"
     """How paths are chosen: SkipPipe (with or without collision awareness), or a baseline on the same placement:
     the DT-FM full pipeline (every stage in order, columns tuned on the simulator) or network-oblivious random skip."""
+    rebalance: bool = True
+    """After a departure, move a survivor into a stage group it shrank when that shortens the planned iteration by
+    `REBALANCE_MIN_GAIN` or more, state transfer included (false: survivors keep their stages until a peer joins)."""
     heartbeat: float = 2.0
     """Seconds between a peer's record refreshes; a record expires after three missed ones (failure detection)."""
     averaging: Averaging = "allgather"
@@ -112,6 +116,8 @@ class RunConfig:
             raise ValueError(f"swarm.heartbeat must be 0.2-60 seconds, got {self.heartbeat!r}")
         if self.planner not in PLANNERS:
             raise ValueError(f"swarm.planner must be one of {', '.join(PLANNERS)}, got {self.planner!r}")
+        if not isinstance(self.rebalance, bool):
+            raise ValueError(f"swarm.rebalance must be true or false, got {self.rebalance!r}")
         if self.averaging not in ("allgather", "hivemind"):
             raise ValueError(f"swarm.averaging must be allgather or hivemind, got {self.averaging!r}")
         if not isinstance(self.profile, str):

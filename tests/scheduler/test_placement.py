@@ -2,7 +2,15 @@ import numpy as np
 
 from scheduler.costs import CostTables
 from scheduler.path_rules import PathRules
-from scheduler.placement import PlacementGoal, place, place_after_departure, place_joining, stage_sizes
+from scheduler.placement import (
+    PlacementGoal,
+    place,
+    place_after_departure,
+    place_joining,
+    rebalance,
+    score_placement,
+    stage_sizes,
+)
 from scheduler.planner import default_model
 from scheduler.profiles import preset, random_swarm
 
@@ -74,3 +82,37 @@ def test_departure_without_empty_stage_moves_nobody():
     victim = int(np.flatnonzero(stage_of == 1)[0])
     after, moved = place_after_departure(tables, stage_of, [victim], goal)
     assert moved == []
+
+
+def test_rebalance_moves_a_survivor_into_a_shrunk_group_only_when_it_pays():
+    tables, goal = tables_and_goal()
+    stage_of = place(tables, goal, iterations=10)
+    group = [int(v) for v in np.flatnonzero(stage_of == 1)]
+    shrunk = stage_of.copy()
+    shrunk[group[1:]] = -1  # stage 1 keeps one peer of its group: every path through it waits on that peer
+    after, counts, moves = rebalance(tables, shrunk, {1}, goal)
+    assert len(moves) == 1
+    (mover, source), = moves.items()
+    assert shrunk[mover] not in (0, 1) and after[mover] == 1 and source == group[0]
+    assert np.sum(after == shrunk[mover]) >= 1  # the mover's old stage keeps a peer
+    others = [v for v in range(len(after)) if v != mover]
+    assert (after[others] == shrunk[others]).all()
+    assert score_placement(tables, after, goal) <= 0.9 * score_placement(tables, shrunk, goal)
+    assert counts == {int(h): 3 for h in np.flatnonzero(shrunk == 0)}
+    assert rebalance(tables, shrunk, {1}, goal, min_gain=0.99)[2] == {}  # not worth a move
+    assert rebalance(tables, shrunk, {1}, goal, fixed=set(range(len(after))))[2] == {}  # nobody may move
+
+
+def test_rebalance_refills_stage_0_only_to_take_a_carried_shard_over():
+    tables, goal = tables_and_goal()
+    stage_of = place(tables, goal, iterations=10)
+    holders = [int(v) for v in np.flatnonzero(stage_of == 0)]
+    shrunk = stage_of.copy()
+    shrunk[holders[0]] = -1
+    even = {h: 3 for h in holders[1:]}
+    assert rebalance(tables, shrunk, {0}, goal, counts=even)[2] == {}  # nobody carries a second share
+    carried = {**even, holders[1]: 6}
+    after, counts, moves = rebalance(tables, shrunk, {0}, goal, counts=carried)
+    (mover, source), = moves.items()
+    assert after[mover] == 0 and source in holders[1:]
+    assert counts == {**even, mover: 3} and sum(counts.values()) == sum(carried.values())

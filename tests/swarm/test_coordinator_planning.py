@@ -27,8 +27,9 @@ def records() -> dict[str, PeerRecord]:
             for i, p in enumerate(ids)}
 
 
-def coordinator(planner: str) -> Coordinator:
-    config = RunConfig(run_id="plan-test", model="small", stages=STAGES, skip=0.33, microbatches=4, planner=planner)
+def coordinator(planner: str, *, rebalance: bool = True) -> Coordinator:
+    config = RunConfig(run_id="plan-test", model="small", stages=STAGES, skip=0.33, microbatches=4, planner=planner,
+                       rebalance=rebalance)
     config.validate()
     c = Coordinator.__new__(Coordinator)
     c.config, c.peer_id = config, "coordinator"
@@ -53,7 +54,10 @@ def test_each_planner_gives_a_valid_schedule_and_keeps_its_method_on_replanning(
     gone = next(p for p in schedule.placement if schedule.placement[p] == 3)
     again = c.replan({p: r for p, r in peers.items() if p != gone}, start_iteration=5)
     assert again.planner == expected and gone not in again.placement and again.epoch == 1
-    assert all(again.placement[p] == s for p, s in schedule.placement.items() if p != gone)
+    # survivors keep their stages, but for a move into the shrunk group, which takes its state from a peer there
+    moved = {p for p, s in schedule.placement.items() if p != gone and again.placement[p] != s}
+    assert moved == set(again.meta["handover"]) and all(again.placement[p] == 3 for p in moved)
+    assert all(schedule.placement[again.meta["handover"][p]] == 3 for p in moved)
 
 
 def test_skippipe_beats_the_full_pipeline_on_the_geo_links():
@@ -258,7 +262,7 @@ def test_a_broken_microbatch_reruns_the_iteration_without_the_peers_reported_unr
 
 
 def test_a_joiner_is_placed_once_probed_and_restores_a_lost_data_holder_from_this_iteration(monkeypatch):
-    c = coordinator("skippipe")
+    c = coordinator("skippipe", rebalance=False)  # survivors stay put: the lost holder's shard is carried
     peers = records()
     c.schedule = c.plan(peers, epoch=0, start_iteration=0)
     c.schedules, c.completed = [c.schedule], 3
@@ -293,7 +297,7 @@ def test_a_joiner_is_placed_once_probed_and_restores_a_lost_data_holder_from_thi
 
 
 def test_a_joiner_with_its_own_documents_is_not_handed_a_carried_shard(monkeypatch):
-    c = coordinator("skippipe")
+    c = coordinator("skippipe", rebalance=False)  # survivors stay put: the lost holder's shard is carried
     peers = records()
     c.schedule = c.plan(peers, epoch=0, start_iteration=0)
     c.schedules, c.completed = [c.schedule], 2
@@ -320,3 +324,53 @@ def test_a_joiner_with_its_own_documents_is_not_handed_a_carried_shard(monkeypat
     schedule = published[-1]
     assert schedule.placement["peer-plain"] == 0 and len(schedule.meta["shards"]["peer-plain"]) == 1
     assert len(schedule.meta["shards"][carrier]) == 1 and schedule.meta["start_iteration"] == 6
+
+
+def test_a_lost_data_holder_is_refilled_by_a_survivor_that_takes_the_carried_shard_over(monkeypatch):
+    """Without the move one holder carries two shards (twice the injections and loss steps) until a volunteer
+    joins; the move buys most of that back at once, and the mover gets stage 0's state from a holder."""
+    plans = {}
+    for rebalance in (False, True):
+        c = coordinator("skippipe", rebalance=rebalance)
+        peers = records()
+        c.schedule = c.plan(peers, epoch=0, start_iteration=0)
+        c.schedules, c.completed = [c.schedule], 3
+        first, gone = c.schedule, c.schedule.data_holders[1]
+        live = {p: r for p, r in peers.items() if p != gone}
+        published = watch_publications(c, monkeypatch, live)
+        c._follow_membership(live)
+        plans[rebalance] = published[-1]
+    carried, moved = plans[False], plans[True]
+    assert not carried.meta["handover"] and any(len(ks) == 2 for ks in carried.meta["shards"].values())
+    (mover, source), = moved.meta["handover"].items()
+    assert moved.placement[mover] == 0 and first.placement[mover] != 0 and first.placement[source] == 0
+    assert len(first.stage_peers(first.placement[mover])) >= 2  # its old group keeps a peer
+    assert all(moved.placement[p] == s for p, s in first.placement.items() if p not in (gone, mover))
+    assert sorted(k for ks in moved.meta["shards"].values() for k in ks) == [0, 1, 2]
+    assert {h: len(moved.routes_from(h)) for h in moved.data_holders} == dict.fromkeys(moved.data_holders, 4)
+    assert moved.meta["start_iteration"] == 3  # the shard changes hands at the last commit's position
+    assert moved.predicted_iteration_seconds < 0.9 * carried.predicted_iteration_seconds
+    validate(moved, balance_tolerance=None)
+
+
+@pytest.mark.parametrize("planner", ["skippipe", "full-pipeline"])
+def test_a_stage_that_lost_every_peer_is_skipped_by_skippipe_and_refilled_for_the_full_pipeline(planner, monkeypatch):
+    c = coordinator(planner, rebalance=False)
+    peers = records()
+    c.schedule = c.plan(peers, epoch=0, start_iteration=0)
+    c.schedules, c.completed = [c.schedule], 3
+    first, stage = c.schedule, 2
+    gone = first.stage_peers(stage)
+    live = {p: r for p, r in peers.items() if p not in gone}
+    published = watch_publications(c, monkeypatch, live)
+    c._follow_membership(live)
+    new = published[-1]
+    if planner == "skippipe":  # paths route around the empty stage until a volunteer takes it over
+        assert new.rules.unserved == {stage} and stage not in new.placement.values()
+        assert not new.meta["restore"] and all(new.placement[p] == s for p, s in first.placement.items() if p in live)
+        return
+    # a full pipeline cannot skip it: a survivor moves there and restarts it from a neighbouring stage's peer
+    (mover,) = [p for p in live if new.placement[p] != first.placement[p]]
+    assert new.placement[mover] == stage and not new.rules.unserved
+    assert abs(new.placement[new.meta["restore"][mover]] - stage) == 1 and not new.meta["handover"]
+    assert {len(r.stages) for r in new.routes} == {STAGES - 1}

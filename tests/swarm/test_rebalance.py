@@ -1,0 +1,52 @@
+"""A departure that leaves a stage group the swarm's bottleneck is bought back by moving a survivor there: a data
+holder dies, the other holder would carry its shard (twice the injections and loss steps) until a volunteer
+joins; instead a peer of the over-provisioned stage 1 moves to stage 0, takes stage 0's state over from the
+surviving holder and the dead holder's shard at its committed position. The run goes on, and no sample is lost or
+doubled."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from peers.data_ledger import read_ledger, sample_status
+from swarm.identity import ensure_identity
+from swarm.local_swarm import LocalSwarm
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
+
+ITERATIONS = 24
+PINS = ["0", "0", "1", "1", "1", "2"]  # stage 1 has a peer to spare
+
+
+def test_a_survivor_moves_to_stage_0_when_a_data_holder_dies(tmp_path):
+    config = tmp_path / "run.toml"
+    config.write_text(f"[run]\nrun_id = 'rebalance'\nstages = 3\nskip = 0\nmicrobatches = 2\n"
+                      f"iterations = {ITERATIONS}\nmin_peers = {len(PINS)}\n[swarm]\nheartbeat = 1.0\n")
+    run_dir = tmp_path / "run"
+    args = [["--stage", s, "--iteration-deadline", "90", "--ledger", str(run_dir / f"ledger-{i:02d}.jsonl")]
+            for i, s in enumerate(PINS)]
+    swarm = LocalSwarm(run_dir, len(PINS), run_id="rebalance", coordinator_args=["--config", str(config)],
+                       peer_args=args)
+    try:
+        swarm.start()
+        swarm.watch(4, timeout=180)
+        swarm.kill(swarm.peers[1])  # a data holder
+        records = swarm.watch(ITERATIONS, timeout=300)
+    finally:
+        swarm.stop()
+    assert [r["iteration"] for r in records] == list(range(1, ITERATIONS + 1))
+    assert records[-1]["loss"] < records[0]["loss"]
+    coordinator_log = (run_dir / "coordinator.log").read_text()
+    assert "stage 0's group shrank" in coordinator_log, coordinator_log[-3000:]
+    movers = [i for i in (2, 3, 4) if "took over its state" in (run_dir / f"peer-{i:02d}.log").read_text()]
+    assert len(movers) == 1, "one stage 1 peer should have moved to stage 0"
+    mover = ensure_identity(str(run_dir / f"peer-{movers[0]:02d}.key"))
+    final = swarm.schedule()
+    assert final["placement"][mover] == 0 and len(final["meta"]["shards"][mover]) == 1
+    entries = [e for f in sorted(run_dir.glob("ledger-*.jsonl")) for e in read_ledger(f)]
+    assert any(e["holder"] == mover for e in entries if e["event"] == "draw")  # it injects the shard it took
+    status = sample_status(entries, {(r["iteration"] - 1, r["epoch"]) for r in records})
+    processed = Counter(c["processed"] for c in status.values())
+    assert status and set(processed) == {1}, f"samples processed {dict(processed)} times"
