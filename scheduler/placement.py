@@ -158,10 +158,11 @@ def place_joining(tables: CostTables, stage_of: np.ndarray, peer: int, goal: Pla
     return out
 
 
-def place_after_departure(tables: CostTables, stage_of: np.ndarray, departed: list[int], goal: PlacementGoal
-                          ) -> tuple[np.ndarray, list[int]]:
+def place_after_departure(tables: CostTables, stage_of: np.ndarray, departed: list[int], goal: PlacementGoal, *,
+                          fixed: set[int] = frozenset()) -> tuple[np.ndarray, list[int]]:
     """Survivors keep their stages unless a stage is left without peers; then the one move that scores best
-    (a peer from a stage that can spare one) refills it. Returns the new placement and the peers moved."""
+    (a peer not `fixed`, from a stage that can spare one) refills it. Returns the new placement and the peers
+    moved."""
     out = stage_of.copy()
     out[list(departed)] = -1
     moved: list[int] = []
@@ -169,7 +170,7 @@ def place_after_departure(tables: CostTables, stage_of: np.ndarray, departed: li
         if np.any(out == st):
             continue
         counts = np.bincount(out[out >= 0], minlength=goal.rules.num_stages)
-        donors = [v for v in np.flatnonzero(out >= 0) if counts[out[v]] > 1 and out[v] != 0]
+        donors = [v for v in np.flatnonzero(out >= 0) if counts[out[v]] > 1 and out[v] != 0 and int(v) not in fixed]
         if not donors:
             continue  # nobody can move: the path planner skips the empty stage
         options = []
@@ -185,7 +186,8 @@ def place_after_departure(tables: CostTables, stage_of: np.ndarray, departed: li
 
 
 def rebalance(tables: CostTables, stage_of: np.ndarray, shrunk: set[int], goal: PlacementGoal, *,
-              counts: dict[int, int] | None = None, fixed: set[int] = frozenset(), min_gain: float = REBALANCE_MIN_GAIN
+              counts: dict[int, int] | None = None, fixed: set[int] = frozenset(),
+              unsettled: set[int] = frozenset(), min_gain: float = REBALANCE_MIN_GAIN
               ) -> tuple[np.ndarray, dict[int, int], dict[int, int]]:
     """After departures: for each stage group they `shrunk`, the one move of a survivor into it that shortens the
     quickly planned iteration most, if by at least `min_gain` and by more than the state transfer costs over
@@ -193,7 +195,9 @@ def rebalance(tables: CostTables, stage_of: np.ndarray, shrunk: set[int], goal: 
     a whole group's microbatches; a data holder carrying a departed holder's shard, injecting and running the
     loss of twice the microbatches) until a volunteer joins: one move often buys back most of the iteration.
 
-    Movers come from non-zero stages that keep a peer, and are not in `fixed` (e.g. this epoch's joiners). A
+    Movers come from non-zero stages that keep a peer, and are neither `fixed` (e.g. peers with their own data)
+    nor `unsettled` (joiners and movers whose stage is not yet in force: they do not hold it yet, so they can
+    neither move nor hand a stage's state to a mover). A
     mover to stage 0 takes a carried shard over: it injects a holder's share of the holder carrying the most,
     so stage 0 is a target only while some holder carries more than its share. Empty stages are not targets
     (paths skip them; `place_after_departure` refills them where paths cannot).
@@ -207,13 +211,13 @@ def rebalance(tables: CostTables, stage_of: np.ndarray, shrunk: set[int], goal: 
     counts = dict(counts or {int(h): per for h in np.flatnonzero(out == 0)})
     moves: dict[int, int] = {}
     for st in sorted(shrunk):
-        members = [int(v) for v in np.flatnonzero(out == st) if int(v) not in moves]
+        members = [int(v) for v in np.flatnonzero(out == st) if int(v) not in moves and int(v) not in unsettled]
         carrier = max(counts, key=lambda h: (counts[h], -h), default=None)
         if not members or (st == 0 and (carrier is None or counts[carrier] <= per)):
             continue
         base = score_placement(tables, out, goal, counts)
         best: tuple[float, int, np.ndarray, dict[int, int]] | None = None
-        for v in _movers(tables, out, st, goal, set(moves) | set(fixed)):
+        for v in _movers(tables, out, st, goal, set(moves) | set(fixed) | set(unsettled)):
             trial, trial_counts = out.copy(), dict(counts)
             trial[v] = st
             if st == 0:

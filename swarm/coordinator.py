@@ -370,10 +370,15 @@ class Coordinator:
                              stage_param_bytes=cost.stage_param_bytes, latency=view.latency, bandwidth=view.bandwidth)
         ids = list(tables.ids)
         stage_of = np.array([old.placement.get(p, -1) for p in ids])
+        before = self.in_force(start_iteration - 1) if start_iteration > 0 else None
+        # joiners and movers whose stage is not in force yet (placed by an epoch that has not started) do not hold
+        # it: they neither move again nor hand its state over
+        unsettled = {i for i, p in enumerate(ids)
+                     if before is None or stage_of[i] < 0 or before.placement.get(p) != stage_of[i]}
         # survivors take over the stages left by graceful leavers first: a joiner would only get neighbour blocks
-        handover = self._hand_over(tables, stage_of, handing_over)
+        handover = self._hand_over(tables, stage_of, handing_over, unsettled)
+        unsettled |= {ids.index(p) for p in handover}
         num_shards = int(old.meta.get("num_shards", len(old.data_holders)))
-        fixed = {ids.index(p) for p in handover} | {i for i in range(len(ids)) if stage_of[i] < 0}
         for i, p in enumerate(ids):
             if stage_of[i] < 0:
                 # a shard carried by a holder not its own
@@ -385,10 +390,10 @@ class Coordinator:
         if not np.any(stage_of == 0):
             raise RuntimeError("every data holder (stage 0) is gone: no microbatch can be injected until one joins")
         if cfg.rebalance:
-            stage_of = self._rebalance(tables, goal, stage_of, peers, handover, fixed)
+            stage_of = self._rebalance(tables, goal, stage_of, peers, handover, unsettled)
         if cfg.planner == "full-pipeline":  # every microbatch visits every stage: an empty one is refilled
             was = stage_of.copy()
-            stage_of, filled = place_after_departure(tables, stage_of, [], goal)
+            stage_of, filled = place_after_departure(tables, stage_of, [], goal, fixed=unsettled)
             for v in filled:
                 logger.warning("stage %d lost every peer and a full pipeline cannot skip it: %s moves there from "
                                "stage %d and restarts it", stage_of[v], ids[v], was[v])
@@ -407,7 +412,6 @@ class Coordinator:
         schedule = plan_tables(tables, rules, options, stage_of=stage_of, epoch=old.epoch + 1,
                                run_id=cfg.run_id, microbatch_counts=counts)
         schedule = self._as_configured(schedule, counts)
-        before = self.in_force(start_iteration - 1) if start_iteration > 0 else None
         joiners = [p for p in schedule.placement if before is None or p not in before.placement]
         # a move not yet taken (this epoch replaces the one that made it, from the same iteration) stands
         earlier = old.meta.get("handover") or {}
@@ -420,7 +424,7 @@ class Coordinator:
         return schedule
 
     def _rebalance(self, tables: CostTables, goal: PlacementGoal, stage_of: np.ndarray,
-                   peers: dict[str, PeerRecord], handover: dict[str, str], fixed: set[int]) -> np.ndarray:
+                   peers: dict[str, PeerRecord], handover: dict[str, str], unsettled: set[int]) -> np.ndarray:
         """Moves of survivors into the stage groups departures shrank, where they pay (`placement.rebalance`);
         each mover is added to `handover` with the peer of its new stage that sends it the stage's state."""
         old, ids = self.schedule, list(tables.ids)
@@ -433,7 +437,7 @@ class Coordinator:
         shards = self._assign_shards(holders, peers, int(old.meta.get("num_shards", len(old.data_holders))))
         counts = {ids.index(h): self.config.microbatches * max(1, len(ks)) for h, ks in shards.items()}
         own_data = {i for i in range(len(ids)) if peers[ids[i]].data_holder}  # they draw their own documents only
-        out, _, moves = rebalance(tables, stage_of, shrunk, goal, counts=counts, fixed=fixed | own_data)
+        out, _, moves = rebalance(tables, stage_of, shrunk, goal, counts=counts, fixed=own_data, unsettled=unsettled)
         for v, source in moves.items():
             logger.warning("stage %d's group shrank: %s moves there from stage %d and takes its state over from %s",
                            out[v], ids[v], stage_of[v], ids[source])
@@ -461,7 +465,8 @@ class Coordinator:
                     logger.info("shard %d moves from %s to %s", shards[h][0], donor, h)
         return shards
 
-    def _hand_over(self, tables: CostTables, stage_of: np.ndarray, leaving: Collection[str]) -> dict[str, str]:
+    def _hand_over(self, tables: CostTables, stage_of: np.ndarray, leaving: Collection[str],
+                   unsettled: set[int]) -> dict[str, str]:
         """Moves for stages whose last peers leave gracefully (`stage_of` is updated): mover -> the leaving peer it
         takes the stage's state from.
 
@@ -474,7 +479,7 @@ class Coordinator:
                 continue
             source = sorted(p for p in leaving if old.placement.get(p) == stage)[0]
             counts = np.bincount(stage_of[stage_of >= 0], minlength=old.num_stages)
-            spare = [i for i in range(len(ids)) if stage_of[i] > 0 and counts[stage_of[i]] >= 2]
+            spare = [i for i in range(len(ids)) if stage_of[i] > 0 and counts[stage_of[i]] >= 2 and i not in unsettled]
             if not spare:
                 logger.warning("%s, stage %d's last peer, leaves and no stage has a peer to spare: stage %d is left "
                                "empty", source, stage, stage)

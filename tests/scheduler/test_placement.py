@@ -101,6 +101,9 @@ def test_rebalance_moves_a_survivor_into_a_shrunk_group_only_when_it_pays():
     assert counts == {int(h): 3 for h in np.flatnonzero(shrunk == 0)}
     assert rebalance(tables, shrunk, {1}, goal, min_gain=0.99)[2] == {}  # not worth a move
     assert rebalance(tables, shrunk, {1}, goal, fixed=set(range(len(after))))[2] == {}  # nobody may move
+    # a peer whose stage is not in force yet neither moves nor hands its (future) stage's state over
+    assert mover not in rebalance(tables, shrunk, {1}, goal, unsettled={mover})[2]
+    assert rebalance(tables, shrunk, {1}, goal, unsettled={group[0]})[2] == {}
 
 
 def test_rebalance_refills_stage_0_only_to_take_a_carried_shard_over():

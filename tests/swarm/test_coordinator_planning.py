@@ -374,3 +374,28 @@ def test_a_stage_that_lost_every_peer_is_skipped_by_skippipe_and_refilled_for_th
     assert new.placement[mover] == stage and not new.rules.unserved
     assert abs(new.placement[new.meta["restore"][mover]] - stage) == 1 and not new.meta["handover"]
     assert {len(r.stages) for r in new.routes} == {STAGES - 1}
+
+
+def test_a_joiner_whose_epoch_has_not_started_is_neither_moved_nor_a_source_of_state(monkeypatch):
+    """A holder dies while a joiner's first epoch waits for the next iteration: the rerun of the iteration in
+    progress must not move the joiner (it does not hold its stage yet, and waits for that stage's state)."""
+    c = coordinator("skippipe")
+    peers = records()
+    newcomer = "peer-11"
+    first = {p: r for p, r in peers.items() if p != newcomer}
+    c.schedule = c.plan(first, epoch=0, start_iteration=0)
+    c.schedules, c.completed = [c.schedule], 3
+    c._first_seen[newcomer] = -100.0
+    live = {**first, newcomer: dataclasses.replace(peers[newcomer], state=PeerState.JOINING)}
+    published = watch_publications(c, monkeypatch, live)
+    c._follow_membership(live)
+    joined = published[-1]
+    assert joined.meta["start_iteration"] == 4 and newcomer in joined.meta["joiners"]
+    holder = joined.data_holders[0]
+    live = {p: r for p, r in live.items() if p != holder}
+    c._follow_membership(live)
+    rerun = published[-1]
+    assert rerun.meta["start_iteration"] == 3 and rerun.placement[newcomer] == joined.placement[newcomer]
+    assert newcomer not in rerun.meta["handover"] and newcomer not in rerun.meta["handover"].values()
+    # a mover's state comes from a peer that held the stage when the iteration in progress began
+    assert all(c.schedules[0].placement.get(src) == rerun.placement[p] for p, src in rerun.meta["handover"].items())
