@@ -1,8 +1,9 @@
 """A departure that leaves a stage group the swarm's bottleneck is bought back by moving a survivor there: a data
 holder dies, the other holder would carry its shard (twice the injections and loss steps) until a volunteer
 joins; instead a peer of the over-provisioned stage 1 moves to stage 0, takes stage 0's state over from the
-surviving holder and the dead holder's shard at its committed position. The run goes on, and no sample is lost or
-doubled."""
+surviving holder and the dead holder's shard at its committed position. A full pipeline cannot skip a stage that
+lost every peer: a survivor moves there at once and restarts it from a neighbouring stage's blocks. The run goes
+on, and no sample is lost or doubled."""
 
 from __future__ import annotations
 
@@ -20,10 +21,12 @@ ITERATIONS = 24
 PINS = ["0", "0", "1", "1", "1", "2"]  # stage 1 has a peer to spare
 
 
-def test_a_survivor_moves_to_stage_0_when_a_data_holder_dies(tmp_path):
+def run_and_kill(tmp_path, planner: str, victim: int) -> tuple[LocalSwarm, list[dict]]:
+    """The pinned swarm trains; `victim` is killed after 4 iterations; the run goes on to its end."""
     config = tmp_path / "run.toml"
     config.write_text(f"[run]\nrun_id = 'rebalance'\nstages = 3\nskip = 0\nmicrobatches = 2\n"
-                      f"iterations = {ITERATIONS}\nmin_peers = {len(PINS)}\n[swarm]\nheartbeat = 1.0\n")
+                      f"iterations = {ITERATIONS}\nmin_peers = {len(PINS)}\n[swarm]\nheartbeat = 1.0\n"
+                      f"planner = '{planner}'\n")
     run_dir = tmp_path / "run"
     args = [["--stage", s, "--iteration-deadline", "90", "--ledger", str(run_dir / f"ledger-{i:02d}.jsonl")]
             for i, s in enumerate(PINS)]
@@ -32,12 +35,22 @@ def test_a_survivor_moves_to_stage_0_when_a_data_holder_dies(tmp_path):
     try:
         swarm.start()
         swarm.watch(4, timeout=180)
-        swarm.kill(swarm.peers[1])  # a data holder
+        swarm.kill(swarm.peers[victim])
         records = swarm.watch(ITERATIONS, timeout=300)
     finally:
         swarm.stop()
     assert [r["iteration"] for r in records] == list(range(1, ITERATIONS + 1))
     assert records[-1]["loss"] < records[0]["loss"]
+    entries = [e for f in sorted(run_dir.glob("ledger-*.jsonl")) for e in read_ledger(f)]
+    status = sample_status(entries, {(r["iteration"] - 1, r["epoch"]) for r in records})
+    processed = Counter(c["processed"] for c in status.values())
+    assert status and set(processed) == {1}, f"samples processed {dict(processed)} times"
+    return swarm, records
+
+
+def test_a_survivor_moves_to_stage_0_when_a_data_holder_dies(tmp_path):
+    swarm, records = run_and_kill(tmp_path, "skippipe", victim=1)  # a data holder
+    run_dir = swarm.run_dir
     coordinator_log = (run_dir / "coordinator.log").read_text()
     assert "stage 0's group shrank" in coordinator_log, coordinator_log[-3000:]
     movers = [i for i in (2, 3, 4) if "took over its state" in (run_dir / f"peer-{i:02d}.log").read_text()]
@@ -47,6 +60,17 @@ def test_a_survivor_moves_to_stage_0_when_a_data_holder_dies(tmp_path):
     assert final["placement"][mover] == 0 and len(final["meta"]["shards"][mover]) == 1
     entries = [e for f in sorted(run_dir.glob("ledger-*.jsonl")) for e in read_ledger(f)]
     assert any(e["holder"] == mover for e in entries if e["event"] == "draw")  # it injects the shard it took
-    status = sample_status(entries, {(r["iteration"] - 1, r["epoch"]) for r in records})
-    processed = Counter(c["processed"] for c in status.values())
-    assert status and set(processed) == {1}, f"samples processed {dict(processed)} times"
+
+
+def test_a_full_pipeline_refills_a_stage_that_lost_every_peer_at_once(tmp_path):
+    swarm, records = run_and_kill(tmp_path, "full-pipeline", victim=5)  # stage 2's only peer
+    run_dir = swarm.run_dir
+    coordinator_log = (run_dir / "coordinator.log").read_text()
+    assert "a full pipeline cannot skip it" in coordinator_log and "paths skip them" not in coordinator_log
+    movers = [i for i in (2, 3, 4) if "which had no peer left" in (run_dir / f"peer-{i:02d}.log").read_text()]
+    assert len(movers) == 1, "one stage 1 peer should have moved to stage 2"
+    log = (run_dir / f"peer-{movers[0]:02d}.log").read_text()
+    assert "initialised it from stage 1's blocks" in log or "initialised it from stage 0's blocks" in log
+    final = swarm.schedule()
+    assert final["placement"][ensure_identity(str(run_dir / f"peer-{movers[0]:02d}.key"))] == 2
+    assert final["rules"]["unserved"] == [] and all(r["stages"] == [1, 2] for r in final["routes"])
