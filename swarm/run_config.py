@@ -176,7 +176,7 @@ class RunConfig:
     def to_spec(self, *, coordinator: str, vocab_size: int, control_addrs: tuple[str, ...] = ()) -> RunSpec:
         hyper = {k: getattr(self, k) for k in ("microbatches", "memory", "iterations", "seed", "min_peers",
                                                "wire_dtype", "profile", "model", "checkpoint_every",
-                                               "averaging", "heartbeat", "planner")}
+                                               "averaging", "heartbeat", "planner", "rebalance")}
         hyper["optim"] = dataclasses.asdict(self.optim)
         return RunSpec(run_id=self.run_id, model=self.model_config(vocab_size).to_dict(), stages=self.stages,
                        skip_ratio=float(self.skip), hyperparameters=hyper, data=self.data.to_dict(),

@@ -25,6 +25,7 @@ def test_coordinator_refuses_bad_flags(args, message):
     ("optim = 3", "[optim] must be a table"),
     ("[data]\nseq_len = 100000", "data.seq_len"),
     ("not toml [", "not valid TOML"),
+    ("[swarm]\nrebalance = 'yes'", "swarm.rebalance must be true or false"),
 ])
 def test_coordinator_refuses_bad_config_files(tmp_path, content, message):
     f = tmp_path / "run.toml"

@@ -69,6 +69,13 @@ def test_skippipe_beats_the_full_pipeline_on_the_geo_links():
     assert predicted["skippipe"] < 0.75 * predicted["full-pipeline"]
 
 
+def test_a_successor_scheduler_plans_as_the_run_spec_says():
+    config = RunConfig(run_id="plan-test", planner="full-pipeline", rebalance=False)
+    spec = config.to_spec(coordinator="coordinator", vocab_size=config.model_config(8192).vocab_size)
+    again, _ = RunConfig.from_spec(spec)
+    assert again.planner == "full-pipeline" and again.rebalance is False
+
+
 def test_an_unknown_planner_is_refused():
     with pytest.raises(ValueError, match="swarm.planner"):
         RunConfig.from_tables({"swarm": {"planner": "fastest"}})
