@@ -144,6 +144,8 @@ class Peer:
         self.peer_id = ensure_identity(options.identity_path)
         self.identity = load_identity(options.identity_path)
         self.iteration = 0
+        self._fresh = False
+        """Placed but no iteration committed since (a joiner): an epoch rerunning the iteration before may take it."""
         self.stage = -1 if options.stage is None else options.stage  # announced: the planner pins it there
         self.state = PeerState.JOINING
         self.schedule: Schedule | None = None
@@ -218,6 +220,7 @@ class Peer:
                 try:
                     self._run_iteration()
                     self.iteration += 1
+                    self._fresh = False
                 except IterationAborted as e:
                     logger.warning("%s", e)
                     self._abandon_iteration()
@@ -620,6 +623,7 @@ class Peer:
             self.worker = None
         self.stage = schedule.placement[self.peer_id]
         self.iteration = int(schedule.meta.get("start_iteration", 0))
+        self._fresh = True  # until its first iteration commits
         if self.worker is None:
             self.worker = self._new_worker(schedule)
         self.worker.reset()
@@ -660,6 +664,13 @@ class Peer:
                          schedule.epoch, schedule.placement[self.peer_id])
             return
         self.schedule = schedule
+        start = int(schedule.meta.get("start_iteration", 0))
+        if self._fresh and start < self.iteration:
+            # placed from the next iteration, this joiner is in the epoch that reruns the one in progress: it runs
+            # that one too (its state is the last commit's, as the rerun's is)
+            logger.info("epoch %d reruns iteration %d with this peer: it starts there, not at %d", schedule.epoch,
+                        start, self.iteration)
+            self.iteration = start
         self._gone = self._gone - frozenset(schedule.placement)  # e.g. a holder restarted with its key
         self._unreachable = frozenset()  # the scheduler's newer view; a peer still unreachable fails again
         self._unreachable_reported = set()  # once per peer and epoch
@@ -918,6 +929,8 @@ class Peer:
             logger.debug("stage state from %s dropped: this peer is already serving its stage", m.sender)
         elif kind == "state":
             self._buckets[(it, kind)].append(m)
+        elif it < self.iteration and self.schedule is not None and m.header.epoch > self.schedule.epoch:
+            self._hold(m)  # an epoch that reruns an earlier iteration: this fresh joiner may run it too
         elif it < self.iteration:
             logger.debug("stale message of iteration %d from %s dropped", it, m.sender)
         elif it > self.iteration + MAX_ITERATIONS_AHEAD:
