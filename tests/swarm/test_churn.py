@@ -4,7 +4,7 @@ A local swarm of 8 peers (4 data holders, stage groups of 2) trains; a relay is 
 it are detoured to its stage mate in flight), a new peer joins, a data holder is killed, another peer joins (and
 becomes a data holder), then the coordinator is killed and a peer takes over as scheduler. Every data holder keeps a
 ledger on disk; together they must show every sample that was handed out processed exactly once (a dead holder's
-shard is taken over by another, then by the joiner).
+shard is taken over by another holder, then by the joiner; or at once by a peer moved to stage 0).
 """
 
 from __future__ import annotations
@@ -109,7 +109,11 @@ def test_run_survives_deaths_and_joins_without_losing_or_doubling_samples(tmp_pa
     dead = peer_id(swarm, holder)
     dead_shards = {e["shard"] for e in entries if e["event"] == "draw" and e["holder"] == dead}
     takers = {e["holder"] for e in entries if e["event"] == "draw" and e["shard"] in dead_shards}
-    # the dead holder's shard was carried by a surviving holder, then handed to the second joiner, placed as a data
-    # holder to restore their number (at the shard's committed position: the ledgers above show no sample twice)
-    assert len(takers) == 3 and peer_id(swarm, PEERS + 1) in takers, takers
-    assert "moves from" in coordinator_log
+    # the dead holder's shard was taken over at its committed position (the ledgers above show no sample twice):
+    # by a peer moved to stage 0 at once when that made the iteration >= 10% shorter (rebalancing), else carried by
+    # a surviving holder, then handed to the second joiner, placed as a data holder to restore their number
+    if "stage 0's group shrank" in coordinator_log:
+        assert len(takers) == 2 and dead in takers, takers
+    else:
+        assert len(takers) == 3 and peer_id(swarm, PEERS + 1) in takers, takers
+        assert "moves from" in coordinator_log
