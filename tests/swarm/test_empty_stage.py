@@ -83,7 +83,10 @@ def test_a_stage_without_peers_is_skipped_then_restored(tmp_path):
     assert coordinator_log.count("lost every peer") == emptied >= 2  # not after the graceful leave
     assert "stage 2's last peer, leaves: " in coordinator_log
     logs = "".join((run_dir / f"peer-{i:02d}.log").read_text() for i in range(4))
-    assert "(stage 2) is gone; forward detoured to" in logs and "(stage 1)" in logs
+    # where the kill caught the microbatches decides: a forward to the dead peer is detoured to the stage the paths
+    # skip, or one whose activations it held cannot finish and its iteration is rerun (each is covered
+    # deterministically by tests/swarm/test_pipeline_detours.py)
+    assert ("(stage 2) is gone; forward detoured to" in logs and "(stage 1)" in logs) or "cannot finish" in logs
     final = swarm.schedule()
     movers = [i for i in (2, 3) if "took over its state" in (run_dir / f"peer-{i:02d}.log").read_text()]
     assert len(movers) == 1, "one stage 1 peer should have moved to stage 2"
