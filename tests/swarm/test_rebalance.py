@@ -28,8 +28,9 @@ def run_and_kill(tmp_path, planner: str, victim: int) -> tuple[LocalSwarm, list[
                       f"iterations = {ITERATIONS}\nmin_peers = {len(PINS)}\n[swarm]\nheartbeat = 1.0\n"
                       f"planner = '{planner}'\n")
     run_dir = tmp_path / "run"
-    args = [["--stage", s, "--iteration-deadline", "90", "--ledger", str(run_dir / f"ledger-{i:02d}.jsonl")]
-            for i, s in enumerate(PINS)]
+    # compute emulated at a fixed speed, so that the planned gain of a move does not hang on this machine's load
+    args = [["--stage", s, "--iteration-deadline", "90", "--ledger", str(run_dir / f"ledger-{i:02d}.jsonl"),
+             "--emulate-speed", "0.03"] for i, s in enumerate(PINS)]
     swarm = LocalSwarm(run_dir, len(PINS), run_id="rebalance", coordinator_args=["--config", str(config)],
                        peer_args=args)
     try:
