@@ -217,7 +217,7 @@ def rebalance(tables: CostTables, stage_of: np.ndarray, shrunk: set[int], goal: 
             continue
         base = score_placement(tables, out, goal, counts)
         best: tuple[float, int, np.ndarray, dict[int, int]] | None = None
-        for v in _movers(tables, out, st, goal, set(moves) | set(fixed) | set(unsettled)):
+        for v in movers_to(tables, out, st, goal.rules.num_stages, set(moves) | set(fixed) | set(unsettled)):
             trial, trial_counts = out.copy(), dict(counts)
             trial[v] = st
             if st == 0:
@@ -237,16 +237,17 @@ def rebalance(tables: CostTables, stage_of: np.ndarray, shrunk: set[int], goal: 
     return out, counts, moves
 
 
-def _movers(tables: CostTables, stage_of: np.ndarray, stage: int, goal: PlacementGoal, fixed: set[int]) -> list[int]:
-    """Up to `REBALANCE_CANDIDATES` peers that may move to `stage`: from the largest other non-zero groups
-    first, then the best connected to the peers of the stages next to it (those it will exchange with)."""
-    sizes = np.bincount(stage_of[stage_of >= 0], minlength=goal.rules.num_stages)
+def movers_to(tables: CostTables, stage_of: np.ndarray, stage: int, num_stages: int, fixed: set[int],
+              limit: int = REBALANCE_CANDIDATES) -> list[int]:
+    """Up to `limit` peers that may move to `stage`, best first: from the largest other non-zero groups (each
+    keeps a peer), then the best connected to the peers of the stages next to it (those it will exchange with)."""
+    sizes = np.bincount(stage_of[stage_of >= 0], minlength=num_stages)
     spare = [int(v) for v in np.flatnonzero(stage_of > 0)
              if stage_of[v] != stage and sizes[stage_of[v]] >= 2 and int(v) not in fixed]
-    near = np.flatnonzero(np.isin(stage_of, [stage - 1, (stage + 1) % goal.rules.num_stages]))
+    near = np.flatnonzero(np.isin(stage_of, [stage - 1, (stage + 1) % num_stages]))
     spare.sort(key=lambda v: (-sizes[stage_of[v]],
                               float(tables.message[v, near].sum() + tables.message[near, v].sum()), v))
-    return spare[:REBALANCE_CANDIDATES]
+    return spare[:limit]
 
 
 def _state_bandwidth(tables: CostTables, goal: PlacementGoal, source: int, to: int) -> float:

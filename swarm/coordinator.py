@@ -37,7 +37,7 @@ from peers.stage import balanced_split, stage_template
 from scheduler.constants import LOSS_FACTOR
 from scheduler.costs import CostTables, jitter_quantiles, pooled_jitter, tables_from_dict
 from scheduler.path_rules import PathRules, rules_around
-from scheduler.placement import PlacementGoal, place_after_departure, place_joining, rebalance
+from scheduler.placement import PlacementGoal, movers_to, place_after_departure, place_joining, rebalance
 from scheduler.planner import REPLAN_JITTER_POLISH, PlanOptions, baseline_schedule, plan, plan_tables
 from scheduler.profiles import swarm_from
 from scheduler.schedule import Schedule, validate
@@ -478,16 +478,12 @@ class Coordinator:
             if np.any(stage_of == stage):
                 continue
             source = sorted(p for p in leaving if old.placement.get(p) == stage)[0]
-            counts = np.bincount(stage_of[stage_of >= 0], minlength=old.num_stages)
-            spare = [i for i in range(len(ids)) if stage_of[i] > 0 and counts[stage_of[i]] >= 2 and i not in unsettled]
-            if not spare:
+            candidates = movers_to(tables, stage_of, stage, old.num_stages, unsettled, limit=1)
+            if not candidates:
                 logger.warning("%s, stage %d's last peer, leaves and no stage has a peer to spare: stage %d is left "
                                "empty", source, stage, stage)
                 continue
-            largest = max(counts[stage_of[i]] for i in spare)
-            near = np.flatnonzero(np.isin(stage_of, [stage - 1, (stage + 1) % old.num_stages]))
-            mover = min((i for i in spare if counts[stage_of[i]] == largest),
-                        key=lambda i: (float(tables.message[i, near].sum() + tables.message[near, i].sum()), ids[i]))
+            mover = candidates[0]
             logger.warning("%s, stage %d's last peer, leaves: %s moves from stage %d to take it over", source, stage,
                            ids[mover], stage_of[mover])
             stage_of[mover] = stage
