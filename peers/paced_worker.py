@@ -57,14 +57,16 @@ class PacedWorker(StageWorker):
         self._pad(start, self.forward_seconds)
         return out
 
-    def loss(self, microbatch: int, activation: torch.Tensor) -> tuple[float, torch.Tensor]:
+    def loss(self, microbatch: int, activation: torch.Tensor, *,
+             accumulate: bool = True) -> tuple[float, torch.Tensor]:
         start = time.perf_counter()
-        out = super().loss(microbatch, activation)
+        out = super().loss(microbatch, activation, accumulate=accumulate)
         self._pad(start, self.loss_seconds)
         return out
 
-    def backward(self, microbatch: int, grad: torch.Tensor, *, stage: int | None = None) -> torch.Tensor | None:
+    def backward(self, microbatch: int, grad: torch.Tensor, *, stage: int | None = None,
+                 accumulate: bool = True) -> torch.Tensor | None:
         start = time.perf_counter()
-        out = super().backward(microbatch, grad, stage=stage)
+        out = super().backward(microbatch, grad, stage=stage, accumulate=accumulate)
         self._pad(start, BACKWARD_FACTOR * self.forward_seconds)
         return out

@@ -9,7 +9,9 @@ Contract (the in-process swarm and the networked runtime call exactly these meth
   its backward, and at most `memory_slots` may be stashed at once (TC1): one more is refused with
   `MemoryLimitError`, nothing is queued silently.
 - Gradients accumulate as sums with a count of the microbatches that actually completed their
-  backward here (`visits`). `step()` divides by that count, or the caller first installs the
+  backward here (`visits`). A microbatch run again after a peer on its path died (a re-queue) passes
+  `accumulate=False` where its gradient is already in the sum: only the gradient for the previous hop is
+  computed, so no stage counts it twice. `step()` divides by that count, or the caller first installs the
   stage group's visit-weighted mean with `set_mean_gradients` (in-process: `peers.averaging`;
   networked: the stage group's all-reduce). Exactly one optimizer step per `step()`.
 - Every argument is checked before any state changes: a bad call raises `WorkerError` naming the
@@ -144,9 +146,12 @@ class StageWorker:
         self._stash[microbatch] = _Stash(inputs=x, output=out)
         return out.detach().to(self.dtype)
 
-    def loss(self, microbatch: int, activation: torch.Tensor) -> tuple[float, torch.Tensor]:
+    def loss(self, microbatch: int, activation: torch.Tensor, *,
+             accumulate: bool = True) -> tuple[float, torch.Tensor]:
         """Stage 0: the microbatch is back. Final norm, LM head, loss, and its backward.
 
+        :param accumulate: False when the head's gradient of this microbatch is already in the sum (its loss
+          was computed before the path broke): only the returning activation's gradient is computed
         :returns: the loss (mean next-token cross-entropy) and the gradient to send back along the
           reversed route (for a path of no hops, straight to `backward` here)
         """
@@ -158,20 +163,30 @@ class StageWorker:
         with self._autocast():
             loss = lm_loss(self.module.logits(x), stash.targets)
         scale = FP16_LOSS_SCALE if self.precision == "fp16" else 1.0
+        if not accumulate:
+            (grad,) = torch.autograd.grad(loss * scale, x)
+            return float(loss.detach()), grad.detach()
         (loss * scale).backward()
         return float(loss.detach()), x.grad.detach()
 
-    def backward(self, microbatch: int, grad: torch.Tensor, *, stage: int | None = None) -> torch.Tensor | None:
+    def backward(self, microbatch: int, grad: torch.Tensor, *, stage: int | None = None,
+                 accumulate: bool = True) -> torch.Tensor | None:
         """Backpropagate `grad` (same shape as this stage's output) through the stashed graph.
 
+        :param accumulate: False when this stage's gradient already holds the microbatch (a re-queued one):
+          only the gradient for the previous hop is computed, and it is not a visit
         :returns: the gradient for the previous hop; None at stage 0, where the microbatch ends
         """
         self._check_stage(stage)
+        self._require(accumulate or not self.is_data_holder, "stage 0 always accumulates a microbatch's backward")
         stash = self._stash.get(microbatch)
         if stash is None:
             raise WorkerError(f"microbatch {microbatch} has no stashed forward on {self.peer_id} (stage {self.stage})")
         g = self._check_activation(grad, "gradient", like=stash.output)
         del self._stash[microbatch]
+        if not accumulate:
+            (grad_in,) = torch.autograd.grad(stash.output, stash.inputs, g.to(stash.output.dtype))
+            return grad_in.detach()
         stash.output.backward(g.to(stash.output.dtype))
         self.visits += 1
         return None if self.is_data_holder else stash.inputs.grad.detach()

@@ -5,7 +5,7 @@ weights, so the microbatch computes exactly what it would have. When no live pee
 takes another stage at that hop instead, one the path does not visit yet and for which the path still obeys every
 rule (R stages, each once, swap and jump limits): a different sub-network, as skipping always trains, never a
 shorter path. Only forwards are detoured: once a peer holds a microbatch's activations its backward pass can go
-through nobody else, and the iteration has to be run again.
+through nobody else, and its data holder runs it again from the start on a detour of its route.
 
 Pure functions of the schedule, so that every peer on a path reaches the same verdict on a detoured route.
 """

@@ -30,6 +30,9 @@ MAX_LINKS = 256
 """Measured links in one peer record (a sample of the swarm, not all of it)."""
 MAX_ROUTE_HOPS = MAX_STAGES + 1
 """A route lists the origin and at most one peer per stage."""
+MAX_MICROBATCH_ATTEMPTS = 3
+"""Times a data holder re-queues one microbatch within an iteration (a peer on its path died each time) before it
+gives up and the iteration is run again."""
 MAX_PLAIN_DEPTH = 8
 """Nesting depth of the free-form dicts of a run spec (model config, hyperparameters, data settings)."""
 MAX_PLAIN_ITEMS = 4096

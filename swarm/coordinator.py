@@ -514,7 +514,7 @@ class Coordinator:
 
         The new epoch starts at the next iteration: the one in progress goes on, its forwards detoured around the
         gone peers (peers are told who is gone), unless a data holder is among them (its microbatches cannot
-        finish) or a peer reports a microbatch broken: then the iteration is run again under the new epoch.
+        finish) or a holder cannot re-queue a broken microbatch: then the iteration is run again under the new epoch.
         """
         now = time.monotonic()
         for p in peers:
@@ -588,8 +588,11 @@ class Coordinator:
     def _handle(self, msg: GossipMessage) -> None:
         if msg.topic == membership_topic(self.config.run_id):
             logger.info("membership: %s %s", msg.payload.get("event"), msg.payload.get("peer", msg.sender))
-            if msg.payload.get("event") in ("stuck", "broken"):
+            if msg.payload.get("event") == "stuck" or (msg.payload.get("event") == "broken" and
+                                                       msg.payload.get("rerun") is True):
                 self._restart_iteration(msg)
+            elif msg.payload.get("event") == "broken":
+                self._note_broken(msg)
             elif msg.payload.get("event") == "unreachable":
                 self._note_unreachable(msg)
             return
@@ -612,10 +615,20 @@ class Coordinator:
         self._reports.setdefault((it, epoch), {})[msg.sender] = report
         self._try_commit()
 
+    def _note_broken(self, msg: GossipMessage) -> None:
+        """A microbatch broke at a scheduled peer (its holder re-queues it): the peer it names, if reported
+        unreachable, is taken for gone now, so that the next epoch and the other peers' detours leave it out."""
+        suspect = msg.payload.get("gone")
+        if self.schedule is None or msg.sender not in self.schedule.placement or not isinstance(suspect, str) or \
+                suspect not in self.schedule.placement or suspect in self._declared_gone:
+            return
+        if self._unreachable.reporters(suspect, time.monotonic()):
+            self._declare_gone(suspect, "reported unreachable while a microbatch broke")
+
     def _restart_iteration(self, msg: GossipMessage) -> None:
         """A scheduled peer reports the iteration in progress unable to finish: stuck past its deadline (a message
-        was lost), or a microbatch broken (its activations died with a peer). Run the iteration again under a new
-        epoch on the live peers of the newest one, once per iteration and epoch."""
+        was lost), or a microbatch its holder could not re-queue (no detour, or too many attempts broke). Run the
+        iteration again under a new epoch on the live peers of the newest one, once per iteration and epoch."""
         p = msg.payload
         it, epoch = p.get("iteration"), p.get("epoch")
         if self.schedule is None or it != self.completed:

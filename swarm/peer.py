@@ -11,10 +11,12 @@ same-stage peer's weights and optimizer state when it joins mid-run. Then it ite
    after which its samples count as processed);
 3. the stage group's averaging and one optimizer step.
 
-Iterations are atomic: when a peer dies or joins, the scheduler publishes a new schedule epoch that starts
-at the uncommitted iteration; every peer abandons that iteration (gradients dropped, data holders requeue
-their draws and rewind), adopts the new epoch and runs the iteration again, so no sample is lost or trained
-twice. On stop (Ctrl+C, SIGTERM or the run's last iteration) it announces that it leaves and shuts down.
+Iterations are atomic: a microbatch that lost a peer on its path is re-queued by its holder within the
+iteration (`PipelineExecutor.requeue`); when that cannot work (a data holder died, no detour, a joiner takes a
+shard over), the scheduler publishes a new schedule epoch that starts at the uncommitted iteration; every peer
+abandons it (gradients dropped, data holders requeue their draws and rewind), adopts the new epoch and runs the
+iteration again, so no sample is lost or trained twice. On stop (Ctrl+C, SIGTERM or the run's last iteration) it
+announces that it leaves and shuts down.
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ from swarm.gossip import GossipClient, GossipMessage, membership_topic, progress
 from swarm.identity import ensure_identity, load_identity
 from swarm.link_probe import LinkProber
 from swarm.message_jitter import MessageJitter
-from swarm.pipeline import Inbound, IterationAborted, IterationTimeout, PipelineExecutor, Undelivered
+from swarm.pipeline import Inbound, IterationAborted, IterationTimeout, PipelineExecutor, Requeue, Undelivered
 from swarm.records import SwarmRecords
 from swarm.run_config import RunConfig
 from swarm.stage_allgather import average_stage_group, flatten, unflatten
@@ -533,6 +535,19 @@ class Peer:
                                  {"event": "stuck", "peer": self.peer_id, "iteration": self.iteration,
                                   "epoch": self.schedule.epoch}, wait=False)
 
+    def _note_broken(self, msg: GossipMessage) -> None:
+        """Gossip thread: a peer reports a microbatch attempt broken; the main loop's executor re-queues it if it is
+        this holder's (it checks the iteration, epoch and attempt)."""
+        p = msg.payload
+        if self.schedule is None or msg.sender not in self.schedule.placement:
+            return
+        if not all(type(p.get(k)) is int for k in ("iteration", "epoch", "microbatch", "attempt")) or \
+                not isinstance(p.get("gone"), str):
+            logger.warning("ignored a malformed 'broken' report from %s", msg.sender)
+            return
+        self._raw.put(Requeue(iteration=p["iteration"], epoch=p["epoch"], microbatch=p["microbatch"],
+                              attempt=p["attempt"], gone=p["gone"], why=str(p.get("why", ""))[:200]))
+
     # ---- schedules --------------------------------------------------------------------------------
     def _on_gossip(self, msg: GossipMessage) -> None:
         run = self.options.run_id
@@ -553,6 +568,9 @@ class Peer:
             elif isinstance(peers, list) and all(isinstance(p, str) for p in peers):
                 self._gone = self._gone | frozenset(peers)
                 self._raw.put(None)
+        elif msg.topic == membership_topic(run) and msg.payload.get("event") == "broken" and self.stage == 0 and \
+                msg.payload.get("rerun") is not True:
+            self._note_broken(msg)
         elif msg.topic == membership_topic(run) and msg.payload.get("event") == "finished":
             if self._trusted(msg.sender):
                 logger.info("the run has finished")
@@ -791,11 +809,12 @@ class Peer:
                                     iteration=self.iteration, send=self._send, batches=batches,
                                     hold=self._hold, timeline=self.timeline,
                                     gone=lambda: self._gone | self._unreachable,
-                                    broken=self._report_broken, hop_deadlines=self._hop_deadlines(schedule),
-                                    overdue=self._check_next_hop)
+                                    broken=self._report_broken, give_up=self._report_unrecoverable,
+                                    hop_deadlines=self._hop_deadlines(schedule), overdue=self._check_next_hop)
         t0 = time.perf_counter()
         result = executor.run(lambda t: self._receive("hop", t), deadline=self.iteration_deadline(),
-                              aborted=lambda: self._replaced() or self._stopping_run())
+                              aborted=lambda: self._replaced() or self._stopping_run(),
+                              settled=lambda: (self.iteration, schedule.epoch) in self._commits)
         if self.stage == 0:
             report = {"kind": "done", "peer": self.peer_id, "iteration": self.iteration, "epoch": schedule.epoch,
                       "loss_sum": result.loss_sum, "losses": result.losses, "tokens": result.tokens,
@@ -808,6 +827,9 @@ class Peer:
         waited = time.time()
         self._wait_for_commit(executor)
         self.timeline.record("commit", waited, time.time(), iteration=self.iteration)
+        for mb in worker.stashed:  # committed: every holder's microbatches finished, so these went another way
+            logger.info("microbatch %d's stashed forward is dropped: it was re-queued around this peer", mb)
+            worker.drop(mb)
         if self.stage == 0:
             self.data.commit(self.iteration)
         t1 = time.perf_counter()
@@ -839,6 +861,9 @@ class Peer:
         if result.detours:
             logger.warning("iteration %d: %d forwards of this peer went around gone peers", self.iteration,
                            result.detours)
+        if result.requeued:
+            logger.warning("iteration %d: %d microbatches of this holder's were re-queued after a peer on their path "
+                           "died", self.iteration, result.requeued)
         logger.info("iteration %d done: %d backward passes, stage %d averaged %d visits from %d/%d peers, lr %.2e "
                     "(pipeline+commit %.3f s, averaging %.3f s, step %.3f s)", self.iteration, result.backward_done,
                     self.stage, visits, heard, len(group), stats.lr, t1 - t0, t2 - t1, t3 - t2)
@@ -915,8 +940,12 @@ class Peer:
             self.jitter.observe(f"{sender}/{header.direction.name}", time.time() - header.sent_at)
         self._raw.put(Inbound(sender, header, tensor))
 
-    def _file(self, m: Inbound | Undelivered | None) -> None:
+    def _file(self, m: Inbound | Undelivered | Requeue | None) -> None:
         if m is None:
+            return
+        if isinstance(m, Requeue):
+            if m.iteration == self.iteration:
+                self._buckets[(m.iteration, "hop")].append(m)
             return
         it = m.header.iteration
         if isinstance(m, Undelivered):
@@ -1021,10 +1050,22 @@ class Peer:
 
         self._sender.submit(check)
 
-    def _report_broken(self, microbatch: int, why: str) -> None:
-        """A microbatch of this iteration cannot finish: the scheduler runs the iteration again."""
+    def _report_broken(self, report: Requeue) -> None:
+        """An attempt of another holder's microbatch cannot finish here: tell its holder (it re-queues it) and the
+        scheduler (it takes the gone peer out)."""
         if self._gossip is not None:
             self._gossip.publish(membership_topic(self.options.run_id),
-                                 {"event": "broken", "peer": self.peer_id, "iteration": self.iteration,
-                                  "epoch": self.schedule.epoch, "microbatch": microbatch, "why": why[:200]},
-                                 wait=False)
+                                 {"event": "broken", "peer": self.peer_id, "iteration": report.iteration,
+                                  "epoch": report.epoch, "microbatch": report.microbatch, "attempt": report.attempt,
+                                  "gone": report.gone, "why": report.why[:200]}, wait=False)
+
+    def _report_unrecoverable(self, microbatch: int, why: str) -> None:
+        """This holder cannot re-queue a microbatch: the scheduler runs the iteration again."""
+        if self._gossip is None:
+            return
+        topic = membership_topic(self.options.run_id)
+        report = {"event": "broken", "rerun": True, "peer": self.peer_id, "iteration": self.iteration,
+                  "epoch": self.schedule.epoch, "microbatch": microbatch, "why": why[:200]}
+        self._gossip.publish(topic, report, wait=False)
+        if self._role is not None:  # gossip does not deliver a peer's own messages back to it
+            self._role._gossip_inbox.put(GossipMessage(topic=topic, sender=self.peer_id, seqno=0, payload=report))

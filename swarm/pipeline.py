@@ -16,13 +16,18 @@ itself. Anything else is logged with the sender's peer id and dropped; the itera
 Peers that are gone (the scheduler said so, or no stream to them could be opened) are detoured around in flight:
 a forward goes to another peer of the same stage, or of another stage the path may take instead
 (`scheduler.detour`). A microbatch whose activations a gone peer held cannot finish its backward pass: it is
-reported broken, and the scheduler runs the iteration again under a new epoch. A peer that died holding a
-microbatch in its queue causes no failed send: the peer that sent it the forward notices when the backward is late
-past its per-hop deadline (the plan's round trip, scaled to measured times) and checks on it.
+reported broken to its data holder, which re-queues it at once on its route around the gone peer (a new
+`attempt`; messages of earlier ones are stale). Stages whose gradient already holds it (those its backward had
+passed, when its loss had been computed) run it again without accumulating (`HopHeader.counted`), so every stage
+counts it at most once and the rest of the iteration goes on. A holder that cannot re-queue it (no detour obeys
+the rules, or `MAX_MICROBATCH_ATTEMPTS` reached) asks the scheduler to run the iteration again. A peer that died
+holding a microbatch in its queue causes no failed send: the peer that sent it the forward notices when the
+backward is late past its per-hop deadline (the plan's round trip, scaled to measured times) and checks on it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import time
@@ -35,6 +40,7 @@ import torch
 from peers.worker import StageWorker, WorkerError
 from scheduler.detour import detour, detour_violation
 from scheduler.schedule import Route, Schedule
+from swarm.constants import MAX_MICROBATCH_ATTEMPTS
 from swarm.timeline import Timeline
 from swarm.wire import Direction, HopHeader
 
@@ -64,14 +70,30 @@ class Undelivered:
     unreachable: bool
 
 
+@dataclass(frozen=True)
+class Requeue:
+    """A peer's report, for the data holder that injected `microbatch`: its `attempt` cannot finish because `gone`
+    (a peer on its path) is gone."""
+
+    iteration: int
+    epoch: int
+    microbatch: int
+    attempt: int
+    gone: str
+    why: str = ""
+
+
 Send = Callable[[str, HopHeader, torch.Tensor], "Future[bool] | None"]
 """send(peer_id, header, tensor): hand a message to the transport. It may return before delivery with a future
 that resolves to whether the message was delivered (a failure also comes back to the executor as `Undelivered`);
 None means delivered."""
-Receive = Callable[[float], "list[Inbound | Undelivered]"]
+Receive = Callable[[float], "list[Inbound | Undelivered | Requeue]"]
 """receive(timeout): this iteration's messages that arrived, waiting up to `timeout` for the first."""
-Broken = Callable[[int, str], None]
-"""broken(microbatch, why): a microbatch of this iteration cannot finish (its activations died with a peer)."""
+Broken = Callable[[Requeue], None]
+"""broken(report): an attempt of a microbatch of this iteration cannot finish (its activations died with a peer);
+the report is for its data holder."""
+GiveUp = Callable[[int, str], None]
+"""give_up(microbatch, why): this holder cannot re-queue its microbatch: the iteration must be run again."""
 Overdue = Callable[[str, int], None]
 """overdue(peer, microbatch): the backward of a microbatch sent to `peer` is late past its per-hop deadline."""
 
@@ -103,7 +125,11 @@ class IterationResult:
     detours: int = 0
     """Forwards this peer sent around a gone peer."""
     broken: int = 0
-    """Microbatches this peer found unable to finish (reported to the scheduler)."""
+    """Microbatch attempts this peer found unable to finish (reported to their data holder)."""
+    requeued: int = 0
+    """Microbatches of this holder's run again after a peer on their path died."""
+    stale: int = 0
+    """Messages of a re-queued microbatch's earlier attempt, dropped."""
 
 
 def expected_backwards(schedule: Schedule, peer: str) -> int:
@@ -118,12 +144,15 @@ class PipelineExecutor:
                  send: Send, batches: dict[int, torch.Tensor] | None = None,
                  hold: Callable[[Inbound], None] | None = None, timeline: Timeline | None = None,
                  gone: Callable[[], Collection[str]] = frozenset, broken: Broken | None = None,
-                 hop_deadlines: Mapping[int, float] | None = None, overdue: Overdue | None = None) -> None:
+                 give_up: GiveUp | None = None, hop_deadlines: Mapping[int, float] | None = None,
+                 overdue: Overdue | None = None) -> None:
         """:param hold: takes messages of a newer schedule epoch (from peers that switched first) for later
         :param timeline: records each operation's span (forward, backward, ...)
         :param gone: peers known to be gone (declared by the scheduler, or unreachable from this peer); read
           often, detoured around
-        :param broken: told of each microbatch that cannot finish
+        :param broken: told of each microbatch attempt of another holder's that cannot finish (this holder's own
+          it re-queues)
+        :param give_up: told of each microbatch of this holder's it cannot re-queue
         :param hop_deadlines: microbatch -> seconds after this peer sent its forward by which its backward should be
           back (the plan's round trip, `scheduler.round_trips`, scaled to measured times); past it `overdue` is
           told once, so that the peer checks on the next hop (a dead one holding the microbatch in its queue is
@@ -136,17 +165,24 @@ class PipelineExecutor:
         self.routes = {r.microbatch: r for r in schedule.routes}
         self.in_use: dict[int, Route] = dict(self.routes)
         """Each microbatch's route as this peer last saw it: the scheduled one, or a detour of it."""
-        self.gone, self.on_broken = gone, broken
+        self.gone, self.on_broken, self.on_give_up = gone, broken, give_up
         self.hop_deadlines, self.on_overdue = dict(hop_deadlines or {}), overdue
-        self._overdue: set[int] = set()
+        self._overdue: set[tuple[int, int]] = set()
         self.unreachable: set[str] = set()
         """Peers no stream could be opened to during this iteration."""
         self._awaiting: dict[int, tuple[str, Future[bool] | None, float]] = {}
         """Microbatch -> the peer this one sent its forward to (its backward comes from there), that send, and when
         (monotonic seconds)."""
-        self._broken: set[int] = set()
-        self._substituted: set[int] = set()
+        self._broken: set[tuple[int, int]] = set()
+        self._attempt: dict[int, int] = {}
+        """Microbatch -> its newest attempt this peer has seen (0 unless re-queued)."""
+        self._counted: dict[int, frozenset[int]] = {}
+        """Microbatch -> the stages whose gradient already holds it (sent along by its holder)."""
+        self._head_counted: set[int] = set()
+        """This holder's microbatches whose loss (and head gradient) is already in the sums."""
         self.own = sorted((r for r in schedule.routes if r.origin == me), key=lambda r: (r.inject_after, r.microbatch))
+        self._owes: set[int] = {r.microbatch for r in schedule.routes if me in r.peers or r.origin == me}
+        """Microbatches whose backward this peer is still to run, each counted once in `expected`."""
         self.batches = batches or {}
         missing = [r.microbatch for r in self.own if r.microbatch not in self.batches]
         if missing:
@@ -161,16 +197,18 @@ class PipelineExecutor:
         self._start = time.monotonic()
         self._poll: Receive | None = None
 
-    def run(self, receive: Receive, *, deadline: float, aborted: Callable[[], bool] = lambda: False
-            ) -> IterationResult:
-        """Process until every backward this peer expects has run.
+    def run(self, receive: Receive, *, deadline: float, aborted: Callable[[], bool] = lambda: False,
+            settled: Callable[[], bool] = lambda: False) -> IterationResult:
+        """Process until every backward this peer expects has run, or the iteration is settled.
 
         :param aborted: polled between operations; True abandons the iteration (IterationAborted)
+        :param settled: polled between operations; True once the iteration is committed (every holder's
+          microbatches finished): a relay still expecting the backward of a microbatch re-queued around it stops
         :raises IterationTimeout: past `deadline` seconds
         """
         self._poll = receive
         self._start = time.monotonic()
-        while not self.done:
+        while not self.done and not settled():
             if aborted():
                 raise IterationAborted(f"iteration {self.iteration} abandoned for a newer schedule")
             if time.monotonic() - self._start > deadline:
@@ -198,12 +236,15 @@ class PipelineExecutor:
             if self._poll is not None:
                 self._accept(self._poll(0.0))
 
-    def _accept(self, messages: list[Inbound | Undelivered]) -> None:
+    def _accept(self, messages: list[Inbound | Undelivered | Requeue]) -> None:
         """Queue arrived messages for their operation (a newer epoch's are held for later); act on undelivered
-        sends at once (they cost no compute)."""
+        sends and re-queue reports at once (they cost no compute)."""
         for m in messages:
             if isinstance(m, Undelivered):
                 self._undelivered(m)
+            elif isinstance(m, Requeue):
+                if m.iteration == self.iteration and m.epoch == self.schedule.epoch:
+                    self.requeue(m)
             elif m.header.epoch > self.schedule.epoch and self.hold is not None:
                 self.hold(m)
             else:
@@ -244,7 +285,8 @@ class PipelineExecutor:
         start = time.time()
         act = self.worker.inject(r.microbatch, tokens)
         self._span("inject", start, r.microbatch, 0)
-        self.result.tokens += tokens.shape[0] * (tokens.shape[1] - 1)
+        if not self._attempt.get(r.microbatch):  # a re-queued microbatch's tokens are counted once
+            self.result.tokens += tokens.shape[0] * (tokens.shape[1] - 1)
         if not r.peers:  # R = 1: the path is stage 0 alone
             self._loss(r, act)
             return
@@ -256,12 +298,15 @@ class PipelineExecutor:
                                  iteration=self.iteration)
 
     def _loss(self, r: Route, act: torch.Tensor) -> None:
+        counted = r.microbatch in self._head_counted  # its loss was computed before the path broke
         start = time.time()
-        loss, grad = self.worker.loss(r.microbatch, act)
+        loss, grad = self.worker.loss(r.microbatch, act, accumulate=not counted)
         self._span("loss", start, r.microbatch, 0)
-        self.result.loss_sum += loss
-        self.result.losses += 1
-        self.result.loss_of[r.microbatch] = loss
+        if not counted:
+            self._head_counted.add(r.microbatch)
+            self.result.loss_sum += loss
+            self.result.losses += 1
+            self.result.loss_of[r.microbatch] = loss
         if r.peers:
             self._emit(r, len(r.peers), Direction.BACKWARD, grad)
         else:
@@ -269,6 +314,7 @@ class PipelineExecutor:
             self.worker.backward(r.microbatch, grad)
             self._span("backward", start, r.microbatch, 0)
             self.result.backward_done += 1
+            self._owes.discard(r.microbatch)
 
     def _emit(self, r: Route, hop: int, direction: Direction, tensor: torch.Tensor) -> None:
         if direction == Direction.FORWARD and hop > 0:
@@ -278,7 +324,8 @@ class PipelineExecutor:
             r, hop = detoured
         header = HopHeader(run=self.run_id, iteration=self.iteration, microbatch=r.microbatch, route=r.nodes, hop=hop,
                            direction=direction, epoch=self.schedule.epoch, dtype="", shape=(),
-                           stages=(0, *r.stages))
+                           stages=(0, *r.stages), attempt=self._attempt.get(r.microbatch, 0),
+                           counted=tuple(sorted(self._counted.get(r.microbatch, ()))))
         sent = self.send(r.nodes[hop], header, tensor)
         if direction == Direction.FORWARD:
             self._awaiting[r.microbatch] = (r.nodes[hop], sent, time.monotonic())
@@ -292,8 +339,8 @@ class PipelineExecutor:
         while hop > 0 and r.nodes[hop] in gone:
             amended = detour(self.schedule, r, hop, gone)
             if amended is None:
-                self._break(r.microbatch, f"{r.nodes[hop]} (stage {r.stages[hop - 1]}) is gone and no detour obeys "
-                                          f"the rules")
+                self._break(r.microbatch, r.nodes[hop], f"{r.nodes[hop]} (stage {r.stages[hop - 1]}) is gone and no "
+                                                        f"detour obeys the rules")
                 return None
             logger.warning("microbatch %d: %s (stage %d) is gone; forward detoured to %s (stage %d)", r.microbatch,
                            r.nodes[hop], r.stages[hop - 1], amended.nodes[hop], amended.stages[hop - 1])
@@ -305,14 +352,15 @@ class PipelineExecutor:
     def _undelivered(self, u: Undelivered) -> None:
         h = u.header
         r = self.in_use.get(h.microbatch)
-        if h.run != self.run_id or h.iteration != self.iteration or h.epoch != self.schedule.epoch or r is None:
+        if h.run != self.run_id or h.iteration != self.iteration or h.epoch != self.schedule.epoch or r is None or \
+                h.attempt != self._attempt.get(h.microbatch, 0):
             return
         if h.direction == Direction.FORWARD and h.hop > 0 and u.unreachable and tuple(h.route) == r.nodes:
             self.unreachable.add(u.peer)
             self._awaiting.pop(h.microbatch, None)
             self._emit(r, h.hop, Direction.FORWARD, u.tensor)  # detours around it
         else:
-            self._break(h.microbatch, f"its {h.direction.name.lower()} could not be delivered to {u.peer}")
+            self._break(h.microbatch, u.peer, f"its {h.direction.name.lower()} could not be delivered to {u.peer}")
 
     def _check_awaited(self) -> None:
         """A microbatch whose forward went to a peer now gone cannot come back: that peer held its activations."""
@@ -321,8 +369,8 @@ class PipelineExecutor:
             return
         for mb, (peer, sent, _) in list(self._awaiting.items()):
             delivered = sent is None or (sent.done() and sent.exception() is None and sent.result() is True)
-            if peer in gone and delivered and mb not in self._broken:
-                self._break(mb, f"its activations were with {peer}, which is gone")
+            if peer in gone and delivered and (mb, self._attempt.get(mb, 0)) not in self._broken:
+                self._break(mb, peer, f"its activations were with {peer}, which is gone")
 
     def _check_overdue(self) -> None:
         """Tell of backward passes late past their per-hop deadline, once each."""
@@ -330,37 +378,96 @@ class PipelineExecutor:
             return
         now = time.monotonic()
         for mb, (peer, _, since) in list(self._awaiting.items()):
-            limit = self.hop_deadlines.get(mb)
-            if limit is not None and mb not in self._overdue and mb not in self._broken and now - since > limit:
-                self._overdue.add(mb)
+            limit, key = self.hop_deadlines.get(mb), (mb, self._attempt.get(mb, 0))
+            if limit is not None and key not in self._overdue and key not in self._broken and now - since > limit:
+                self._overdue.add(key)
                 logger.warning("iteration %d: the backward of microbatch %d is %.1f s late from %s (deadline %.1f s)",
                                self.iteration, mb, now - since - limit, peer, limit)
                 self.on_overdue(peer, mb)
 
-    def _break(self, microbatch: int, why: str) -> None:
-        if microbatch in self._broken:
+    def _break(self, microbatch: int, gone: str, why: str) -> None:
+        """The current attempt of `microbatch` cannot finish because of `gone`: its holder re-queues it (this peer,
+        or the one the report goes to)."""
+        attempt = self._attempt.get(microbatch, 0)
+        if (microbatch, attempt) in self._broken:
             return
-        self._broken.add(microbatch)
+        self._broken.add((microbatch, attempt))
         self.result.broken += 1
-        logger.warning("iteration %d: microbatch %d cannot finish: %s", self.iteration, microbatch, why)
-        if self.on_broken is not None:
-            self.on_broken(microbatch, why)
+        logger.warning("iteration %d: microbatch %d (attempt %d) cannot finish: %s", self.iteration, microbatch,
+                       attempt, why)
+        report = Requeue(iteration=self.iteration, epoch=self.schedule.epoch, microbatch=microbatch, attempt=attempt,
+                         gone=gone, why=why)
+        if self.routes[microbatch].origin == self.me:
+            self.requeue(report)
+        elif self.on_broken is not None:
+            self.on_broken(report)
+
+    def requeue(self, report: Requeue) -> None:
+        """Run a microbatch of this holder's again, around the peer that broke its current attempt.
+
+        Its gradient is in no stage's sum unless its loss was computed: then the stages after the gone peer on
+        its path hold it (the backward passed them), and so does the head; the new attempt tells them so. A
+        report of an earlier attempt, or of a microbatch already finished, is ignored.
+        """
+        mb = report.microbatch
+        if mb not in self._owes or self.routes.get(mb) is None or self.routes[mb].origin != self.me or \
+                report.attempt != self._attempt.get(mb, 0):
+            return
+        r = self.in_use[mb]
+        counted = set(self._counted.get(mb, ()))
+        if mb in self._head_counted:
+            counted |= set(r.stages[r.nodes.index(report.gone):] if report.gone in r.nodes[1:] else r.stages)
+        gone = self._gone_now() | {report.gone}
+        new: Route | None = r
+        for hop in range(1, len(r.nodes)):
+            if new is not None and new.nodes[hop] in gone:
+                new = detour(self.schedule, new, hop, gone)
+        if new is None or report.attempt + 1 > MAX_MICROBATCH_ATTEMPTS:
+            why = "no detour obeys the rules" if new is None else f"{MAX_MICROBATCH_ATTEMPTS} attempts broke"
+            logger.warning("iteration %d: microbatch %d cannot be re-queued (%s): the iteration must run again",
+                           self.iteration, mb, why)
+            if self.on_give_up is not None:
+                self.on_give_up(mb, f"{report.why}; {why}")
+            return
+        self._attempt[mb] = report.attempt + 1
+        self._counted[mb] = frozenset(counted)
+        self.worker.drop(mb)
+        self._awaiting.pop(mb, None)
+        self.in_use[mb] = new
+        self._pending.insert(0, dataclasses.replace(new, inject_after=0.0))
+        self.result.requeued += 1
+        logger.warning("iteration %d: microbatch %d re-queued (attempt %d) on %s; stages %s already hold its "
+                       "gradient", self.iteration, mb, report.attempt + 1, "/".join(new.nodes[1:]) or "stage 0",
+                       sorted(counted) or "none")
 
     def _handle(self, m: Inbound) -> None:
         h = m.header
+        attempt = self._attempt.get(h.microbatch, 0)
+        if h.attempt < attempt and h.run == self.run_id and h.iteration == self.iteration:
+            self.result.stale += 1
+            logger.info("%s of microbatch %d's attempt %d from %s dropped: it was re-queued (attempt %d)",
+                        h.direction.name.lower(), h.microbatch, h.attempt, m.sender, attempt)
+            return
         why = self._mismatch(m)
         if why:
             self.result.dropped += 1
             logger.warning("dropped %s of microbatch %d from %s: %s", h.direction.name.lower(), h.microbatch,
                            m.sender, why)
             return
+        if h.attempt > attempt:  # a re-queued microbatch: what this peer holds of an earlier attempt is stale
+            self._attempt[h.microbatch] = h.attempt
+            self._awaiting.pop(h.microbatch, None)
+            if self.worker.drop(h.microbatch):
+                logger.info("microbatch %d's attempt %d arrived: the stashed earlier attempt is dropped",
+                            h.microbatch, h.attempt)
+        if h.direction == Direction.FORWARD and h.hop > 0:
+            self._counted[h.microbatch] = frozenset(h.counted)
         r = self.in_use[h.microbatch]
         if tuple(h.route) != r.nodes:
             r = self.in_use[h.microbatch] = Route(microbatch=r.microbatch, origin=r.origin, stages=tuple(h.stages[1:]),
                                                   peers=tuple(h.route[1:]), inject_after=r.inject_after)
-        if h.direction == Direction.FORWARD and h.hop > 0 and self.me not in self.routes[h.microbatch].nodes and \
-                h.microbatch not in self._substituted:
-            self._substituted.add(h.microbatch)  # a detour made this peer stand in for a gone one
+        if h.direction == Direction.FORWARD and h.hop > 0 and h.microbatch not in self._owes:
+            self._owes.add(h.microbatch)  # a detour made this peer stand in for a gone one, or a re-queue came back
             self.expected += 1
         if h.direction == Direction.BACKWARD:
             self._awaiting.pop(h.microbatch, None)
@@ -375,10 +482,12 @@ class PipelineExecutor:
                 self._emit(r, nxt, Direction.FORWARD, act)
             else:
                 stage = r.stages[h.hop - 1] if h.hop > 0 else None
+                accumulate = stage not in self._counted.get(h.microbatch, ())
                 start = time.time()
-                grad = self.worker.backward(h.microbatch, m.tensor, stage=stage)
+                grad = self.worker.backward(h.microbatch, m.tensor, stage=stage, accumulate=accumulate)
                 self._span("backward", start, h.microbatch, 0 if stage is None else stage)
                 self.result.backward_done += 1
+                self._owes.discard(h.microbatch)
                 if h.hop > 0:
                     self._emit(r, h.hop - 1, Direction.BACKWARD, grad)
         except WorkerError as e:

@@ -26,6 +26,7 @@ from swarm.constants import (
     MAX_HEADER_BYTES,
     MAX_ID_CHARS,
     MAX_LINKS,
+    MAX_MICROBATCH_ATTEMPTS,
     MAX_PLAIN_DEPTH,
     MAX_PLAIN_ITEMS,
     MAX_RECORD_BYTES,
@@ -284,6 +285,12 @@ class HopHeader:
     sent_at: float = 0.0
     """Sender's wall clock when the message left its pipeline (0 = not stamped): the receiver measures jitter from
     it against the link's median, so the clocks need not agree."""
+    attempt: int = 0
+    """How many times the data holder re-queued this microbatch in this iteration (a peer on its path died):
+    messages of an earlier attempt are stale."""
+    counted: tuple[int, ...] = ()
+    """Stages whose gradient already holds this microbatch (from an earlier attempt): they backpropagate it
+    without accumulating."""
     version: int = WIRE_VERSION
 
     @property
@@ -312,6 +319,10 @@ class HopHeader:
             d["weight"] = self.weight
         if self.sent_at:
             d["sent_at"] = self.sent_at
+        if self.attempt:
+            d["attempt"] = self.attempt
+        if self.counted:
+            d["counted"] = list(self.counted)
         return pack(d)
 
     @classmethod
@@ -345,6 +356,9 @@ class HopHeader:
             restore_dtype=restore,
             weight=_int(d.get("weight", 0), "header.weight", 0, 1 << 40),
             sent_at=_float(d.get("sent_at", 0.0), "header.sent_at", 0.0, 1e11),
+            attempt=_int(d.get("attempt", 0), "header.attempt", 0, MAX_MICROBATCH_ATTEMPTS),
+            counted=tuple(_int(s, "header.counted[]", 1, MAX_STAGES - 1)
+                          for s in _list(d.get("counted", []), "header.counted", MAX_STAGES)),
             version=version,
         )
 

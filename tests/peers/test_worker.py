@@ -109,6 +109,30 @@ def test_accumulated_gradient_is_normalised_by_visits():
     assert abs(stats.grad_norm - float(expected_norm)) < 1e-5 * float(expected_norm)
 
 
+def test_a_requeued_microbatch_passes_its_gradient_on_without_counting_it_again():
+    """accumulate=False (a stage that already holds the microbatch): the same gradient for the previous hop, no
+    change to the sums or the visits."""
+    w, x, g = worker(1), act(), torch.randn(2, 8, MICRO.dim)
+    w.forward(0, x)
+    first = w.backward(0, g)
+    sums = w.gradient_sums()
+    w.forward(0, x)
+    again = w.backward(0, g, accumulate=False)
+    assert torch.equal(again, first) and w.visits == 1 and not w.stashed
+    for name, value in w.gradient_sums().items():
+        assert torch.equal(value, sums[name])
+    holder, tokens = worker(0), torch.randint(0, MICRO.vocab_size, (2, 9))
+    back = holder.inject(0, tokens)
+    loss, grad = holder.loss(0, back)
+    head = holder.gradient_sums()
+    loss_again, grad_again = holder.loss(0, back, accumulate=False)
+    assert loss_again == loss and torch.equal(grad_again, grad)
+    for name, value in holder.gradient_sums().items():
+        assert torch.equal(value, head[name])
+    with pytest.raises(WorkerError, match="stage 0 always accumulates"):
+        holder.backward(0, grad, accumulate=False)  # where a microbatch ends, its backward was never counted
+
+
 def test_step_refused_while_microbatches_are_in_flight():
     w = worker(1)
     w.forward(0, act())

@@ -87,7 +87,7 @@ def test_run_survives_deaths_and_joins_without_losing_or_doubling_samples(tmp_pa
     logs = [(run_dir / f"peer-{i:02d}.log").read_text() for i in range(PEERS + 2)]
     assert any("takes over" in text for text in logs)
     # the dead relay's work was handled in flight: forwards to it went to its stage mate, or a microbatch whose
-    # activations it held was reported broken and its iteration rerun at once (which one depends on where the
+    # activations it held was reported broken and re-queued by its holder (which one depends on where the
     # kill caught the microbatches; tests/swarm/test_pipeline_detours.py covers each deterministically)
     assert any("forward detoured" in text or "cannot finish" in text for text in logs)
     coordinator_log = (run_dir / "coordinator.log").read_text()

@@ -111,9 +111,13 @@ def test_a_gone_relay_replans_from_the_next_iteration_and_a_gone_holder_from_thi
     # the iteration in progress goes on with detours around the relay; peers are told it is gone
     assert published[-1].meta["start_iteration"] == 4 and relay not in published[-1].placement
     assert {"event": "gone", "peers": [relay], "iteration": 3} in c.notices
-    # a microbatch it held cannot finish: that iteration runs again, under an epoch without the relay
-    c._handle(GossipMessage(topic=membership_topic("plan-test"), sender=next(iter(live)), seqno=0,
-                            payload={"event": "broken", "peer": "x", "iteration": 3, "epoch": 0, "microbatch": 1}))
+    # a microbatch it held cannot finish: its holder re-queues it, the iteration goes on
+    say = lambda payload: c._handle(GossipMessage(topic=membership_topic("plan-test"), sender=next(iter(live)),  # noqa: E731
+                                                  seqno=0, payload=payload))
+    say({"event": "broken", "peer": "x", "iteration": 3, "epoch": 0, "microbatch": 1, "attempt": 0, "gone": relay})
+    assert len(published) == 1
+    # a holder that cannot re-queue one: that iteration runs again, under an epoch without the relay
+    say({"event": "broken", "rerun": True, "peer": "x", "iteration": 3, "epoch": 0, "microbatch": 1})
     assert published[-1].meta["start_iteration"] == 3 and published[-1].epoch == 2
     assert relay not in published[-1].placement
     holder = c.schedule.data_holders[0]
@@ -243,7 +247,7 @@ def test_a_stopped_coordinator_tells_the_peers_the_run_is_over_but_a_leaving_sch
         assert c.notices == ([{"event": "finished", "iterations": 0, "stopped": True}] if told else [])
 
 
-def test_a_broken_microbatch_reruns_the_iteration_without_the_peers_reported_unreachable(monkeypatch):
+def test_a_broken_microbatch_convicts_the_peer_reported_unreachable_and_a_rerun_leaves_it_out(monkeypatch):
     from types import SimpleNamespace
 
     from swarm.gossip import GossipMessage, membership_topic
@@ -264,7 +268,12 @@ def test_a_broken_microbatch_reruns_the_iteration_without_the_peers_reported_unr
 
     say({"event": "unreachable", "peer": relay})
     assert relay in c._live_peers() and not published
-    say({"event": "broken", "peer": reporter, "iteration": 3, "epoch": 0, "microbatch": 2})
+    # the microbatch it broke is re-queued by its holder; the relay is taken for gone at once
+    say({"event": "broken", "peer": reporter, "iteration": 3, "epoch": 0, "microbatch": 2, "attempt": 0,
+         "gone": relay})
+    assert relay not in c._live_peers() and not published
+    # a holder that could not re-queue one asks for the iteration again: without the relay
+    say({"event": "broken", "rerun": True, "peer": reporter, "iteration": 3, "epoch": 0, "microbatch": 2})
     assert len(published) == 1 and published[0].meta["start_iteration"] == 3 and relay not in published[0].placement
 
 

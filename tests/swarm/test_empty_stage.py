@@ -84,7 +84,7 @@ def test_a_stage_without_peers_is_skipped_then_restored(tmp_path):
     assert "stage 2's last peer, leaves: " in coordinator_log
     logs = "".join((run_dir / f"peer-{i:02d}.log").read_text() for i in range(4))
     # where the kill caught the microbatches decides: a forward to the dead peer is detoured to the stage the paths
-    # skip, or one whose activations it held cannot finish and its iteration is rerun (each is covered
+    # skip, or one whose activations it held cannot finish and is re-queued by its holder (each is covered
     # deterministically by tests/swarm/test_pipeline_detours.py)
     assert ("(stage 2) is gone; forward detoured to" in logs and "(stage 1)" in logs) or "cannot finish" in logs
     final = swarm.schedule()

@@ -2,7 +2,8 @@
 
 Each peer's `PipelineExecutor` runs in a thread of this process on its own `StageWorker`; messages between them
 go through in-memory queues (scaffolding standing in for the transport, whose own tests are elsewhere). A send to
-a "dead" peer comes back as `Undelivered(unreachable=True)`, as the peer's transport reports a refused stream.
+a "dead" peer comes back as `Undelivered(unreachable=True)`, as the peer's transport reports a refused stream. A
+broken microbatch's report goes straight to its holder's inbox, as the peer's gossip hands it to the main loop.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from peers.worker import StageWorker
 from scheduler.detour import detour, detour_violation
 from scheduler.path_rules import PathRules
 from scheduler.schedule import Route, Schedule
-from swarm.pipeline import Inbound, PipelineExecutor, Undelivered
+from swarm.constants import MAX_MICROBATCH_ATTEMPTS
+from swarm.pipeline import Inbound, PipelineExecutor, Requeue, Undelivered
 from swarm.wire import Direction, HopHeader
 
 pytestmark = pytest.mark.timeout(120)
@@ -62,7 +64,10 @@ class Iteration:
         self.frozen = set(frozen)
         self.checked: list[tuple[str, str, int]] = []
         self.inbox: dict[str, queue.Queue] = {p: queue.Queue() for p in sched.placement}
-        self.broken: list[tuple[str, int, str]] = []
+        self.broken: list[tuple[str, Requeue]] = []
+        """(reporter, report) of each broken microbatch attempt reported to another holder."""
+        self.given_up: list[tuple[str, int, str]] = []
+        """(holder, microbatch, why) of each microbatch its holder could not re-queue: the iteration is over."""
         self.gone = frozenset(gone)  # replaced, never mutated: executor threads read it
         self.workers = {p: StageWorker(p, s, MODEL, SPLIT, OptimConfig(), dtype=torch.float64, seed=0)
                         for p, s in sched.placement.items()}
@@ -70,7 +75,8 @@ class Iteration:
             p: PipelineExecutor(me=p, worker=self.workers[p], schedule=sched, run_id=RUN, iteration=0,
                                 send=self._sender(p), batches=batches(sched, p) if s == 0 else None,
                                 gone=lambda: self.gone,
-                                broken=lambda mb, why, p=p: self.broken.append((p, mb, why)),
+                                broken=self._reporter(p),
+                                give_up=lambda mb, why, p=p: self.given_up.append((p, mb, why)),
                                 hop_deadlines={r.microbatch: hop_deadline for r in sched.routes}
                                 if hop_deadline else None, overdue=self._checker(p))
             for p, s in sched.placement.items() if p not in dead}
@@ -88,6 +94,12 @@ class Iteration:
             return sent
         return send
 
+    def _reporter(self, me: str):
+        def report(r: Requeue) -> None:
+            self.broken.append((me, r))
+            self.inbox[self.sched.routes[r.microbatch].origin].put(r)
+        return report
+
     def _checker(self, me: str):
         def check(peer: str, microbatch: int) -> None:
             self.checked.append((me, peer, microbatch))
@@ -100,6 +112,9 @@ class Iteration:
             if me in self.frozen:
                 time.sleep(timeout)
                 return []
+            if self.dies_after.get(me, 1) <= 0:  # it handled its last messages: from now on it is dead
+                self.dead.add(me)
+                return []
             out = []
             try:
                 out.append(self.inbox[me].get(timeout=timeout))
@@ -110,8 +125,6 @@ class Iteration:
             if me in self.dies_after:
                 keep = out[:self.dies_after[me]]
                 self.dies_after[me] -= len(keep)
-                if self.dies_after[me] <= 0:
-                    self.dead.add(me)
                 return keep
             return out
         return receive
@@ -119,11 +132,12 @@ class Iteration:
     def _serve(self, me: str, errors: list) -> None:
         ex = self.executors[me]
         try:
-            ex.run(self._receive(me), deadline=20, aborted=lambda: me in self.dead or bool(self.broken))
-            while not self.committed.is_set() and me not in self.dead and not self.broken:
+            ex.run(self._receive(me), deadline=20, aborted=lambda: me in self.dead or bool(self.given_up),
+                   settled=self.committed.is_set)
+            while not self.committed.is_set() and me not in self.dead and not self.given_up:
                 ex.handle(self._receive(me)(0.02))  # a peer waiting for the commit still serves detours
         except Exception as e:  # noqa: BLE001 - reported to the test
-            if me not in self.dead and not self.broken:
+            if me not in self.dead and not self.given_up:
                 errors.append((me, e))
 
     def run(self, timeout: float = 60) -> None:
@@ -132,7 +146,7 @@ class Iteration:
         for t in threads.values():
             t.start()
         end = time.monotonic() + timeout  # the scheduler commits once every data holder is done
-        while not all(self.executors[h].done for h in self.sched.data_holders) and not self.broken and not errors:
+        while not all(self.executors[h].done for h in self.sched.data_holders) and not self.given_up and not errors:
             assert time.monotonic() < end, "the iteration did not finish"
             time.sleep(0.01)
         self.committed.set()
@@ -142,6 +156,9 @@ class Iteration:
 
     def losses(self) -> dict[int, float]:
         return {mb: loss for h in self.sched.data_holders for mb, loss in self.executors[h].result.loss_of.items()}
+
+    def holders_requeued(self) -> int:
+        return sum(self.executors[h].result.requeued for h in self.sched.data_holders)
 
     def stage_gradients(self, stage: int) -> dict[str, torch.Tensor]:
         sums = [self.workers[p].gradient_sums() for p in self.sched.stage_peers(stage) if p in self.executors]
@@ -188,28 +205,88 @@ def test_a_stage_with_no_live_peer_is_replaced_by_another_stage_the_path_may_tak
         assert detour_violation(sched, sched.routes[mb], route.nodes, route.stages) is None
 
 
-def test_a_microbatch_whose_activations_died_is_reported_broken():
+def assert_same_gradients(got: Iteration, reference: Iteration) -> None:
+    """Every stage's gradient sum and visits as in `reference`: each microbatch counted exactly once everywhere."""
+    for stage in range(reference.sched.num_stages):
+        ref, out = reference.stage_gradients(stage), got.stage_gradients(stage)
+        for name in ref:
+            torch.testing.assert_close(out[name], ref[name], rtol=1e-10, atol=1e-12)
+        peers = reference.sched.stage_peers(stage)
+        assert sum(got.workers[p].visits for p in peers) == sum(reference.workers[p].visits for p in peers)
+
+
+def test_a_microbatch_whose_activations_died_is_requeued_and_counted_once_by_every_stage():
     sched = schedule()
-    # a2 handles its first message (a forward: it now holds those activations) and dies
+    reference = Iteration(sched)
+    reference.run()
+    # a2 handles its first message (a forward: it passes it on, the loss is computed, the backward comes back
+    # through the stages after it) and dies: that microbatch's backward cannot pass it
     it = Iteration(sched, dies_after={"a2": 1})
     # the scheduler's notice that a2 is gone comes after its record expired
     threading.Timer(0.5, lambda: setattr(it, "gone", it.gone | {"a2"})).start()
     it.run()
-    assert it.broken, "the microbatch stuck at a2 was not reported"
-    assert all(why.endswith("which is gone") or "could not be delivered" in why for _, _, why in it.broken)
-    assert {mb for _, mb, _ in it.broken} <= {r.microbatch for r in sched.routes if "a2" in r.peers}
+    broken = {r.microbatch for _, r in it.broken} | {mb for mb in range(len(sched.routes))
+                                                       if it.executors[sched.routes[mb].origin].result.broken}
+    assert it.holders_requeued() >= 1 and not it.given_up
+    assert broken <= {r.microbatch for r in sched.routes if "a2" in r.peers}
+    assert all(r.gone == "a2" for _, r in it.broken)
+    # the rest of the iteration went on: every microbatch's loss once, and exactly the reference's gradients
+    assert it.losses() == pytest.approx(reference.losses(), rel=1e-12)
+    assert_same_gradients(it, reference)
+    assert not it.workers["a2"].visits
+
+
+def test_stages_a_broken_backward_had_passed_rerun_the_requeued_microbatch_without_counting_it_again():
+    # only microbatch 5 passes a2: h1 -> a2 (stage 2) -> a3 (stage 3)
+    routes = [("h0", (1, 2), ("a1", "b2")), ("h0", (1, 3), ("a1", "a3")), ("h0", (2, 3), ("b2", "a3")),
+              ("h1", (1, 2), ("b1", "b2")), ("h1", (1, 2), ("a1", "b2")), ("h1", (2, 3), ("a2", "a3"))]
+    sched = schedule(routes)
+    reference = Iteration(sched)
+    reference.run()
+    # a2 passes microbatch 5 on and dies: its loss is computed and its backward passes a3 (stage 3's gradient
+    # holds it) before it finds a2 gone
+    it = Iteration(sched, dies_after={"a2": 1})
+    it.run()
+    assert [(reporter, r.microbatch, r.gone) for reporter, r in it.broken] == [("a3", 5, "a2")]
+    assert it.executors["h1"].result.requeued == 1
+    assert it.executors["h1"].in_use[5].peers == ("b2", "a3")
+    # a3 ran microbatch 5's backward twice, the second time without accumulating; the head counted its loss once
+    assert it.executors["a3"].result.backward_done == reference.executors["a3"].result.backward_done + 1
+    assert it.workers["a3"].visits == reference.workers["a3"].visits
+    assert it.executors["h1"].result.losses == 3
+    assert it.losses() == pytest.approx(reference.losses(), rel=1e-12)
+    assert_same_gradients(it, reference)
 
 
 def test_a_backward_late_past_its_hop_deadline_gets_the_next_hop_checked_and_a_frozen_one_found():
     sched = schedule()
+    reference = Iteration(sched)
+    reference.run()
     # a2's transport takes its forwards, but the process holding them never runs again; nobody is told
     it = Iteration(sched, frozen={"a2"}, hop_deadline=1.0)
     start = time.monotonic()
     it.run(timeout=30)
     assert time.monotonic() - start < 15  # found by the deadline, not by the scheduler's expiry of a2
-    assert it.broken and all("a2" in why for _, _, why in it.broken)
     assert "a2" in {peer for _, peer, _ in it.checked}
-    assert {mb for _, mb, _ in it.broken} <= {r.microbatch for r in sched.routes if "a2" in r.peers}
+    assert it.holders_requeued() >= 1 and not it.given_up
+    assert all(r.gone == "a2" for _, r in it.broken)
+    assert it.losses() == pytest.approx(reference.losses(), rel=1e-12)
+    assert_same_gradients(it, reference)
+
+
+def test_a_requeue_of_an_earlier_attempt_is_ignored_and_one_past_the_limit_gives_up():
+    sched = schedule()
+    it = Iteration(sched)
+    ex = it.executors["h0"]
+    report = Requeue(iteration=0, epoch=0, microbatch=0, attempt=0, gone="a2")
+    ex.requeue(Requeue(iteration=0, epoch=0, microbatch=3, attempt=0, gone="b1"))  # h1's microbatch, not h0's
+    assert ex.result.requeued == 0
+    ex._attempt[0] = 1  # attempt 0 was re-queued already
+    ex.requeue(report)
+    assert ex.result.requeued == 0 and not it.given_up
+    ex._attempt[0] = MAX_MICROBATCH_ATTEMPTS
+    ex.requeue(Requeue(iteration=0, epoch=0, microbatch=0, attempt=MAX_MICROBATCH_ATTEMPTS, gone="a2"))
+    assert ex.result.requeued == 0 and [mb for _, mb, _ in it.given_up] == [0]
 
 
 def test_forged_detours_are_dropped():
