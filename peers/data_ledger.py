@@ -2,7 +2,9 @@
 
 Each draw is one line of a JSON-lines file: the iteration, the schedule epoch, the shard and the training
 windows of one microbatch, with a status: `pending` when drawn, then `processed` once the iteration
-commits, or `requeued` when the iteration is abandoned (a peer died) and its samples are drawn again.
+commits, or `requeued` when the iteration is abandoned (a data holder died) and its samples are drawn again. A
+microbatch its holder ran again within the iteration (a relay holding its activations died) is noted `retried`:
+its samples are not drawn again, and still count as processed once, at the commit.
 The file is appended and flushed as it goes, so a restarted holder (or an auditor) can read it back.
 """
 
@@ -38,6 +40,10 @@ class DataLedger:
         """The draws of `iteration` were abandoned; their samples will be drawn again."""
         self._log({"event": "requeued", "iteration": iteration})
 
+    def retry(self, iteration: int, microbatch: int, attempt: int) -> None:
+        """`microbatch` of `iteration` ran again (`attempt`) after a peer on its path died: same samples."""
+        self._log({"event": "retried", "iteration": iteration, "microbatch": microbatch, "attempt": attempt})
+
     def _log(self, entry: dict[str, Any]) -> None:
         entry = {"holder": self.holder, **entry}
         self.entries.append(entry)
@@ -52,7 +58,8 @@ def read_ledger(path: str | Path) -> list[dict[str, Any]]:
 
 def sample_status(entries: list[dict[str, Any]], commits: set[tuple[int, int]] | None = None
                   ) -> dict[tuple[int, int, int], Counter]:
-    """(shard, data epoch, window) -> how often it was processed / requeued / left pending, over ledgers.
+    """(shard, data epoch, window) -> how often it was processed / requeued / left pending (and retried within
+    an iteration), over ledgers.
 
     A draw's fate is the first `processed` or `requeued` event of its holder for its iteration after it. With
     `commits` (the scheduler's committed (iteration, epoch) pairs, the ground truth), a draw whose iteration was
@@ -64,6 +71,11 @@ def sample_status(entries: list[dict[str, Any]], commits: set[tuple[int, int]] |
         key = (e["holder"], e["iteration"])
         if e["event"] == "draw":
             open_draws.setdefault(key, []).append(e)
+        elif e["event"] == "retried":
+            for d in open_draws.get(key, []):
+                if d["microbatch"] == e["microbatch"]:
+                    for w in d["windows"]:
+                        status.setdefault((d["shard"], d["data_epoch"], w), Counter())["retried"] += 1
         else:
             for d in open_draws.pop(key, []):
                 for w in d["windows"]:

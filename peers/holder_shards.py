@@ -59,6 +59,10 @@ class HolderShards:
         self.ledger.commit(iteration)
         self._snapshot = {}
 
+    def retried(self, iteration: int, microbatch: int, attempt: int) -> None:
+        """A microbatch of the iteration ran again after a peer on its path died (same samples, no new draw)."""
+        self.ledger.retry(iteration, microbatch, attempt)
+
     def rewind(self, iteration: int) -> None:
         """The iteration was abandoned: requeue its draws and put every shard back where it stood before them."""
         if not self._snapshot:

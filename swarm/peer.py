@@ -831,6 +831,8 @@ class Peer:
             logger.info("microbatch %d's stashed forward is dropped: it was re-queued around this peer", mb)
             worker.drop(mb)
         if self.stage == 0:
+            for mb, attempt in result.requeued:
+                self.data.retried(self.iteration, mb, attempt)
             self.data.commit(self.iteration)
         t1 = time.perf_counter()
         group = schedule.stage_peers(self.stage)
@@ -863,7 +865,7 @@ class Peer:
                            result.detours)
         if result.requeued:
             logger.warning("iteration %d: %d microbatches of this holder's were re-queued after a peer on their path "
-                           "died", self.iteration, result.requeued)
+                           "died", self.iteration, len(result.requeued))
         logger.info("iteration %d done: %d backward passes, stage %d averaged %d visits from %d/%d peers, lr %.2e "
                     "(pipeline+commit %.3f s, averaging %.3f s, step %.3f s)", self.iteration, result.backward_done,
                     self.stage, visits, heard, len(group), stats.lr, t1 - t0, t2 - t1, t3 - t2)

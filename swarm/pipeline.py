@@ -126,8 +126,8 @@ class IterationResult:
     """Forwards this peer sent around a gone peer."""
     broken: int = 0
     """Microbatch attempts this peer found unable to finish (reported to their data holder)."""
-    requeued: int = 0
-    """Microbatches of this holder's run again after a peer on their path died."""
+    requeued: list[tuple[int, int]] = field(default_factory=list)
+    """(microbatch, attempt) of each microbatch of this holder's run again after a peer on its path died."""
     stale: int = 0
     """Messages of a re-queued microbatch's earlier attempt, dropped."""
 
@@ -435,7 +435,7 @@ class PipelineExecutor:
         self._awaiting.pop(mb, None)
         self.in_use[mb] = new
         self._pending.insert(0, dataclasses.replace(new, inject_after=0.0))
-        self.result.requeued += 1
+        self.result.requeued.append((mb, report.attempt + 1))
         logger.warning("iteration %d: microbatch %d re-queued (attempt %d) on %s; stages %s already hold its "
                        "gradient", self.iteration, mb, report.attempt + 1, "/".join(new.nodes[1:]) or "stage 0",
                        sorted(counted) or "none")

@@ -31,6 +31,18 @@ def test_an_abandoned_iteration_draws_the_same_samples_again(corpus):
     assert data.ledger.entries[-1]["event"] == "processed"
 
 
+def test_a_microbatch_retried_within_its_iteration_is_noted_and_still_processed_once(corpus):
+    data = HolderShards(corpus, DataLedger(holder="a"))
+    data.assign([0], 1, {})
+    data.draw([0, 1], iteration=0, epoch=0)
+    data.retried(0, 1, 1)  # a relay holding microbatch 1's activations died: its holder ran it again
+    data.commit(0)
+    status = sample_status(data.ledger.entries)
+    assert set(Counter(c["processed"] for c in status.values())) == {1}
+    retried = {w for w, c in status.items() if c["retried"]}
+    assert retried and len(retried) == len(status) // 2  # microbatch 1's samples, not microbatch 0's
+
+
 def test_a_shard_handed_over_at_its_committed_position_loses_and_repeats_nothing(corpus):
     carrier, joiner = HolderShards(corpus, DataLedger(holder="a")), HolderShards(corpus, DataLedger(holder="b"))
     carrier.assign([0, 1], 2, {})

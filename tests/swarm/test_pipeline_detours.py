@@ -158,7 +158,7 @@ class Iteration:
         return {mb: loss for h in self.sched.data_holders for mb, loss in self.executors[h].result.loss_of.items()}
 
     def holders_requeued(self) -> int:
-        return sum(self.executors[h].result.requeued for h in self.sched.data_holders)
+        return sum(len(self.executors[h].result.requeued) for h in self.sched.data_holders)
 
     def stage_gradients(self, stage: int) -> dict[str, torch.Tensor]:
         sums = [self.workers[p].gradient_sums() for p in self.sched.stage_peers(stage) if p in self.executors]
@@ -248,7 +248,7 @@ def test_stages_a_broken_backward_had_passed_rerun_the_requeued_microbatch_witho
     it = Iteration(sched, dies_after={"a2": 1})
     it.run()
     assert [(reporter, r.microbatch, r.gone) for reporter, r in it.broken] == [("a3", 5, "a2")]
-    assert it.executors["h1"].result.requeued == 1
+    assert it.executors["h1"].result.requeued == [(5, 1)]
     assert it.executors["h1"].in_use[5].peers == ("b2", "a3")
     # a3 ran microbatch 5's backward twice, the second time without accumulating; the head counted its loss once
     assert it.executors["a3"].result.backward_done == reference.executors["a3"].result.backward_done + 1
@@ -280,13 +280,13 @@ def test_a_requeue_of_an_earlier_attempt_is_ignored_and_one_past_the_limit_gives
     ex = it.executors["h0"]
     report = Requeue(iteration=0, epoch=0, microbatch=0, attempt=0, gone="a2")
     ex.requeue(Requeue(iteration=0, epoch=0, microbatch=3, attempt=0, gone="b1"))  # h1's microbatch, not h0's
-    assert ex.result.requeued == 0
+    assert not ex.result.requeued
     ex._attempt[0] = 1  # attempt 0 was re-queued already
     ex.requeue(report)
-    assert ex.result.requeued == 0 and not it.given_up
+    assert not ex.result.requeued and not it.given_up
     ex._attempt[0] = MAX_MICROBATCH_ATTEMPTS
     ex.requeue(Requeue(iteration=0, epoch=0, microbatch=0, attempt=MAX_MICROBATCH_ATTEMPTS, gone="a2"))
-    assert ex.result.requeued == 0 and [mb for _, mb, _ in it.given_up] == [0]
+    assert not ex.result.requeued and [mb for _, mb, _ in it.given_up] == [0]
 
 
 def test_forged_detours_are_dropped():
