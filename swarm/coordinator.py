@@ -616,13 +616,15 @@ class Coordinator:
         self._try_commit()
 
     def _note_broken(self, msg: GossipMessage) -> None:
-        """A microbatch broke at a scheduled peer (its holder re-queues it): the peer it names, if reported
-        unreachable, is taken for gone now, so that the next epoch and the other peers' detours leave it out."""
+        """A microbatch of the iteration in progress broke at a scheduled peer (its holder re-queues it): the peer
+        it names, if the same reporter found it unreachable, is taken for gone now, so that the next epoch and the
+        other peers' detours leave it out."""
         suspect = msg.payload.get("gone")
         if self.schedule is None or msg.sender not in self.schedule.placement or not isinstance(suspect, str) or \
-                suspect not in self.schedule.placement or suspect in self._declared_gone:
+                suspect not in self.schedule.placement or suspect in self._declared_gone or \
+                msg.payload.get("iteration") != self.completed:
             return
-        if self._unreachable.reporters(suspect, time.monotonic()):
+        if msg.sender in self._unreachable.reporters(suspect, time.monotonic()):  # it could not reach it either
             self._declare_gone(suspect, "reported unreachable while a microbatch broke")
 
     def _restart_iteration(self, msg: GossipMessage) -> None:

@@ -542,11 +542,12 @@ class Peer:
         if self.schedule is None or msg.sender not in self.schedule.placement:
             return
         if not all(type(p.get(k)) is int for k in ("iteration", "epoch", "microbatch", "attempt")) or \
-                not isinstance(p.get("gone"), str):
+                not isinstance(p.get("gone"), str) or not isinstance(p.get("maybe_ran", False), bool):
             logger.warning("ignored a malformed 'broken' report from %s", msg.sender)
             return
         self._raw.put(Requeue(iteration=p["iteration"], epoch=p["epoch"], microbatch=p["microbatch"],
-                              attempt=p["attempt"], gone=p["gone"], why=str(p.get("why", ""))[:200]))
+                              attempt=p["attempt"], gone=p["gone"], why=str(p.get("why", ""))[:200],
+                              maybe_ran=p.get("maybe_ran", False)))
 
     # ---- schedules --------------------------------------------------------------------------------
     def _on_gossip(self, msg: GossipMessage) -> None:
@@ -1059,7 +1060,8 @@ class Peer:
             self._gossip.publish(membership_topic(self.options.run_id),
                                  {"event": "broken", "peer": self.peer_id, "iteration": report.iteration,
                                   "epoch": report.epoch, "microbatch": report.microbatch, "attempt": report.attempt,
-                                  "gone": report.gone, "why": report.why[:200]}, wait=False)
+                                  "gone": report.gone, "maybe_ran": report.maybe_ran, "why": report.why[:200]},
+                                 wait=False)
 
     def _report_unrecoverable(self, microbatch: int, why: str) -> None:
         """This holder cannot re-queue a microbatch: the scheduler runs the iteration again."""

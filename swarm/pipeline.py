@@ -81,6 +81,9 @@ class Requeue:
     attempt: int
     gone: str
     why: str = ""
+    maybe_ran: bool = False
+    """Whether `gone` may have run this attempt's backward (a send to it failed after it may have arrived): then
+    its stage is taken to hold the microbatch already, lest a wrongly suspected peer's stage count it twice."""
 
 
 Send = Callable[[str, HopHeader, torch.Tensor], "Future[bool] | None"]
@@ -227,7 +230,7 @@ class PipelineExecutor:
     def done(self) -> bool:
         return self.result.backward_done >= self.expected
 
-    def handle(self, messages: list[Inbound | Undelivered]) -> None:
+    def handle(self, messages: list[Inbound | Undelivered | Requeue]) -> None:
         """Process messages of this iteration; also after `run` returned, while the peer waits for the commit:
         a detour may still bring it a microbatch of a gone peer of its stage."""
         self._accept(messages)
@@ -249,6 +252,10 @@ class PipelineExecutor:
                 self.hold(m)
             else:
                 h = m.header
+                awaited = self._awaiting.get(h.microbatch)
+                if h.direction == Direction.BACKWARD and awaited is not None and awaited[0] == m.sender and \
+                        h.attempt == self._attempt.get(h.microbatch, 0):
+                    del self._awaiting[h.microbatch]  # it came back: the peer holding it is no longer in question
                 first = h.direction == Direction.BACKWARD or (h.direction == Direction.FORWARD and h.hop == 0)
                 self._ready.append(((0 if first else 1, time.monotonic(), 0, next(self._arrivals)), m))
         self._check_awaited()
@@ -260,8 +267,8 @@ class PipelineExecutor:
         and injections wait while every memory slot holds activations."""
         room = len(self.worker.stashed) < self.worker.memory_slots
         best: tuple[tuple[int, float, int, int], int] | None = None
-        for i, (key, _) in enumerate(self._ready):
-            if (key[0] == 0 or room) and (best is None or key < best[0]):
+        for i, (key, m) in enumerate(self._ready):
+            if (key[0] == 0 or room or self._supersedes(m)) and (best is None or key < best[0]):
                 best = (key, i)
         if room and self._pending:
             due = self._start + self._pending[0].inject_after
@@ -272,6 +279,11 @@ class PipelineExecutor:
             return False
         self._handle(self._ready.pop(best[1])[1])
         return True
+
+    def _supersedes(self, m: Inbound) -> bool:
+        """A re-queued microbatch's forward: it frees the memory slot its stashed earlier attempt holds."""
+        h = m.header
+        return h.attempt > self._attempt.get(h.microbatch, 0) and h.microbatch in self.worker.stashed
 
     def _idle_wait(self) -> float:
         """Seconds to wait for a message when nothing can run: until the next injection is due, at most 0.2."""
@@ -359,8 +371,9 @@ class PipelineExecutor:
             self.unreachable.add(u.peer)
             self._awaiting.pop(h.microbatch, None)
             self._emit(r, h.hop, Direction.FORWARD, u.tensor)  # detours around it
-        else:
-            self._break(h.microbatch, u.peer, f"its {h.direction.name.lower()} could not be delivered to {u.peer}")
+        else:  # a refusal or a timeout: the peer may have received it
+            self._break(h.microbatch, u.peer, f"its {h.direction.name.lower()} could not be delivered to {u.peer}",
+                        maybe_ran=not u.unreachable)
 
     def _check_awaited(self) -> None:
         """A microbatch whose forward went to a peer now gone cannot come back: that peer held its activations."""
@@ -385,18 +398,22 @@ class PipelineExecutor:
                                self.iteration, mb, now - since - limit, peer, limit)
                 self.on_overdue(peer, mb)
 
-    def _break(self, microbatch: int, gone: str, why: str) -> None:
+    def _break(self, microbatch: int, gone: str, why: str, *, maybe_ran: bool = False) -> None:
         """The current attempt of `microbatch` cannot finish because of `gone`: its holder re-queues it (this peer,
-        or the one the report goes to)."""
+        or the one the report goes to). Here that attempt is over: its stash is dropped, and a backward of it that
+        still comes (`gone` was slow, not dead) is stale, so the stages before `gone` never count it."""
         attempt = self._attempt.get(microbatch, 0)
         if (microbatch, attempt) in self._broken:
             return
         self._broken.add((microbatch, attempt))
+        self._awaiting.pop(microbatch, None)
+        if self.routes[microbatch].origin != self.me:
+            self.worker.drop(microbatch)
         self.result.broken += 1
         logger.warning("iteration %d: microbatch %d (attempt %d) cannot finish: %s", self.iteration, microbatch,
                        attempt, why)
         report = Requeue(iteration=self.iteration, epoch=self.schedule.epoch, microbatch=microbatch, attempt=attempt,
-                         gone=gone, why=why)
+                         gone=gone, why=why, maybe_ran=maybe_ran)
         if self.routes[microbatch].origin == self.me:
             self.requeue(report)
         elif self.on_broken is not None:
@@ -406,17 +423,21 @@ class PipelineExecutor:
         """Run a microbatch of this holder's again, around the peer that broke its current attempt.
 
         Its gradient is in no stage's sum unless its loss was computed: then the stages after the gone peer on
-        its path hold it (the backward passed them), and so does the head; the new attempt tells them so. A
-        report of an earlier attempt, or of a microbatch already finished, is ignored.
+        its path hold it (the backward passed them; the gone peer's own too if it may have run it), and so does
+        the head; the new attempt tells them so. A report of an earlier attempt, of a microbatch not injected yet
+        or already finished, is ignored.
         """
         mb = report.microbatch
         if mb not in self._owes or self.routes.get(mb) is None or self.routes[mb].origin != self.me or \
-                report.attempt != self._attempt.get(mb, 0):
+                report.attempt != self._attempt.get(mb, 0) or any(p.microbatch == mb for p in self._pending):
             return
         r = self.in_use[mb]
         counted = set(self._counted.get(mb, ()))
-        if mb in self._head_counted:
-            counted |= set(r.stages[r.nodes.index(report.gone):] if report.gone in r.nodes[1:] else r.stages)
+        if mb in self._head_counted and report.gone in r.nodes[1:]:
+            hop = r.nodes.index(report.gone)
+            counted |= set(r.stages[hop - 1 if report.maybe_ran else hop:])
+        elif mb in self._head_counted:  # where its backward stopped is unknown: count it nowhere again
+            counted |= set(r.stages)
         gone = self._gone_now() | {report.gone}
         new: Route | None = r
         for hop in range(1, len(r.nodes)):
@@ -443,9 +464,12 @@ class PipelineExecutor:
     def _handle(self, m: Inbound) -> None:
         h = m.header
         attempt = self._attempt.get(h.microbatch, 0)
-        if h.attempt < attempt and h.run == self.run_id and h.iteration == self.iteration:
+        scheduled = self.routes.get(h.microbatch)
+        mine = scheduled is not None and scheduled.origin == self.me  # only its holder starts a new attempt
+        if (h.attempt < attempt or (mine and h.attempt != attempt) or (h.microbatch, h.attempt) in self._broken) \
+                and h.run == self.run_id and h.iteration == self.iteration:
             self.result.stale += 1
-            logger.info("%s of microbatch %d's attempt %d from %s dropped: it was re-queued (attempt %d)",
+            logger.info("%s of microbatch %d's attempt %d from %s dropped: a stale attempt (this peer is at %d)",
                         h.direction.name.lower(), h.microbatch, h.attempt, m.sender, attempt)
             return
         why = self._mismatch(m)

@@ -273,19 +273,36 @@ def test_a_backward_late_past_its_hop_deadline_gets_the_next_hop_checked_and_a_f
     assert_same_gradients(it, reference)
 
 
-def test_a_requeue_of_an_earlier_attempt_is_ignored_and_one_past_the_limit_gives_up():
+def test_a_requeue_names_the_current_attempt_of_an_injected_microbatch_and_gives_up_at_the_limit():
     sched = schedule()
     it = Iteration(sched)
     ex = it.executors["h0"]
-    report = Requeue(iteration=0, epoch=0, microbatch=0, attempt=0, gone="a2")
+    ex.requeue(Requeue(iteration=0, epoch=0, microbatch=0, attempt=0, gone="a2"))  # not injected yet (a forgery)
+    assert not ex.result.requeued and len(ex._pending) == 3
+    ex._pending.clear()  # as if injected
     ex.requeue(Requeue(iteration=0, epoch=0, microbatch=3, attempt=0, gone="b1"))  # h1's microbatch, not h0's
     assert not ex.result.requeued
     ex._attempt[0] = 1  # attempt 0 was re-queued already
-    ex.requeue(report)
+    ex.requeue(Requeue(iteration=0, epoch=0, microbatch=0, attempt=0, gone="a2"))
     assert not ex.result.requeued and not it.given_up
     ex._attempt[0] = MAX_MICROBATCH_ATTEMPTS
     ex.requeue(Requeue(iteration=0, epoch=0, microbatch=0, attempt=MAX_MICROBATCH_ATTEMPTS, gone="a2"))
     assert not ex.result.requeued and [mb for _, mb, _ in it.given_up] == [0]
+
+
+@pytest.mark.parametrize("maybe_ran, counted", [(False, {3}), (True, {2, 3})])
+def test_a_gone_peer_that_may_have_run_the_backward_has_its_stage_counted_too(maybe_ran, counted):
+    """Microbatch 5 (h1 -> a2 -> a3) had its loss computed; a2 is reported after a send to it failed. Dead, it
+    never ran the backward (stage 2 counts it on the new attempt); a timeout or refusal leaves that open, so
+    stage 2 is told it holds it already: a wrongly suspected a2 must not make stage 2 count it twice."""
+    sched = schedule()
+    it = Iteration(sched)
+    ex = it.executors["h1"]
+    ex._pending = [r for r in ex._pending if r.microbatch != 5]
+    ex._head_counted.add(5)
+    ex.requeue(Requeue(iteration=0, epoch=0, microbatch=5, attempt=0, gone="a2", maybe_ran=maybe_ran))
+    assert ex.result.requeued == [(5, 1)] and ex._counted[5] == frozenset(counted)
+    assert ex.in_use[5].peers == ("b2", "a3") and ex._pending[0].microbatch == 5
 
 
 def test_forged_detours_are_dropped():

@@ -12,6 +12,7 @@ from hivemind.utils import get_dht_time
 
 from scheduler.path_rules import PathRules
 from scheduler.schedule import Route, Schedule
+from swarm.constants import WIRE_VERSION
 from swarm.dht_shutdown import stop_dht
 from swarm.identity import ensure_identity, load_identity
 from swarm.records import SwarmRecords, record_key
@@ -122,7 +123,7 @@ def test_forged_garbage_and_replayed_records_ignored(coordinator, peer, tmp_path
     signed = envelope(m1, "peer", m1.peer_id, record(m1.peer_id, 3))
     forged = {
         "QmGarbage1": b"\xc1not msgpack",
-        "QmGarbage2": pack({"version": 1, "kind": "peer"}),
+        "QmGarbage2": pack({"version": WIRE_VERSION, "kind": "peer"}),
         "QmGarbage3": 12345,
         victim: envelope(m2, "peer", victim, record(victim)).to_msgpack(),  # signed under a victim's subkey
         m2.peer_id: envelope(m2, "peer", m2.peer_id, record(victim)).to_msgpack(),  # record naming another peer
