@@ -11,7 +11,7 @@ The code is organized as follows:
 - averaging.py: same-stage gradient averaging weighted by the microbatches each peer processed
 - tokenizer.py: a local tokenizer.json, or a byte-level BPE trained once on the corpus and cached
 - data.py: `DataConfig`, `Corpus` (local text/jsonl or the bundled pydoc corpus, validation split), `Shard`
-- data_ledger.py: `DataLedger`, a data holder's record of every sample drawn, processed or requeued
+- data_ledger.py: `DataLedger`, a data holder's record of every sample drawn, processed, retried or requeued
 - holder_shards.py: `HolderShards`, the shards a data holder draws from, rewound when an iteration is redone
 - inprocess.py: `InProcessSwarm`, a whole `Schedule` executed in one process; `simple_schedule` for studies
 - train.py: the in-process training loop (validation, checkpoints, metrics), shared by the CLI and benchmarks
