@@ -588,12 +588,12 @@ class Coordinator:
     def _handle(self, msg: GossipMessage) -> None:
         if msg.topic == membership_topic(self.config.run_id):
             logger.info("membership: %s %s", msg.payload.get("event"), msg.payload.get("peer", msg.sender))
-            if msg.payload.get("event") == "stuck" or (msg.payload.get("event") == "broken" and
-                                                       msg.payload.get("rerun") is True):
+            event = msg.payload.get("event")
+            if event == "stuck" or (event == "broken" and msg.payload.get("rerun") is True):
                 self._restart_iteration(msg)
-            elif msg.payload.get("event") == "broken":
+            elif event == "broken":
                 self._note_broken(msg)
-            elif msg.payload.get("event") == "unreachable":
+            elif event == "unreachable":
                 self._note_unreachable(msg)
             return
         if msg.topic != progress_topic(self.config.run_id) or self.schedule is None:

@@ -30,6 +30,7 @@ from collections import defaultdict
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from typing import Any
 
 import hivemind
 import torch
@@ -528,12 +529,20 @@ class Peer:
                 refreshed = time.monotonic()
             self._probe_links(only_unmeasured=not refresh)
 
+    def _tell_scheduler(self, topic: str, payload: dict[str, Any]) -> None:
+        """Gossip a report the scheduler acts on; a peer holding the scheduler role also hands it to its own
+        (gossip does not deliver a peer's own messages back to it)."""
+        if self._gossip is None:
+            return
+        self._gossip.publish(topic, payload, wait=False)
+        if self._role is not None:
+            self._role._gossip_inbox.put(GossipMessage(topic=topic, sender=self.peer_id, seqno=0, payload=payload))
+
     def _report_stuck(self) -> None:
         """Tell the scheduler that this iteration is stuck here (it restarts it under a new epoch if nobody died)."""
-        if self._gossip is not None:
-            self._gossip.publish(membership_topic(self.options.run_id),
-                                 {"event": "stuck", "peer": self.peer_id, "iteration": self.iteration,
-                                  "epoch": self.schedule.epoch}, wait=False)
+        self._tell_scheduler(membership_topic(self.options.run_id),
+                             {"event": "stuck", "peer": self.peer_id, "iteration": self.iteration,
+                              "epoch": self.schedule.epoch})
 
     def _note_broken(self, msg: GossipMessage) -> None:
         """Gossip thread: a peer reports a microbatch attempt broken; the main loop's executor re-queues it if it is
@@ -821,10 +830,7 @@ class Peer:
                       "loss_sum": result.loss_sum, "losses": result.losses, "tokens": result.tokens,
                       "started": result.started, "finished": time.time(), "dropped": result.dropped,
                       "shards": self.data.positions()}
-            self._gossip.publish(progress_topic(o.run_id), report, wait=False)
-            if self._role is not None:  # gossip does not deliver a peer's own messages back to it
-                self._role._gossip_inbox.put(GossipMessage(topic=progress_topic(o.run_id), sender=self.peer_id,
-                                                           seqno=0, payload=report))
+            self._tell_scheduler(progress_topic(o.run_id), report)
         waited = time.time()
         self._wait_for_commit(executor)
         self.timeline.record("commit", waited, time.time(), iteration=self.iteration)
@@ -1024,8 +1030,7 @@ class Peer:
         """Tell the scheduler (once per peer and epoch) that `peer` cannot be reached from here."""
         if peer not in self._unreachable_reported and self._gossip is not None:
             self._unreachable_reported.add(peer)
-            self._gossip.publish(membership_topic(self.options.run_id), {"event": "unreachable", "peer": peer},
-                                 wait=False)
+            self._tell_scheduler(membership_topic(self.options.run_id), {"event": "unreachable", "peer": peer})
 
     def _hop_deadlines(self, schedule: Schedule) -> dict[int, float]:
         """This peer's per-hop deadlines for `schedule` (see `HOP_DEADLINE_FACTOR`): none if it carries no costs."""
@@ -1056,20 +1061,13 @@ class Peer:
     def _report_broken(self, report: Requeue) -> None:
         """An attempt of another holder's microbatch cannot finish here: tell its holder (it re-queues it) and the
         scheduler (it takes the gone peer out)."""
-        if self._gossip is not None:
-            self._gossip.publish(membership_topic(self.options.run_id),
-                                 {"event": "broken", "peer": self.peer_id, "iteration": report.iteration,
-                                  "epoch": report.epoch, "microbatch": report.microbatch, "attempt": report.attempt,
-                                  "gone": report.gone, "maybe_ran": report.maybe_ran, "why": report.why[:200]},
-                                 wait=False)
+        self._tell_scheduler(membership_topic(self.options.run_id),
+                             {"event": "broken", "peer": self.peer_id, "iteration": report.iteration,
+                              "epoch": report.epoch, "microbatch": report.microbatch, "attempt": report.attempt,
+                              "gone": report.gone, "maybe_ran": report.maybe_ran, "why": report.why[:200]})
 
     def _report_unrecoverable(self, microbatch: int, why: str) -> None:
         """This holder cannot re-queue a microbatch: the scheduler runs the iteration again."""
-        if self._gossip is None:
-            return
-        topic = membership_topic(self.options.run_id)
-        report = {"event": "broken", "rerun": True, "peer": self.peer_id, "iteration": self.iteration,
-                  "epoch": self.schedule.epoch, "microbatch": microbatch, "why": why[:200]}
-        self._gossip.publish(topic, report, wait=False)
-        if self._role is not None:  # gossip does not deliver a peer's own messages back to it
-            self._role._gossip_inbox.put(GossipMessage(topic=topic, sender=self.peer_id, seqno=0, payload=report))
+        self._tell_scheduler(membership_topic(self.options.run_id),
+                             {"event": "broken", "rerun": True, "peer": self.peer_id, "iteration": self.iteration,
+                              "epoch": self.schedule.epoch, "microbatch": microbatch, "why": why[:200]})

@@ -407,14 +407,15 @@ class PipelineExecutor:
             return
         self._broken.add((microbatch, attempt))
         self._awaiting.pop(microbatch, None)
-        if self.routes[microbatch].origin != self.me:
+        mine = self.routes[microbatch].origin == self.me
+        if not mine:
             self.worker.drop(microbatch)
         self.result.broken += 1
         logger.warning("iteration %d: microbatch %d (attempt %d) cannot finish: %s", self.iteration, microbatch,
                        attempt, why)
         report = Requeue(iteration=self.iteration, epoch=self.schedule.epoch, microbatch=microbatch, attempt=attempt,
                          gone=gone, why=why, maybe_ran=maybe_ran)
-        if self.routes[microbatch].origin == self.me:
+        if mine:
             self.requeue(report)
         elif self.on_broken is not None:
             self.on_broken(report)
