@@ -7,8 +7,10 @@ Each run is a real local swarm (coordinator and peer processes on loopback). Aft
 committed, a window of `--minutes` starts; in the churn runs, peers are killed (kill -9: the whole process
 tree, as when a machine dies) at the times of a seeded trace of `--rate` x peers failures per minute,
 and each is replaced by a new peer `--rejoin` seconds later (volunteer swarms keep their size on average).
-Throughput is the tokens of the iterations committed within the window over its length. The data holders'
-ledgers are checked as well: every sample handed out must have been processed exactly once.
+Throughput is the tokens of the iterations committed within the window over its length. The churn run starts from
+the plan its churn-free run drew (`--first-schedule`): each run plans on the links it measures, and two plans of
+one method can differ by more than the churn costs. The data holders' ledgers are checked as well: every sample
+handed out must have been processed exactly once.
 Prints, per method, tokens/s without and with churn and the fraction kept (target: SkipPipe keeps >= 70% at
 10% of peers per minute, and more than the full pipeline keeps).
 """
@@ -18,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import shutil
 import sys
 import tempfile
 import time
@@ -43,7 +46,7 @@ def churn_trace(seed: int, peers: int, seconds: float, rate: float) -> list[floa
     return [gap * (k + 0.5 + rng.uniform(-0.25, 0.25)) for k in range(count)]
 
 
-def run(args: argparse.Namespace, method: str, churn: bool, root: Path) -> dict:
+def run(args: argparse.Namespace, method: str, churn: bool, root: Path, first_schedule: Path | None = None) -> dict:
     run_dir = root / f"{method}-{'churn' if churn else 'steady'}"
     config = root / f"{method}.toml"
     config.write_text(f"""
@@ -64,7 +67,13 @@ heartbeat = 1.0
     def peer_args(i: int) -> list[str]:
         return ["--iteration-deadline", "120", "--ledger", str(run_dir / f"ledger-{i:02d}.jsonl")]
 
-    swarm = LocalSwarm(run_dir, args.peers, run_id=f"churn-{method}", coordinator_args=["--config", str(config)],
+    if first_schedule:  # the same machines as the run that drew it: the same keys
+        run_dir.mkdir(parents=True, exist_ok=True)
+        for key in first_schedule.parent.glob("*.key"):
+            shutil.copy(key, run_dir / key.name)
+
+    swarm = LocalSwarm(run_dir, args.peers, run_id=f"churn-{method}",
+                       coordinator_args=["--config", str(config), *saved_plan_args(first_schedule)],
                        peer_args=[peer_args(i) for i in range(args.peers)])
     failures = churn_trace(args.seed, args.peers, args.minutes * 60, args.rate) if churn else []
     try:
@@ -77,6 +86,16 @@ heartbeat = 1.0
         swarm.stop()
     return {"method": method, "churn": churn, **window_summary(run_dir, records, start, args.minutes * 60),
             "killed": killed, "joined": joined}
+
+
+def saved_plan_args(first_schedule: Path | None) -> list[str]:
+    """The coordinator's flags to start from `first_schedule` (a run's plan): none when there is none."""
+    return ["--first-schedule", str(first_schedule)] if first_schedule else []
+
+
+def first_plan(run_dir: Path) -> Path:
+    """The plan a run started from (to start another run of the same peers from it)."""
+    return run_dir / "schedule-0.json"
 
 
 def play_trace(swarm: LocalSwarm, failures: list[float], window: float, rejoin: float, seed: int,
@@ -109,10 +128,14 @@ def window_summary(run_dir: Path, records: list[dict], start: float, window: flo
     handed out was processed (exactly once for every sample, or something was lost or doubled)."""
     inside = [r for r in records if start < r["time"] <= start + window]
     tokens = sum((r["tokens_per_s"] or 0) * r["iteration_seconds"] for r in inside)
+    predicted = {int(f.stem.split("-")[1]): json.loads(f.read_text()).get("predicted_iteration_seconds")
+                 for f in run_dir.glob("schedule-*.json")}
+    planned = [predicted[r["epoch"]] for r in inside if predicted.get(r["epoch"])]
     entries = [e for f in sorted(run_dir.glob("ledger-*.jsonl")) for e in read_ledger(f)]
     status = sample_status(entries, {(r["iteration"] - 1, r["epoch"]) for r in records})
     processed = Counter(c["processed"] for c in status.values())
     return {"tokens_per_s": tokens / window, "iterations": len(inside),
+            "planned_s": sum(planned) / len(planned) if planned else None,
             "epochs": records[-1]["epoch"] + 1 if records else 0,
             "samples_processed_times": {str(k): v for k, v in sorted(processed.items())}}
 
@@ -138,7 +161,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for method in methods:
             steady = run(args, method, False, Path(tmp))
-            churned = run(args, method, True, Path(tmp))
+            churned = run(args, method, True, Path(tmp), first_plan(Path(tmp) / f"{method}-steady"))
             kept = churned["tokens_per_s"] / steady["tokens_per_s"] if steady["tokens_per_s"] else float("nan")
             results += [steady, churned]
             print(f"{method:>14}: {steady['tokens_per_s']:.0f} tokens/s without churn, {churned['tokens_per_s']:.0f} "

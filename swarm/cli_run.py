@@ -64,12 +64,15 @@ def coordinator() -> None:
 @click.option("--run-dir", type=click.Path(file_okay=False), default="runs/coordinator", show_default=True,
               help="address file, schedules and metrics")
 @click.option("--metrics", type=click.Path(dir_okay=False), default=None, help="one JSON line per iteration")
+@click.option("--first-schedule", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="start from a saved plan of these peers (an earlier run's schedule-N.json) instead of planning")
 @click.option("--log-file", type=click.Path(dir_okay=False), default=None)
 @click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING"]), default="INFO")
 def start(config_path, run_id, iterations, min_peers, stages, skip, seed, microbatches, checkpoint_every, host, port,
-          identity, run_dir, metrics, log_file, log_level) -> None:
+          identity, run_dir, metrics, first_schedule, log_file, log_level) -> None:
     """Bootstrap the DHT, publish the run, plan from the live swarm and log its progress."""
-    from swarm.coordinator import Coordinator, CoordinatorOptions
+    from scheduler.schedule import Schedule, ScheduleError, validate
+    from swarm.coordinator import Coordinator, CoordinatorOptions, saved_plan_mismatch
     from swarm.run_config import RunConfig
 
     _logging(log_file, log_level)
@@ -80,9 +83,19 @@ def start(config_path, run_id, iterations, min_peers, stages, skip, seed, microb
             RunConfig.from_tables({}, **overrides)
     except ValueError as e:
         _fail(str(e))
+    saved = None
+    if first_schedule:
+        try:
+            saved = Schedule.from_json(Path(first_schedule).read_text())
+            validate(saved)
+        except (OSError, UnicodeDecodeError, ScheduleError) as e:
+            _fail(f"--first-schedule {first_schedule}: {e}")
+        mismatch = saved_plan_mismatch(saved, config)
+        if mismatch:
+            _fail(f"--first-schedule {first_schedule} cannot start this run: {mismatch}")
     Path(identity).parent.mkdir(parents=True, exist_ok=True)
     node = Coordinator(CoordinatorOptions(config=config, identity_path=identity, host=host, port=port,
-                                          run_dir=run_dir, metrics_path=metrics))
+                                          run_dir=run_dir, metrics_path=metrics, first_schedule=saved))
     node.run(_stop_event())
 
 

@@ -75,6 +75,22 @@ class CoordinatorOptions:
     """Where the address file (coordinator.json), the schedules and the metrics go."""
     metrics_path: str | None = None
     """One JSON line per iteration (default: run_dir/metrics.jsonl)."""
+    first_schedule: Schedule | None = None
+    """A saved plan of these peers (an earlier run's `schedule-N.json`) to start from instead of planning: a run
+    restarted on the same machines keeps its placement, and two runs compared on one plan differ only in what
+    happens during them. Used once every peer it places is live; a fresh plan if they are not within
+    `LINK_WAIT_SECONDS`, or if a peer pins another stage."""
+
+
+def saved_plan_mismatch(schedule: Schedule, config: RunConfig) -> str | None:
+    """Why a saved plan cannot start a run of `config` (None if it can)."""
+    planner = {"full-pipeline": "full_pipeline", "random-skip": "random_skip",
+               "skippipe-no-collision": "skippipe_without_collision_awareness"}.get(config.planner, "skippipe")
+    if schedule.num_stages != config.stages:
+        return f"it has {schedule.num_stages} stages, the run {config.stages}"
+    if schedule.planner != planner:
+        return f"it was made by the {schedule.planner!r} planner, the run plans with {config.planner!r}"
+    return None
 
 
 def view_from_records(records: dict[str, PeerRecord]) -> SwarmView:
@@ -180,11 +196,9 @@ class Coordinator:
             settled = time.monotonic() - self._settled_since
             if len(peers) >= self.config.min_peers and settled >= SETTLE_SECONDS and \
                     (self.config.profile or links_complete(peers) or settled >= LINK_WAIT_SECONDS):
-                missing = [] if self.config.profile else unmeasured_links(peers)
-                if missing:
-                    logger.warning("planning with %d of %d links not yet measured (taken as the median link): %s",
-                                   len(missing), len(peers) * (len(peers) - 1) // 2, missing[:5])
-                self.publish_schedule(self.plan(peers, epoch=0, start_iteration=0))
+                first = self._first_plan(peers, settled)
+                if first is not None:
+                    self.publish_schedule(first)
         else:
             self._follow_membership(peers)
         self._drain_gossip(timeout=0.5)
@@ -318,6 +332,38 @@ class Coordinator:
                                       for s in range(cfg.stages))
         return ModelCost(layers_per_stage=tuple(layers), activation_bytes=activation, loss_factor=loss_factor,
                          stage_param_bytes=self._param_bytes)
+
+    def _first_plan(self, peers: dict[str, PeerRecord], settled: float) -> Schedule | None:
+        """Epoch 0: the saved plan once every peer it places is live (None while waiting for them), else a fresh
+        plan."""
+        saved = self.options.first_schedule if self.options is not None else None
+        if saved is not None:
+            missing = sorted(set(saved.placement) - set(peers))
+            moved = sorted(p for p, s in saved.placement.items() if p in peers and peers[p].stage not in (-1, s))
+            if not missing and not moved:
+                return self._started_from(saved)
+            if not moved and settled < LINK_WAIT_SECONDS:
+                return None
+            logger.warning("not starting from the saved plan: %s; planning afresh",
+                           f"{len(missing)} of its peers are not here: {missing[:5]}" if missing else
+                           f"peers pin other stages than it places them on: {moved[:5]}")
+        missing_links = [] if self.config.profile else unmeasured_links(peers)
+        if missing_links:
+            logger.warning("planning with %d of %d links not yet measured (taken as the median link): %s",
+                           len(missing_links), len(peers) * (len(peers) - 1) // 2, missing_links[:5])
+        return self.plan(peers, epoch=0, start_iteration=0)
+
+    def _started_from(self, saved: Schedule) -> Schedule:
+        """The saved plan as this run's epoch 0 (peers that are not in it join through a re-plan)."""
+        holders = saved.data_holders
+        schedule = replace(saved, epoch=0, run_id=self.config.run_id,
+                           meta={**saved.meta, "start_iteration": 0, "num_shards": len(holders),
+                                 "shards": {h: [i] for i, h in enumerate(holders)}, "shard_positions": {},
+                                 "saved_plan": True, "plan_seconds": 0.0})
+        validate(schedule)
+        logger.info("starting from the saved plan (%d peers, planned by %s)", len(schedule.placement),
+                    schedule.planner)
+        return schedule
 
     def plan(self, peers: dict[str, PeerRecord], *, epoch: int, start_iteration: int) -> Schedule:
         """Place `peers` and plan their paths (on the measured view, or on the configured profile)."""

@@ -9,6 +9,10 @@ compute emulated) with the churn trace of `benchmarks/churn.py`: after the first
 at each failure time, and a new volunteer joins `--rejoin` seconds later on a spare host of the network (its
 links and speed are the profile's for that host). Throughput is the tokens of the iterations committed within
 the window over its length; the data holders' ledgers must show every sample handed out processed exactly once.
+The churn run starts from the plan its churn-free run drew (`--first-schedule`; later epochs are its own
+re-plans): each run plans on the links it measures, and the full pipeline's churn-free throughput ranged over
+118-148 tokens/s from run to run here (its tuned column), more than the churn costs it. `planned_s` is the mean
+planned iteration time of the window's iterations, to tell a plan's drift from the churn's cost.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benchmarks.churn import churn_trace, play_trace, window_summary  # noqa: E402
+from benchmarks.churn import churn_trace, first_plan, play_trace, saved_plan_args, window_summary  # noqa: E402
 from benchmarks.wan.run import add_swarm_arguments, checked_methods, run_config  # noqa: E402
 from scheduler.profiles import swarm_from  # noqa: E402
 from swarm.emulated_network import EmulatedNetwork  # noqa: E402
@@ -33,7 +37,7 @@ METHODS = ("skippipe", "full-pipeline")
 
 
 def run(args: argparse.Namespace, method: str, churn: bool, net: EmulatedNetwork, keys: Path, speeds: list[float],
-        out: Path) -> dict:
+        out: Path, first_schedule: Path | None = None) -> dict:
     run_dir = out / f"{method}-{'churn' if churn else 'steady'}"
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
@@ -47,7 +51,7 @@ def run(args: argparse.Namespace, method: str, churn: bool, net: EmulatedNetwork
                 "--ledger", str(run_dir / f"ledger-{i:02d}.jsonl")]
 
     swarm = LocalSwarm(run_dir, args.peers, run_id=f"wan-{method}", network=net,
-                       coordinator_args=["--config", str(run_dir / "run.toml")],
+                       coordinator_args=["--config", str(run_dir / "run.toml"), *saved_plan_args(first_schedule)],
                        peer_args=[peer_args(i) for i in range(net.num_hosts)])
     window = args.minutes * 60
     failures = churn_trace(args.seed, args.peers, window, args.rate) if churn else []
@@ -61,7 +65,8 @@ def run(args: argparse.Namespace, method: str, churn: bool, net: EmulatedNetwork
     result = {"method": method, "churn": churn, **window_summary(run_dir, records, start, window),
               "killed": killed, "joined": joined}
     print(f"  {method} {'with' if churn else 'without'} churn: {result['tokens_per_s']:.0f} tokens/s, "
-          f"{result['iterations']} iterations in the window, {killed} killed, {joined} joined, "
+          f"{result['iterations']} iterations in the window (planned {result['planned_s'] or float('nan'):.2f} s "
+          f"each), {killed} killed, {joined} joined, "
           f"{result['epochs']} epochs, samples processed (times: count) {result['samples_processed_times']}",
           flush=True)
     return result
@@ -93,7 +98,7 @@ def main() -> None:
             net.write_latency_file(i, ids, keys / f"latency-{i:02d}.json")
         for method in methods:
             steady = run(args, method, False, net, keys, speeds, out)
-            churned = run(args, method, True, net, keys, speeds, out)
+            churned = run(args, method, True, net, keys, speeds, out, first_plan(out / f"{method}-steady"))
             kept = churned["tokens_per_s"] / steady["tokens_per_s"] if steady["tokens_per_s"] else float("nan")
             results += [steady, churned]
             print(f"{method:>14}: keeps {kept:.0%} of its churn-free throughput", flush=True)

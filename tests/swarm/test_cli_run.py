@@ -42,3 +42,23 @@ def test_peer_refuses_a_bad_stage():
 def test_local_swarm_refuses_a_bad_config():
     r = CliRunner().invoke(main, ["swarm", "local", "--peers", "3", "--stages", "0"])
     assert r.exit_code == 2 and "run.stages" in r.output
+
+
+@pytest.mark.parametrize("content, message", [
+    ("not json", "schedule is not valid JSON"),
+    ('{"version": 99}', "format version 99 is not supported"),
+])
+def test_coordinator_refuses_a_bad_saved_plan(tmp_path, content, message):
+    f = tmp_path / "schedule-0.json"
+    f.write_text(content)
+    r = CliRunner().invoke(main, ["coordinator", "start", "--first-schedule", str(f)])
+    assert r.exit_code == 2 and message in r.output and "Traceback" not in r.output
+
+
+def test_coordinator_refuses_a_saved_plan_of_another_shape(tmp_path):
+    from scheduler.planner import plan_for_profile
+
+    f = tmp_path / "schedule-0.json"
+    f.write_text(plan_for_profile(num_peers=6, num_stages=2, skip=0.0).to_json())
+    r = CliRunner().invoke(main, ["coordinator", "start", "--stages", "3", "--first-schedule", str(f)])
+    assert r.exit_code == 2 and "cannot start this run: it has 2 stages, the run 3" in r.output

@@ -415,3 +415,40 @@ def test_a_joiner_whose_epoch_has_not_started_is_neither_moved_nor_a_source_of_s
     assert newcomer not in rerun.meta["handover"] and newcomer not in rerun.meta["handover"].values()
     # a mover's state comes from a peer that held the stage when the iteration in progress began
     assert all(c.schedules[0].placement.get(src) == rerun.placement[p] for p, src in rerun.meta["handover"].items())
+
+
+def test_a_saved_plan_starts_the_run_once_its_peers_are_live_and_a_fresh_plan_otherwise():
+    from scheduler.schedule import Schedule
+    from swarm.coordinator import LINK_WAIT_SECONDS, CoordinatorOptions
+
+    peers = records()
+    earlier = coordinator("full-pipeline").plan(peers, epoch=3, start_iteration=40)
+    saved = Schedule.from_json(earlier.to_json())  # as `--first-schedule` reads it
+    c = coordinator("full-pipeline")
+    c.options = CoordinatorOptions(config=c.config, identity_path="", first_schedule=saved)
+    started = c._first_plan(peers, settled=3.0)
+    assert started.placement == earlier.placement and started.routes == earlier.routes
+    assert started.epoch == 0 and started.meta["start_iteration"] == 0 and started.meta["saved_plan"]
+    assert started.meta["shards"] == {h: [i] for i, h in enumerate(earlier.data_holders)}
+    # one of its peers not here yet: wait for it, then plan afresh for those who are
+    late = sorted(peers)[5]
+    fewer = {p: r for p, r in peers.items() if p != late}
+    assert c._first_plan(fewer, settled=3.0) is None
+    fresh = c._first_plan(fewer, settled=LINK_WAIT_SECONDS)
+    assert late not in fresh.placement and "saved_plan" not in fresh.meta
+    # a peer pinning another stage than the plan gives it: no waiting, a fresh plan that keeps its pin
+    pinned = sorted(peers)[7]
+    other = (earlier.placement[pinned] + 1) % STAGES
+    moved = {**peers, pinned: dataclasses.replace(peers[pinned], stage=other)}
+    fresh = c._first_plan(moved, settled=3.0)
+    assert fresh.placement[pinned] == other and "saved_plan" not in fresh.meta
+
+
+def test_a_saved_plan_of_another_method_or_shape_is_refused():
+    from swarm.coordinator import saved_plan_mismatch
+
+    saved = coordinator("full-pipeline").plan(records(), epoch=0, start_iteration=0)
+    assert saved_plan_mismatch(saved, coordinator("full-pipeline").config) is None
+    assert "'full_pipeline' planner" in saved_plan_mismatch(saved, coordinator("skippipe").config)
+    three = dataclasses.replace(coordinator("full-pipeline").config, stages=3)
+    assert "6 stages, the run 3" in saved_plan_mismatch(saved, three)
