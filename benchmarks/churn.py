@@ -123,6 +123,17 @@ def play_trace(swarm: LocalSwarm, failures: list[float], window: float, rejoin: 
     return start, killed, joined
 
 
+def kept(steady: dict, churned: dict) -> tuple[float, float]:
+    """The fraction of its churn-free throughput a method kept under churn, and the same at equal plans (each
+    throughput times its window's mean planned iteration): the first is what a user sees; the second leaves out
+    how the re-plans' placements drifted from the first plan (slower for the epochs a death shrank, sometimes
+    faster when a forced move happened to suit the method), so that it shows what the deaths cost the runtime."""
+    nan = float("nan")
+    raw = churned["tokens_per_s"] / steady["tokens_per_s"] if steady["tokens_per_s"] else nan
+    plans = steady.get("planned_s"), churned.get("planned_s")
+    return raw, raw * plans[1] / plans[0] if all(plans) else nan
+
+
 def window_summary(run_dir: Path, records: list[dict], start: float, window: float) -> dict:
     """Tokens/s of the iterations committed within the window, and how often the holders' ledgers say each sample
     handed out was processed (exactly once for every sample, or something was lost or doubled)."""
@@ -162,12 +173,12 @@ def main() -> None:
         for method in methods:
             steady = run(args, method, False, Path(tmp))
             churned = run(args, method, True, Path(tmp), first_plan(Path(tmp) / f"{method}-steady"))
-            kept = churned["tokens_per_s"] / steady["tokens_per_s"] if steady["tokens_per_s"] else float("nan")
+            share, at_plan = kept(steady, churned)
             results += [steady, churned]
             print(f"{method:>14}: {steady['tokens_per_s']:.0f} tokens/s without churn, {churned['tokens_per_s']:.0f} "
                   f"with churn ({churned['killed']} killed, {churned['joined']} joined, {churned['epochs']} epochs): "
-                  f"keeps {kept:.0%}; samples processed (times: count) steady {steady['samples_processed_times']}, "
-                  f"churn {churned['samples_processed_times']}", flush=True)
+                  f"keeps {share:.0%} ({at_plan:.0%} at equal plans); samples processed (times: count) steady "
+                  f"{steady['samples_processed_times']}, churn {churned['samples_processed_times']}", flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps({"date": time.strftime("%Y-%m-%d"), "args": vars(args),
                                               "results": results}, indent=1))

@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benchmarks.churn import churn_trace, first_plan, play_trace, saved_plan_args, window_summary  # noqa: E402
+from benchmarks.churn import churn_trace, first_plan, kept, play_trace, saved_plan_args, window_summary  # noqa: E402
 from benchmarks.wan.run import add_swarm_arguments, checked_methods, run_config  # noqa: E402
 from scheduler.profiles import swarm_from  # noqa: E402
 from swarm.emulated_network import EmulatedNetwork  # noqa: E402
@@ -99,9 +99,10 @@ def main() -> None:
         for method in methods:
             steady = run(args, method, False, net, keys, speeds, out)
             churned = run(args, method, True, net, keys, speeds, out, first_plan(out / f"{method}-steady"))
-            kept = churned["tokens_per_s"] / steady["tokens_per_s"] if steady["tokens_per_s"] else float("nan")
+            share, at_plan = kept(steady, churned)
             results += [steady, churned]
-            print(f"{method:>14}: keeps {kept:.0%} of its churn-free throughput", flush=True)
+            print(f"{method:>14}: keeps {share:.0%} of its churn-free throughput ({at_plan:.0%} at equal plans)",
+                  flush=True)
     (out / "results.json").write_text(json.dumps({"date": time.strftime("%Y-%m-%d"), "args": vars(args),
                                                   "results": results}, indent=1))
     print(f"wrote {out / 'results.json'}")
