@@ -63,6 +63,8 @@ LINK_WAIT_SECONDS = 30.0
 """Before the first plan, wait at most this long for the peers to have measured every link (a large swarm
 probes a sample of its links only, and plans with the gaps filled)."""
 WIRE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+BASELINE_METHODS = {"full-pipeline": "full_pipeline", "random-skip": "random_skip"}
+"""`swarm.planner` baselines -> `baseline_schedule`'s method, which their schedules carry as `planner`."""
 
 
 @dataclass(frozen=True)
@@ -84,8 +86,8 @@ class CoordinatorOptions:
 
 def saved_plan_mismatch(schedule: Schedule, config: RunConfig) -> str | None:
     """Why a saved plan cannot start a run of `config` (None if it can)."""
-    planner = {"full-pipeline": "full_pipeline", "random-skip": "random_skip",
-               "skippipe-no-collision": "skippipe_without_collision_awareness"}.get(config.planner, "skippipe")
+    planner = BASELINE_METHODS.get(config.planner) or \
+        ("skippipe" if config.planner == "skippipe" else "skippipe_without_collision_awareness")
     if schedule.num_stages != config.stages:
         return f"it has {schedule.num_stages} stages, the run {config.stages}"
     if schedule.planner != planner:
@@ -384,13 +386,13 @@ class Coordinator:
     def _plan_options(self) -> PlanOptions:
         options = PlanOptions(microbatches_per_holder=self.config.microbatches, seed=self.config.seed,
                               collision_aware=self.config.planner != "skippipe-no-collision")
-        if self.config.planner in ("full-pipeline", "random-skip"):  # SkipPipe's paths are replaced: no polish
+        if self.config.planner in BASELINE_METHODS:  # SkipPipe's paths are replaced: no polish
             options = replace(options, jitter_polish=0)
         return options
 
     def _as_configured(self, schedule: Schedule, counts: dict[int, int] | None = None) -> Schedule:
         """SkipPipe's schedule, or the configured baseline's on the same placement, work and costs."""
-        method = {"full-pipeline": "full_pipeline", "random-skip": "random_skip"}.get(self.config.planner)
+        method = BASELINE_METHODS.get(self.config.planner)
         if method is None:
             return schedule
         baseline = baseline_schedule(schedule, tables_from_dict(schedule.meta["costs"]), method,
