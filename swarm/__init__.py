@@ -9,6 +9,7 @@ The code is organized as follows:
 - run_config.py: RunConfig, a run as TOML data, and the signed run spec it becomes
 - coordinator.py: Coordinator, plans from the live swarm, commits iterations, re-plans on churn (also the role a
   peer takes over when the coordinator dies)
+- shard_assignment.py: which data holder draws from which of the run's shards, epoch after epoch
 - unreachable_reports.py: UnreachableReports, peers' "cannot reach X" reports, corroborated into an early verdict
 - peer.py: Peer, one volunteer's process: join, announce, get placed, iterate, leave
 - pipeline.py: PipelineExecutor, one peer's part of one iteration, driven by the messages it receives

@@ -49,6 +49,7 @@ from swarm.identity import ensure_identity, load_identity
 from swarm.link_probe import link_matrices, links_complete, unmeasured_links
 from swarm.records import SwarmRecords
 from swarm.run_config import RunConfig
+from swarm.shard_assignment import assign_shards, shard_drawers, shards_to_injectors
 from swarm.unreachable_reports import UnreachableReports
 from swarm.wire import PeerRecord, PeerState, ScheduleMsg
 
@@ -104,12 +105,6 @@ def view_from_records(records: dict[str, PeerRecord]) -> SwarmView:
     lat, bw = link_matrices(records, order, default_latency=0.001, default_bandwidth=1e9)
     # measured latency already includes the per-message cost of the transport
     return SwarmView(peers=peers, latency=lat, bandwidth=bw, message_overhead=0.0)
-
-
-def shard_drawers(holders: Collection[str], peers: dict[str, PeerRecord]) -> list[str]:
-    """The data holders among `holders` that draw from the run's shards: one started with its own documents
-    (`--data`) draws from them only, so the run's shards are never given to it."""
-    return sorted(h for h in holders if h in peers and not peers[h].data_holder)
 
 
 class Coordinator:
@@ -343,7 +338,7 @@ class Coordinator:
             missing = sorted(set(saved.placement) - set(peers))
             moved = sorted(p for p, s in saved.placement.items() if p in peers and peers[p].stage not in (-1, s))
             if not missing and not moved:
-                return self._started_from(saved)
+                return self._started_from(saved, peers)
             if not moved and settled < LINK_WAIT_SECONDS:
                 return None
             logger.warning("not starting from the saved plan: %s; planning afresh",
@@ -355,12 +350,13 @@ class Coordinator:
                            len(missing_links), len(peers) * (len(peers) - 1) // 2, missing_links[:5])
         return self.plan(peers, epoch=0, start_iteration=0)
 
-    def _started_from(self, saved: Schedule) -> Schedule:
+    def _started_from(self, saved: Schedule, peers: dict[str, PeerRecord]) -> Schedule:
         """The saved plan as this run's epoch 0 (peers that are not in it join through a re-plan)."""
         holders = saved.data_holders
+        shards = self._injected_shards(saved, {h: [i] for i, h in enumerate(holders)}, peers)
         schedule = replace(saved, epoch=0, run_id=self.config.run_id,
                            meta={**saved.meta, "start_iteration": 0, "num_shards": len(holders),
-                                 "shards": {h: [i] for i, h in enumerate(holders)}, "shard_positions": {},
+                                 "shards": shards, "shard_positions": {},
                                  "saved_plan": True, "plan_seconds": 0.0})
         validate(schedule)
         logger.info("starting from the saved plan (%d peers, planned by %s)", len(schedule.placement),
@@ -378,8 +374,9 @@ class Coordinator:
                         placement=pinned or None)
         schedule = self._as_configured(schedule)
         holders = schedule.data_holders
-        schedule.meta.update(start_iteration=start_iteration, num_shards=len(holders),
-                             shards={h: [i] for i, h in enumerate(holders)}, shard_positions={})
+        shards = self._injected_shards(schedule, {h: [i] for i, h in enumerate(holders)}, peers)
+        schedule.meta.update(start_iteration=start_iteration, num_shards=len(holders), shards=shards,
+                             shard_positions={})
         validate(schedule)
         return schedule
 
@@ -453,13 +450,14 @@ class Coordinator:
                            sorted(empty), f"; the skip budget is relaxed: paths visit {rules.stages_per_path} "
                            f"stages instead of {asked}" if relaxed else "")
         holders = [ids[i] for i in np.flatnonzero(stage_of == 0)]
-        shards = self._assign_shards(holders, peers, num_shards, log=True)
+        shards = self._assign_shards(holders, peers, num_shards)
         counts = {ids.index(h): cfg.microbatches * max(1, len(ks)) for h, ks in shards.items()}
         options = self._plan_options()
         options = replace(options, jitter_polish=min(options.jitter_polish, REPLAN_JITTER_POLISH))  # the swarm waits
         schedule = plan_tables(tables, rules, options, stage_of=stage_of, epoch=old.epoch + 1,
                                run_id=cfg.run_id, microbatch_counts=counts)
         schedule = self._as_configured(schedule, counts)
+        shards = self._injected_shards(schedule, shards, peers)
         joiners = [p for p in schedule.placement if before is None or p not in before.placement]
         # a move not yet taken (this epoch replaces the one that made it, from the same iteration) stands
         earlier = old.meta.get("handover") or {}
@@ -492,26 +490,29 @@ class Coordinator:
             handover[ids[v]] = ids[source]
         return out
 
-    def _assign_shards(self, holders: list[str], peers: dict[str, PeerRecord], num_shards: int, *,
-                       log: bool = False) -> dict[str, list[int]]:
-        """Holder -> the run's shards it draws from: each keeps its own; a departed holder's go to the drawer with
-        the fewest; a new holder takes one over from a drawer carrying several (at its committed position)."""
-        shards: dict[str, list[int]] = {h: list(self.schedule.meta.get("shards", {}).get(h, [])) for h in holders}
-        owned = {k for ks in shards.values() for k in ks}
-        takers = shard_drawers(holders, peers) or holders
-        for k in range(num_shards):
-            if k not in owned:
-                taker = min(takers, key=lambda h: (len(shards[h]), h))
-                shards[taker].append(k)
-                if log:
-                    logger.info("shard %d goes to %s", k, taker)
-        for h in takers:
-            donor = max(takers, key=lambda d: (len(shards[d]), d))
-            if not shards[h] and len(shards[donor]) > 1:
-                shards[h].append(shards[donor].pop())
-                if log:
-                    logger.info("shard %d moves from %s to %s", shards[h][0], donor, h)
-        return shards
+    def _assign_shards(self, holders: list[str], peers: dict[str, PeerRecord], num_shards: int
+                       ) -> dict[str, list[int]]:
+        return assign_shards(self.schedule.meta.get("shards", {}), holders, shard_drawers(holders, peers), num_shards)
+
+    def _injected_shards(self, schedule: Schedule, shards: dict[str, list[int]], peers: dict[str, PeerRecord]
+                         ) -> dict[str, list[int]]:
+        """`shards` with those of holders that inject nothing in `schedule` moved to holders that do, and every
+        change from the previous epoch's assignment logged."""
+        injecting = {r.origin for r in schedule.routes}
+        out, _ = shards_to_injectors(shards, injecting, shard_drawers(shards, peers))
+        before = self.schedule.meta.get("shards", {}) if self.schedule is not None else shards
+        owner = {k: h for h, ks in before.items() for k in ks}
+        for h, ks in out.items():
+            for k in ks:
+                was = owner.get(k)
+                if was is None or was == h:
+                    continue
+                if was not in out:
+                    logger.info("shard %d goes to %s (%s is no longer a data holder)", k, h, was)
+                else:
+                    logger.info("shard %d moves from %s to %s%s", k, was, h,
+                                "" if was in injecting else f" ({was} injects no microbatch in this epoch)")
+        return out
 
     def _hand_over(self, tables: CostTables, stage_of: np.ndarray, leaving: Collection[str],
                    unsettled: set[int]) -> dict[str, str]:
@@ -718,10 +719,12 @@ class Coordinator:
         reports = self._reports.get(key, {})
         if not set(schedule.data_holders) <= set(reports):
             return
-        self._publish(progress_topic(self.config.run_id),
-                             {"kind": "commit", "iteration": self.completed, "epoch": schedule.epoch})
         for r in reports.values():
             self.shard_positions.update(r["shards"])
+        # a shard that changes holder at the next iteration starts where this commit leaves it
+        self._publish(progress_topic(self.config.run_id),
+                      {"kind": "commit", "iteration": self.completed, "epoch": schedule.epoch,
+                       "shards": dict(self.shard_positions)})
         self._emit(self.completed, reports)
         self._reports = {k: v for k, v in self._reports.items() if k[0] > key[0]}
 

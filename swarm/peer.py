@@ -191,6 +191,9 @@ class Peer:
         self._drain_end = 0.0
         self._newer: Schedule | None = None
         self._commits: set[tuple[int, int]] = set()
+        self._committed_positions: tuple[int, dict[str, Any]] = (-1, {})
+        """(iteration, shard index as a string -> position) from the scheduler's newest commit: where a shard taken
+        over at the next iteration starts (newer than the positions its schedule was planned with)."""
         self._unreachable_reported: set[str] = set()
         self._round_trips: tuple[int, dict[int, float]] = (-1, {})
         """(epoch, microbatch -> this peer's planned round trip in it), see `_hop_deadlines`."""
@@ -592,6 +595,9 @@ class Peer:
                 return
             it, epoch = msg.payload.get("iteration"), msg.payload.get("epoch")
             if isinstance(it, int) and isinstance(epoch, int):
+                shards = msg.payload.get("shards")
+                if isinstance(shards, dict) and it > self._committed_positions[0]:
+                    self._committed_positions = (it, shards)
                 self._commits.add((it, epoch))
                 self._raw.put(None)
 
@@ -738,7 +744,8 @@ class Peer:
                     len(schedule.placement))
 
     def _set_shards(self, schedule: Schedule) -> None:
-        """The data shards this holder draws from: its own, plus any taken over from departed holders."""
+        """The data shards this holder draws from: its own, plus any taken over from other holders, each at its
+        position after the iteration before this one (from that commit, else from the schedule)."""
         if self.stage != 0:
             return
         if self.options.data_paths:
@@ -747,8 +754,15 @@ class Peer:
         specs = schedule.meta.get("shards", {}).get(self.peer_id)
         if specs is None:
             specs = [schedule.data_holders.index(self.peer_id)]
-        self.data.assign(specs, int(schedule.meta.get("num_shards", len(schedule.data_holders))),
-                         schedule.meta.get("shard_positions", {}))
+        total = int(schedule.meta.get("num_shards", len(schedule.data_holders)))
+        planned = schedule.meta.get("shard_positions", {})
+        iteration, committed = self._committed_positions
+        try:
+            self.data.assign(specs, total, {**planned, **committed} if iteration == self.iteration - 1 else planned)
+        except ValueError as e:
+            logger.error("the scheduler's commit of iteration %d gave a bad data position (%s): using the "
+                         "schedule's", iteration, e)
+            self.data.assign(specs, total, planned)
 
     def _receive_state(self, source: str | None = None, timeout: float = COMMIT_TIMEOUT) -> dict[int, Inbound]:
         """The two parts of a stage's state, from a same-stage peer (or from `source`, whatever its stage)."""
@@ -962,10 +976,9 @@ class Peer:
                 self._buckets[(it, "hop")].append(m)
             return
         kind = {Direction.AVERAGE: "avg", Direction.STATE: "state"}.get(m.header.direction, "hop")
-        if kind == "state" and self.state == PeerState.ONLINE and (not m.header.stages or
-                                                                    m.header.stages[0] == self.stage):
-            logger.debug("stage state from %s dropped: this peer is already serving its stage", m.sender)
-        elif kind == "state":
+        if kind == "state":
+            # kept even while this peer serves the stage it is for: its sender may have adopted an epoch that moves
+            # this peer first; unused, it is dropped an iteration later (`_receive`)
             self._buckets[(it, kind)].append(m)
         elif it < self.iteration and self.schedule is not None and m.header.epoch > self.schedule.epoch:
             self._hold(m)  # an epoch that reruns an earlier iteration: this fresh joiner may run it too

@@ -429,7 +429,11 @@ def test_a_saved_plan_starts_the_run_once_its_peers_are_live_and_a_fresh_plan_ot
     started = c._first_plan(peers, settled=3.0)
     assert started.placement == earlier.placement and started.routes == earlier.routes
     assert started.epoch == 0 and started.meta["start_iteration"] == 0 and started.meta["saved_plan"]
-    assert started.meta["shards"] == {h: [i] for i, h in enumerate(earlier.data_holders)}
+    # the run's shards, one per holder, held by the holders its columns start at (the others inject nothing)
+    shards = started.meta["shards"]
+    assert set(shards) == set(earlier.data_holders) and started.meta["shard_positions"] == {}
+    assert sorted(k for ks in shards.values() for k in ks) == list(range(len(earlier.data_holders)))
+    assert {h for h, ks in shards.items() if ks} == {r.origin for r in started.routes}
     # one of its peers not here yet: wait for it, then plan afresh for those who are
     late = sorted(peers)[5]
     fewer = {p: r for p, r in peers.items() if p != late}
