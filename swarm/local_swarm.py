@@ -33,6 +33,23 @@ def _python(entry: str) -> list[str]:
     return [sys.executable, "-c", f"import sys; from swarm.cli import {entry}; sys.exit({entry}())"]
 
 
+def _suspended_tree(pid: int) -> list:
+    """Process `pid` and all its descendants, each stopped (SIGSTOP) before its children are listed: one forked
+    meanwhile (a hivemind helper starting) is then listed too, and its sockets are found before the kill."""
+    import psutil
+
+    tree, todo = [], [pid]
+    while todo:
+        try:
+            p = psutil.Process(todo.pop())
+            p.suspend()
+            tree.append(p)
+            todo += [c.pid for c in p.children() if c.pid not in {q.pid for q in tree}]
+        except psutil.NoSuchProcess:
+            continue
+    return tree
+
+
 def unix_socket_paths(pid: int) -> set[str]:
     """Paths of the unix sockets process `pid` has open, read from its own /proc view: a process in another network
     namespace (an emulated host) lists its sockets only there, not in this process's /proc/net/unix."""
@@ -128,10 +145,8 @@ class LocalSwarm:
         """
         import psutil
 
-        try:
-            tree = psutil.Process(proc.pid)
-            victims = [tree, *tree.children(recursive=True)]
-        except psutil.NoSuchProcess:
+        victims = _suspended_tree(proc.pid)
+        if not victims:
             return
         sockets = set()
         for p in victims:
