@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from scheduler.baselines import full_pipeline
 from scheduler.constants import REBALANCE_CANDIDATES, REBALANCE_HORIZON, REBALANCE_MIN_GAIN, STATE_BYTES_PER_PARAM_BYTE
 from scheduler.costs import CostTables
 from scheduler.path_rules import PathRules
@@ -32,6 +33,9 @@ class PlacementGoal:
     latency: np.ndarray | None = None
     bandwidth: np.ndarray | None = None
     """Links for the averaging cost (seconds, bytes/s); needed only with `stage_param_bytes`."""
+    columns: bool = False
+    """Score for a full pipeline (DT-FM columns, every microbatch through every stage) instead of SkipPipe's
+    paths: the baseline's runtime then places joiners and movers where its columns need them."""
 
 
 def stage_sizes(num_peers: int, rules: PathRules, data_holders: int | None = None) -> list[int]:
@@ -75,13 +79,18 @@ def score_placement(tables: CostTables, stage_of: np.ndarray, goal: PlacementGoa
     """
     holders = tuple(int(h) for h in np.flatnonzero(stage_of == 0))
     per = goal.microbatches_per_holder
+    s = goal.rules.num_stages
+    if goal.columns and not all(np.any(stage_of == st) for st in range(s)):
+        return float("inf")  # a full pipeline cannot run without a stage
+    rules = PathRules(s, s, max_swaps=0) if goal.columns else goal.rules
     try:
-        problem = PathProblem(tables, stage_of, holders, tuple((counts or {}).get(h, per) for h in holders),
-                              goal.rules)
+        problem = PathProblem(tables, stage_of, holders, tuple((counts or {}).get(h, per) for h in holders), rules)
     except ValueError:
         return float("inf")
-    finder = RouteFinder(problem)
-    routes = construct_by_capacity(problem, finder=finder, group_size=int(tables.memory.min()))
+    if goal.columns:
+        routes = full_pipeline(problem)  # the k-th peer of every stage: as many columns as the smallest group
+    else:
+        routes = construct_by_capacity(problem, finder=RouteFinder(problem), group_size=int(tables.memory.min()))
     score, _ = evaluate(problem, routes, "backward_first")
     return score + averaging_seconds(stage_of, goal)
 

@@ -411,8 +411,11 @@ class Coordinator:
         view = self._view(peers)
         tables = CostTables.from_view(view, cost)
         rules = PathRules.from_skip_ratio(cfg.stages, cfg.skip)
+        # the first placement is shared by every method (as in the paper); a full pipeline's runtime then places
+        # joiners and movers where its own columns need them
         goal = PlacementGoal(rules=rules, microbatches_per_holder=cfg.microbatches,
-                             stage_param_bytes=cost.stage_param_bytes, latency=view.latency, bandwidth=view.bandwidth)
+                             stage_param_bytes=cost.stage_param_bytes, latency=view.latency, bandwidth=view.bandwidth,
+                             columns=cfg.planner == "full-pipeline")
         ids = list(tables.ids)
         stage_of = np.array([old.placement.get(p, -1) for p in ids])
         before = self.in_force(start_iteration - 1) if start_iteration > 0 else None

@@ -456,3 +456,21 @@ def test_a_saved_plan_of_another_method_or_shape_is_refused():
     assert "'full_pipeline' planner" in saved_plan_mismatch(saved, coordinator("skippipe").config)
     three = dataclasses.replace(coordinator("full-pipeline").config, stages=3)
     assert "6 stages, the run 3" in saved_plan_mismatch(saved, three)
+
+
+def test_a_full_pipeline_places_a_joiner_where_its_columns_lost_a_peer():
+    c = coordinator("full-pipeline")
+    pins = [0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5]  # two columns, every peer in one
+    peers = {p: dataclasses.replace(r, stage=pins[i]) for i, (p, r) in enumerate(sorted(records().items()))}
+    c.schedule = c.plan(peers, epoch=0, start_iteration=0)
+    c.schedules = [c.schedule]
+    assert len({r.peers for r in c.schedule.routes}) == 2
+    victim = sorted(peers)[6]  # a stage 3 peer: one column is left
+    live = {p: dataclasses.replace(r, stage=-1) for p, r in peers.items() if p != victim}
+    c.schedule = c.replan(live, start_iteration=4)
+    c.schedules.append(c.schedule)
+    assert len({r.peers for r in c.schedule.routes}) == 1
+    newcomer = dataclasses.replace(peers[victim], peer_id="newcomer", stage=-1, state=PeerState.JOINING)
+    joined = c.replan({**live, "newcomer": newcomer}, start_iteration=8)
+    assert joined.placement["newcomer"] == 3
+    assert len({r.peers for r in joined.routes}) == 2
