@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import shutil
 import sys
@@ -38,10 +39,10 @@ METHODS = {"skippipe": 0.33, "full-pipeline": 0.0}
 
 
 def churn_trace(seed: int, peers: int, seconds: float, rate: float) -> list[float]:
-    """Failure times (seconds into the window): `rate` x `peers` failures per minute, evenly spread with seeded
-    jitter (a Poisson draw over a few minutes can miss the stated rate by half)."""
+    """Failure times (seconds into the window): at least `rate` x `peers` failures per minute (rounded up), evenly
+    spread with seeded jitter (a Poisson draw over a few minutes can miss the stated rate by half)."""
     rng = random.Random(seed)
-    count = round(rate * peers * seconds / 60.0)
+    count = math.ceil(rate * peers * seconds / 60.0 - 1e-9)
     gap = seconds / count if count else 0.0
     return [gap * (k + 0.5 + rng.uniform(-0.25, 0.25)) for k in range(count)]
 
