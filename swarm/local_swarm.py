@@ -45,7 +45,7 @@ def _suspended_tree(pid: int) -> list:
             p.suspend()
             tree.append(p)
             todo += [c.pid for c in p.children() if c.pid not in {q.pid for q in tree}]
-        except psutil.NoSuchProcess:
+        except (psutil.NoSuchProcess, psutil.AccessDenied):  # gone already, or not ours: nothing to stop
             continue
     return tree
 
@@ -149,13 +149,15 @@ class LocalSwarm:
         if not victims:
             return
         sockets = set()
-        for p in victims:
-            sockets |= unix_socket_paths(p.pid)
-        for p in victims:
-            try:
-                p.kill()
-            except psutil.NoSuchProcess:
-                pass
+        try:
+            for p in victims:
+                sockets |= unix_socket_paths(p.pid)
+        finally:  # never leave a stopped tree behind
+            for p in victims:
+                try:
+                    p.kill()
+                except psutil.NoSuchProcess:
+                    pass
         proc.wait(timeout=10)  # reaped by Popen itself, so that its returncode says -9
         psutil.wait_procs(victims[1:], timeout=10)
         for path in sockets:
