@@ -32,7 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from peers.data_ledger import read_ledger, sample_status  # noqa: E402
-from swarm.local_swarm import LocalSwarm  # noqa: E402
+from swarm.local.local_swarm import LocalSwarm  # noqa: E402
 
 METHODS = {"skippipe": 0.33, "full-pipeline": 0.0}
 """Method -> skip ratio of its run."""

@@ -21,8 +21,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from swarm.gossip import GossipClient, GossipMessage, encode_payload, schedule_topic  # noqa: E402
-from swarm.identity import ensure_identity  # noqa: E402
+from swarm.control.gossip import GossipClient, GossipMessage, encode_payload, schedule_topic  # noqa: E402
+from swarm.net.identity import ensure_identity  # noqa: E402
 
 TOPIC = schedule_topic("bench")
 PACE = 0.02

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from peers.data import Corpus  # noqa: E402
 from peers.inprocess import InProcessSwarm  # noqa: E402
 from scheduler.schedule import Schedule  # noqa: E402
-from swarm.local_swarm import LocalSwarm  # noqa: E402
+from swarm.local.local_swarm import LocalSwarm  # noqa: E402
 from swarm.run_config import RunConfig  # noqa: E402
 
 

@@ -1,6 +1,6 @@
 """Activation transfer between two peers (separate processes) on loopback, against raw asyncio TCP.
 
-Each repetition sends one 4 MiB and one 32 MiB float32 activation with ``swarm.transport.Transport`` (hivemind
+Each repetition sends one 4 MiB and one 32 MiB float32 activation with ``swarm.net.transport.Transport`` (hivemind
 p2pd binary streams, reused between messages, header + raw bytes, acknowledged after the receiver queued it), the
 same payloads over a plain asyncio TCP connection (length prefix, 8-byte ack), and over one bare reused p2pd stream
 between two other daemons (length prefix, 1 MiB writes, 3-byte ack: the floor any framing over p2pd can reach);
@@ -29,8 +29,8 @@ CHUNK = 2**20
 def receiver_peer(initial_peers: list[str], info_q: mp.Queue, stop_ev) -> None:
     import hivemind
 
-    from swarm.dht_shutdown import stop_dht
-    from swarm.transport import Transport
+    from swarm.net.dht_shutdown import stop_dht
+    from swarm.net.transport import Transport
 
     dht = hivemind.DHT(initial_peers=initial_peers, host_maddrs=["/ip4/127.0.0.1/tcp/0"], start=True)
     transport = Transport(dht, lambda sender, header, tensor: None, queue_size=2)
@@ -163,8 +163,8 @@ def main() -> None:
     import hivemind
     import torch
 
-    from swarm.dht_shutdown import stop_dht
-    from swarm.transport import Transport
+    from swarm.net.dht_shutdown import stop_dht
+    from swarm.net.transport import Transport
     from swarm.wire import Direction, HopHeader
 
     ctx = mp.get_context("spawn")

@@ -3,7 +3,7 @@
 A peer that sends a microbatch's forward keeps its activations until the backward returns. The schedule's own
 simulation (on the cost tables it carries) says when that should be, queueing at the peers downstream included;
 a peer waiting much longer than planned has reason to check on the peer it sent to. These are the base of the
-runtime's per-hop deadlines (`swarm.pipeline`), derived from measured costs rather than fixed constants.
+runtime's per-hop deadlines (`swarm.peer.pipeline`), derived from measured costs rather than fixed constants.
 """
 
 from __future__ import annotations

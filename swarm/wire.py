@@ -396,7 +396,7 @@ class PeerRecord:
     """Measured time of the loss step (LM head, loss and its backward) for one microbatch; 0 = not measured."""
     jitter: tuple[float, ...] = ()
     """Quantiles (seconds) of how much the messages it received deviated from their link's median; () = not yet
-    measured (`swarm.message_jitter`)."""
+    measured (`swarm.net.message_jitter`)."""
     version: int = WIRE_VERSION
 
     def to_msgpack(self) -> bytes:

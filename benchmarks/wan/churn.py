@@ -34,9 +34,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.churn import churn_trace, first_plan, kept, play_trace, saved_plan_args, window_summary  # noqa: E402
 from benchmarks.wan.run import add_swarm_arguments, checked_methods, run_config  # noqa: E402
 from scheduler.profiles import swarm_from  # noqa: E402
-from swarm.emulated_network import EmulatedNetwork  # noqa: E402
-from swarm.identity import ensure_identity  # noqa: E402
-from swarm.local_swarm import LocalSwarm  # noqa: E402
+from swarm.local.emulated_network import EmulatedNetwork  # noqa: E402
+from swarm.local.local_swarm import LocalSwarm  # noqa: E402
+from swarm.net.identity import ensure_identity  # noqa: E402
 
 METHODS = ("skippipe", "full-pipeline")
 

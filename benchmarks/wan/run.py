@@ -37,11 +37,11 @@ from scheduler.expected_makespan import expected_makespan  # noqa: E402
 from scheduler.profiles import swarm_from  # noqa: E402
 from scheduler.round_trips import schedule_sim_routes  # noqa: E402
 from scheduler.simulator import simulate  # noqa: E402
-from swarm.cli_plan import load_schedule_with_costs  # noqa: E402
-from swarm.emulated_network import EmulatedNetwork, unavailable_reason  # noqa: E402
-from swarm.identity import ensure_identity  # noqa: E402
-from swarm.local_swarm import LocalSwarm  # noqa: E402
-from swarm.timeline import chrome_trace, read_spans  # noqa: E402
+from swarm.cli.plan import load_schedule_with_costs  # noqa: E402
+from swarm.local.emulated_network import EmulatedNetwork, unavailable_reason  # noqa: E402
+from swarm.local.local_swarm import LocalSwarm  # noqa: E402
+from swarm.net.identity import ensure_identity  # noqa: E402
+from swarm.peer.timeline import chrome_trace, read_spans  # noqa: E402
 
 METHODS = ("full-pipeline", "random-skip", "skippipe-no-collision", "skippipe")
 LABELS = {"full-pipeline": "DT-FM full pipeline", "random-skip": "random skip",

@@ -4,7 +4,7 @@ import json
 
 from click.testing import CliRunner
 
-from swarm.cli_train import eval_command, swarm
+from swarm.cli.train import eval_command, swarm
 
 SMALL_RUN = ["inprocess", "--peers", "3", "--stages", "3", "--skip", "0", "--batch-size", "2", "--seq-len", "16",
              "--microbatches", "1", "--eval-every", "1"]

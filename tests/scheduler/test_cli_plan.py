@@ -5,7 +5,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from swarm.cli import main
+from swarm.cli.main import main
 from tests.scheduler.conftest import ASSETS
 
 

@@ -69,9 +69,9 @@ def local(tmp_path_factory):
     """This process: a DHT and a Transport (it sends; what it receives goes to a queue)."""
     import hivemind
 
-    from swarm.dht_shutdown import stop_dht
-    from swarm.identity import ensure_identity
-    from swarm.transport import Transport
+    from swarm.net.dht_shutdown import stop_dht
+    from swarm.net.identity import ensure_identity
+    from swarm.net.transport import Transport
 
     key = str(tmp_path_factory.mktemp("local") / "identity.key")
     ensure_identity(key)
@@ -89,7 +89,7 @@ def local(tmp_path_factory):
 @pytest.fixture(scope="module")
 def remote(local, tmp_path_factory):
     """Another process with its own DHT and Transport (inbound queue of 1, so backpressure shows at once)."""
-    from swarm.identity import ensure_identity
+    from swarm.net.identity import ensure_identity
     from tests.utils.swarm_workers import TRANSPORT_RUN, transport_peer
 
     ctx = mp.get_context("spawn")

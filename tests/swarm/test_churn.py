@@ -15,7 +15,7 @@ from collections import Counter
 import pytest
 
 from peers.data_ledger import read_ledger, sample_status
-from swarm.local_swarm import LocalSwarm
+from swarm.local.local_swarm import LocalSwarm
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -41,7 +41,7 @@ def placement(swarm: LocalSwarm) -> dict[str, int]:
 
 
 def peer_id(swarm: LocalSwarm, index: int) -> str:
-    from swarm.identity import ensure_identity
+    from swarm.net.identity import ensure_identity
 
     return ensure_identity(str(swarm.run_dir / f"peer-{index:02d}.key"))
 
@@ -73,7 +73,7 @@ def test_run_survives_deaths_and_joins_without_losing_or_doubling_samples(tmp_pa
         wait_iteration(swarm, len(swarm.metrics()) + 2)
         swarm.add_peer(PEERS + 1, args(PEERS + 1))
         wait_placed(swarm, PEERS + 1)
-        swarm.kill(swarm.coordinator)  # a peer must take over planning, signing and committing
+        swarm.kill(swarm.coordinator.coordinator)  # a peer must take over planning, signing and committing
         records = swarm.watch(ITERATIONS, timeout=240)
         for i, proc in enumerate(swarm.peers):
             if i not in (relay, holder):
@@ -88,7 +88,7 @@ def test_run_survives_deaths_and_joins_without_losing_or_doubling_samples(tmp_pa
     assert any("takes over" in text for text in logs)
     # the dead relay's work was handled in flight: forwards to it went to its stage mate, or a microbatch whose
     # activations it held was reported broken and re-queued by its holder (which one depends on where the
-    # kill caught the microbatches; tests/swarm/test_pipeline_detours.py covers each deterministically)
+    # kill caught the microbatches; tests/swarm/peer/test_pipeline_detours.py covers each deterministically)
     assert any("forward detoured" in text or "cannot finish" in text for text in logs)
     coordinator_log = (run_dir / "coordinator.log").read_text()
     assert "placing joining peer" in coordinator_log and "goes to" in coordinator_log

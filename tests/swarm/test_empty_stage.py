@@ -12,8 +12,8 @@ from collections import Counter
 import pytest
 
 from peers.data_ledger import read_ledger, sample_status
-from swarm.identity import ensure_identity
-from swarm.local_swarm import LocalSwarm
+from swarm.local.local_swarm import LocalSwarm
+from swarm.net.identity import ensure_identity
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -85,7 +85,7 @@ def test_a_stage_without_peers_is_skipped_then_restored(tmp_path):
     logs = "".join((run_dir / f"peer-{i:02d}.log").read_text() for i in range(4))
     # where the kill caught the microbatches decides: a forward to the dead peer is detoured to the stage the paths
     # skip, or one whose activations it held cannot finish and is re-queued by its holder (each is covered
-    # deterministically by tests/swarm/test_pipeline_detours.py)
+    # deterministically by tests/swarm/peer/test_pipeline_detours.py)
     assert ("(stage 2) is gone; forward detoured to" in logs and "(stage 1)" in logs) or "cannot finish" in logs
     final = swarm.schedule()
     movers = [i for i in (2, 3) if "took over its state" in (run_dir / f"peer-{i:02d}.log").read_text()]

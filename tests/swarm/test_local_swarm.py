@@ -18,9 +18,9 @@ import pytest
 import torch
 from hivemind.utils import get_dht_time
 
-from swarm.dht_shutdown import stop_dht
-from swarm.local_swarm import LocalSwarm
-from swarm.records import record_key
+from swarm.control.records import record_key
+from swarm.local.local_swarm import LocalSwarm
+from swarm.net.dht_shutdown import stop_dht
 from swarm.wire import Direction, HopHeader, PeerRecord, ScheduleMsg
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
@@ -64,9 +64,9 @@ class Intruder:
     def __init__(self, initial_peers: list[str], key: str) -> None:
         import hivemind
 
-        from swarm.identity import ensure_identity, load_identity
-        from swarm.records import SwarmRecords
-        from swarm.transport import Transport
+        from swarm.control.records import SwarmRecords
+        from swarm.net.identity import ensure_identity, load_identity
+        from swarm.net.transport import Transport
 
         self.peer_id = ensure_identity(key)
         self.key = key
@@ -78,7 +78,7 @@ class Intruder:
     def raw(self, peer_id: str, payload: bytes) -> bytes:
         from hivemind.p2p import PeerID
 
-        from swarm.transport import HOP_PROTOCOL
+        from swarm.net.transport import HOP_PROTOCOL
 
         async def go():
             _, reader, writer = await self.transport._p2p.call_binary_stream_handler(PeerID.from_base58(peer_id),
@@ -102,7 +102,7 @@ def peer_logs(run_dir: Path) -> dict[str, str]:
 
 
 def test_local_swarm_trains_refuses_hostile_input_and_keeps_stages_identical(run, tmp_path):
-    from swarm.gossip import GossipClient, schedule_topic
+    from swarm.control.gossip import GossipClient, schedule_topic
 
     schedule = wait_for(run.schedule, 120, "no schedule was planned")
     wait_for(lambda: len(run.metrics()) >= 2, 120, "training did not start")

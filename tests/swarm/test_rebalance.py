@@ -12,8 +12,8 @@ from collections import Counter
 import pytest
 
 from peers.data_ledger import read_ledger, sample_status
-from swarm.identity import ensure_identity
-from swarm.local_swarm import LocalSwarm
+from swarm.local.local_swarm import LocalSwarm
+from swarm.net.identity import ensure_identity
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 

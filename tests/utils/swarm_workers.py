@@ -21,9 +21,9 @@ def records_peer(initial_peers: list[str], key_path: str, run_id: str, cmd_q: mp
     """A peer with its own DHT: publishes/fetches records and runs a heartbeat on command."""
     import hivemind
 
-    from swarm.dht_shutdown import stop_dht
-    from swarm.identity import ensure_identity, load_identity
-    from swarm.records import SwarmRecords
+    from swarm.control.records import SwarmRecords
+    from swarm.net.dht_shutdown import stop_dht
+    from swarm.net.identity import ensure_identity, load_identity
     from swarm.wire import PeerRecord, PeerState
 
     ensure_identity(key_path)
@@ -70,9 +70,9 @@ def transport_peer(key_path: str, initial_peers: list[str], options: dict[str, A
     import hivemind
     import torch
 
-    from swarm.dht_shutdown import stop_dht
-    from swarm.identity import ensure_identity
-    from swarm.transport import Transport
+    from swarm.net.dht_shutdown import stop_dht
+    from swarm.net.identity import ensure_identity
+    from swarm.net.transport import Transport
 
     class Forward(logging.Handler):
         def emit(self, record: logging.LogRecord) -> None:
@@ -116,8 +116,8 @@ def averaging_peer(idx: int, initial_peers: list[str], barrier: Any, res_q: mp.Q
     import hivemind
     import torch
 
-    from swarm.averaging import StageAverager
-    from swarm.dht_shutdown import stop_dht
+    from swarm.net.dht_shutdown import stop_dht
+    from swarm.stage_group.hivemind_averager import StageAverager
 
     dht = hivemind.DHT(initial_peers=initial_peers, host_maddrs=["/ip4/127.0.0.1/tcp/0"], start=True)
     grads = [torch.zeros(3, 1000), torch.zeros(7)]

@@ -1,0 +1,228 @@
+"""`skippipe coordinator start`, `skippipe-peer join` and `skippipe swarm local`: the networked runtime's commands.
+
+Thin, like Petals' run_server: parse flags, build the options, call one function, and in `finally` leave
+the swarm. SIGINT / SIGTERM set an event the loops check, so a peer finishes its iteration and leaves.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+from pathlib import Path
+
+import click
+
+from swarm.cli.train import swarm as swarm_group
+
+DEFAULT_IDENTITY = Path.home() / ".skippipe" / "identity.key"
+
+
+def _logging(log_file: str | None, level: str) -> None:
+    logging.basicConfig(level=getattr(logging, level), filename=log_file,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("hivemind").setLevel(logging.WARNING)
+
+
+def _stop_event() -> threading.Event:
+    stop = threading.Event()
+
+    def handler(signum, frame) -> None:  # noqa: ARG001
+        if stop.is_set():
+            raise KeyboardInterrupt
+        stop.set()
+
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)
+    return stop
+
+
+def _fail(message: str) -> None:
+    click.echo(f"error: {message}", err=True)
+    sys.exit(2)
+
+
+@click.group()
+def coordinator() -> None:
+    """Start and run a training run's coordinator."""
+
+
+@coordinator.command("start")
+@click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False), help="run.toml")
+@click.option("--run-id", default=None, help="overrides run.run_id")
+@click.option("--iterations", type=int, default=None, help="overrides run.iterations (0 = until stopped)")
+@click.option("--min-peers", type=int, default=None, help="overrides run.min_peers")
+@click.option("--stages", type=int, default=None, help="overrides run.stages")
+@click.option("--skip", type=float, default=None, help="overrides run.skip")
+@click.option("--seed", type=int, default=None, help="overrides run.seed")
+@click.option("--microbatches", type=int, default=None, help="overrides run.microbatches")
+@click.option("--checkpoint-every", type=int, default=None, help="overrides run.checkpoint_every")
+@click.option("--host", default="127.0.0.1", show_default=True, help="address to listen on")
+@click.option("--port", type=int, default=0, show_default=True, help="DHT port (0 = any free port)")
+@click.option("--identity", type=click.Path(dir_okay=False), default=str(DEFAULT_IDENTITY), show_default=True)
+@click.option("--run-dir", type=click.Path(file_okay=False), default="runs/coordinator", show_default=True,
+              help="address file, schedules and metrics")
+@click.option("--metrics", type=click.Path(dir_okay=False), default=None, help="one JSON line per iteration")
+@click.option("--first-schedule", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="start from a saved plan of these peers (an earlier run's schedule-N.json) instead of planning")
+@click.option("--log-file", type=click.Path(dir_okay=False), default=None)
+@click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING"]), default="INFO")
+def start(config_path, run_id, iterations, min_peers, stages, skip, seed, microbatches, checkpoint_every, host, port,
+          identity, run_dir, metrics, first_schedule, log_file, log_level) -> None:
+    """Bootstrap the DHT, publish the run, plan from the live swarm and log its progress."""
+    from scheduler.schedule import Schedule, ScheduleError, validate
+    from swarm.coordinator.coordinator import Coordinator, CoordinatorOptions, saved_plan_mismatch
+    from swarm.run_config import RunConfig
+
+    _logging(log_file, log_level)
+    overrides = dict(run_id=run_id, iterations=iterations, min_peers=min_peers, stages=stages, skip=skip, seed=seed,
+                     microbatches=microbatches, checkpoint_every=checkpoint_every)
+    try:
+        config = RunConfig.from_toml(config_path, **overrides) if config_path else \
+            RunConfig.from_tables({}, **overrides)
+    except ValueError as e:
+        _fail(str(e))
+    saved = None
+    if first_schedule:
+        try:
+            saved = Schedule.from_json(Path(first_schedule).read_text())
+            validate(saved)
+        except (OSError, UnicodeDecodeError, ScheduleError) as e:
+            _fail(f"--first-schedule {first_schedule}: {e}")
+        mismatch = saved_plan_mismatch(saved, config)
+        if mismatch:
+            _fail(f"--first-schedule {first_schedule} cannot start this run: {mismatch}")
+    Path(identity).parent.mkdir(parents=True, exist_ok=True)
+    node = Coordinator(CoordinatorOptions(config=config, identity_path=identity, host=host, port=port,
+                                          run_dir=run_dir, metrics_path=metrics, first_schedule=saved))
+    node.run(_stop_event())
+
+
+@click.command("join")
+@click.option("--initial-peers", multiple=True, required=True, help="multiaddr of a peer or the coordinator")
+@click.option("--run", "run_id", default="skippipe", show_default=True, help="run id to join")
+@click.option("--device", default="cpu", show_default=True, help="torch device (cpu, cuda, cuda:1)")
+@click.option("--precision", type=click.Choice(["auto", "fp32", "bf16", "fp16"]), default="auto", show_default=True,
+              help="autocast of the compute (auto: bf16 on CUDA, fp32 on CPU)")
+@click.option("--stage", default="auto", show_default=True,
+              help="stage to serve, or auto (the scheduler may still move it to take over a stage whose last peer "
+                   "leaves)")
+@click.option("--data", "data_paths", multiple=True, type=click.Path(exists=True, dir_okay=False),
+              help="own training files: this peer becomes a data holder")
+@click.option("--identity", type=click.Path(dir_okay=False), default=str(DEFAULT_IDENTITY), show_default=True)
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", type=int, default=0, show_default=True)
+@click.option("--iteration-deadline", type=float, default=300.0, show_default=True,
+              help="seconds an iteration may take before this peer gives up on it")
+@click.option("--log-file", type=click.Path(dir_okay=False), default=None)
+@click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING"]), default="INFO")
+@click.option("--log-param-digest", is_flag=True, help="log a digest of the stage's weights after each step")
+@click.option("--metrics", "metrics_path", type=click.Path(dir_okay=False), default=None,
+              help="where to write the run's metrics if this peer becomes the scheduler")
+@click.option("--ledger", type=click.Path(dir_okay=False), default=None,
+              help="a data holder appends its data ledger here (JSON lines)")
+@click.option("--checkpoint-dir", type=click.Path(file_okay=False), default=None,
+              help="write this peer's checkpoint here every run.checkpoint_every iterations")
+@click.option("--probe-sample", type=click.IntRange(1, 256), default=8, show_default=True,
+              help="peers whose links one probing round measures")
+@click.option("--trace", "trace_path", type=click.Path(dir_okay=False), default=None,
+              help="append this peer's timeline (compute and send spans, JSON lines) here")
+@click.option("--emulate-speed", "emulate_speed", type=click.FloatRange(min=0, max=60, min_open=True), default=None,
+              help="compute emulation: seconds per layer of the device to emulate (operations are padded to it)")
+@click.option("--emulate-latency", "latency_file", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="link emulation: JSON file of one-way latencies to peers, added by the transport")
+def join(initial_peers, run_id, device, precision, stage, data_paths, identity, host, port, iteration_deadline,
+         log_file, log_level, log_param_digest, metrics_path, ledger, checkpoint_dir, probe_sample, trace_path,
+         emulate_speed, latency_file) -> None:
+    """Join a run: measure, announce, get placed, train; Ctrl+C leaves cleanly."""
+    from swarm.peer.peer import Peer, PeerOptions
+
+    _logging(log_file, log_level)
+    if stage != "auto" and not stage.isdigit():
+        _fail(f"--stage must be a stage number or auto, got {stage!r}")
+    if device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            _fail("--device cuda, but CUDA is not available on this machine")
+    latency = None
+    if latency_file:
+        from swarm.local.emulated_network import read_latency_file
+
+        try:
+            latency = read_latency_file(latency_file)
+        except ValueError as e:
+            _fail(str(e))
+    Path(identity).parent.mkdir(parents=True, exist_ok=True)
+    options = PeerOptions(initial_peers=tuple(initial_peers), identity_path=identity, run_id=run_id, host=host,
+                          port=port, stage=None if stage == "auto" else int(stage), data_paths=tuple(data_paths),
+                          device=device, precision=precision, iteration_deadline=iteration_deadline,
+                          log_gossip=(log_file + ".gossip") if log_file else None,
+                          log_param_digest=log_param_digest, checkpoint_dir=checkpoint_dir, ledger_path=ledger,
+                          metrics_path=metrics_path, trace_path=trace_path, emulate_seconds_per_layer=emulate_speed,
+                          link_latency=latency, probe_sample=probe_sample)
+    Peer(options).run(_stop_event())
+
+
+@swarm_group.command("local")
+@click.option("--peers", "num_peers", type=click.IntRange(1, 64), default=6, show_default=True)
+@click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False), help="run.toml")
+@click.option("--iterations", type=click.IntRange(0, 10_000_000), default=30, show_default=True,
+              help="end the run after this many iterations (0 = until Ctrl+C)")
+@click.option("--stages", type=int, default=None)
+@click.option("--skip", type=float, default=None)
+@click.option("--seed", type=int, default=None)
+@click.option("--metrics", type=click.Path(dir_okay=False), default=None, help="one JSON line per iteration")
+@click.option("--run-dir", type=click.Path(file_okay=False), default="runs/local", show_default=True)
+def local(num_peers, config_path, iterations, stages, skip, seed, metrics, run_dir) -> None:
+    """A coordinator and N peers as processes on loopback, with a live progress display."""
+    from peers.data import Corpus
+    from swarm.local.local_swarm import LocalSwarm
+    from swarm.run_config import RunConfig
+
+    overrides = dict(iterations=iterations, min_peers=num_peers, stages=stages, skip=skip, seed=seed)
+    try:
+        config = RunConfig.from_toml(config_path, **overrides) if config_path else \
+            RunConfig.from_tables({}, **overrides)
+        Corpus.build(config.data)  # train and cache the tokenizer once, before the processes race for it
+    except ValueError as e:
+        _fail(str(e))
+    args = ["--iterations", str(iterations), "--min-peers", str(num_peers)]
+    if config_path:
+        args += ["--config", config_path]
+    for flag, value in (("--stages", stages), ("--skip", skip), ("--seed", seed)):
+        if value is not None:
+            args += [flag, str(value)]
+    if metrics:
+        args += ["--metrics", metrics]
+    run = LocalSwarm(run_dir, num_peers, run_id=config.run_id, coordinator_args=args)
+    if metrics:
+        run.metrics_path = Path(metrics)
+    click.echo(f"starting a coordinator and {num_peers} peers ({config.model}, {config.stages} stages, "
+               f"skip {config.skip}); logs in {run_dir}")
+    shown_schedule = False
+
+    def show(record: dict) -> None:
+        nonlocal shown_schedule
+        if not shown_schedule and (schedule := run.schedule()):
+            paths = {(r["origin"], tuple(r["stages"])) for r in schedule["routes"]}
+            click.echo(f"schedule epoch {schedule['epoch']}: {len(schedule['placement'])} peers, "
+                       f"{len(schedule['routes'])} microbatches, {len(paths)} distinct stage paths")
+            shown_schedule = True
+        total = f"/{iterations}" if iterations else ""
+        click.echo(f"iteration {record['iteration']}{total}  loss {record['loss']:.4f}  "
+                   f"{record['tokens_per_s'] or 0:,.0f} tokens/s  {record['iteration_seconds']:.2f} s  "
+                   f"{record['peers_online']} peers  epoch {record['epoch']}")
+
+    try:
+        run.start()
+        run.watch(iterations or 10**12, metrics_path=metrics, on_record=show)
+    except KeyboardInterrupt:
+        click.echo("stopping...")
+    except (RuntimeError, TimeoutError) as e:
+        click.echo(f"error: {e}", err=True)
+        raise SystemExit(1) from None
+    finally:
+        run.stop()
+    click.echo("all processes stopped")

@@ -1,0 +1,7 @@
+"""The control plane: signed records in the DHT and gossip between peers and the scheduler.
+
+- records.py: SwarmRecords, the signed DHT records (run spec, per-peer heartbeat records, current schedule)
+- gossip.py: GossipClient, the owner side of the GossipSub control plane (schedules, membership), over a pipe
+- gossip_sidecar.py: the py-libp2p GossipSub sidecar process that GossipClient starts (never imports hivemind)
+- signed_record_cache.py: the sidecar verifies each peer's signed peer record once, not on every message
+"""

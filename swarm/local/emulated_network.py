@@ -1,0 +1,196 @@
+"""`EmulatedNetwork`: a WAN on one machine, for benchmarks of a local swarm over a network profile.
+
+Each peer gets a host of its own: a network namespace joined to one bridge by a veth pair. Bandwidth is shaped
+in the kernel: on every host's outgoing interface, an HTB class per destination host limits that directed link
+to the profile's bandwidth (traffic to the bridge itself, where the coordinator listens, is not shaped). This
+kernel has no `netem`, so latency is added by the peers' transport instead: each peer reads the one-way latency
+of its links from a file written here (`--emulate-latency`); the transport waits that long before each message
+(see `Transport(link_delay=...)`). Both only exist while an emulation runs; nothing is shaped otherwise.
+
+Needs root and iproute2 (`ip netns`, `tc`). `stop()` (or leaving the `with` block) deletes every namespace,
+interface and qdisc it made; processes started in a host must be stopped first.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import shutil
+import subprocess
+import zlib
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from swarm.constants import MAX_ID_CHARS, MAX_PEERS
+from swarm.local.interrupts import deferred_interrupts
+
+logger = logging.getLogger(__name__)
+
+MAX_EMULATED_LATENCY = 10.0
+"""Largest one-way latency a latency file may give a link (seconds)."""
+UNSHAPED_RATE = "10gbit"
+"""Rate of the default class: traffic to the bridge (the coordinator) and anything unlisted."""
+
+
+def unavailable_reason() -> str | None:
+    """Why this machine cannot emulate a network (None when it can)."""
+    if os.geteuid() != 0:
+        return "network emulation needs root (network namespaces and tc)"
+    for tool in ("ip", "tc"):
+        if shutil.which(tool) is None:
+            return f"network emulation needs iproute2's `{tool}`"
+    return None
+
+
+def _run(*cmd: str) -> None:
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"`{' '.join(cmd)}` failed: {proc.stderr.strip()}")
+
+
+class EmulatedNetwork:
+    """Hosts 0..n-1 in network namespaces on one bridge, links shaped to `bandwidth`, latencies for the transport.
+
+    :param latency: [n, n] one-way seconds of each directed link
+    :param bandwidth: [n, n] bytes/s of each directed link
+    """
+
+    def __init__(self, latency: np.ndarray, bandwidth: np.ndarray, *, tag: str | None = None) -> None:
+        latency, bandwidth = np.asarray(latency, dtype=float), np.asarray(bandwidth, dtype=float)
+        n = latency.shape[0]
+        if not 1 <= n <= 250 or latency.shape != (n, n) or bandwidth.shape != (n, n):
+            raise ValueError(f"latency and bandwidth must be [n, n] with 1 <= n <= 250, got {latency.shape} and "
+                             f"{bandwidth.shape}")
+        off = ~np.eye(n, dtype=bool)
+        if not np.all(np.isfinite(latency[off])) or np.any(latency[off] < 0) or \
+                np.any(latency[off] > MAX_EMULATED_LATENCY):
+            raise ValueError(f"latencies must be in [0, {MAX_EMULATED_LATENCY}] s")
+        if not np.all(np.isfinite(bandwidth[off])) or np.any(bandwidth[off] < 1000):
+            raise ValueError("bandwidths must be finite and at least 1000 bytes/s")
+        self.latency, self.bandwidth, self.num_hosts = latency, bandwidth, n
+        self.tag = tag or str(os.getpid() % 100_000)
+        if not (self.tag.isascii() and self.tag.isalnum() and len(self.tag) <= 8):
+            raise ValueError(f"tag must be 1-8 ASCII letters or digits (it names interfaces), got {self.tag!r}")
+        digest = zlib.crc32(self.tag.encode())  # one subnet per tag: two networks of one process do not clash
+        self._subnet = f"10.{200 + digest % 50}.{(digest // 50) % 250}"
+        self.bridge = f"skpbr{self.tag}"
+        self._namespaces: list[str] = []
+        self._bridge_made = False
+
+    # ---- addresses -------------------------------------------------------------------------------
+    def namespace(self, i: int) -> str:
+        return f"skp{self.tag}-{i}"
+
+    def _veth(self, i: int) -> str:
+        return f"skp{self.tag}v{i}"
+
+    def host(self, i: int) -> str:
+        """The IPv4 address of host `i` (listen there)."""
+        return f"{self._subnet}.{i + 1}"
+
+    @property
+    def gateway(self) -> str:
+        """The bridge's address, in this (the root) namespace: where the coordinator listens."""
+        return f"{self._subnet}.254"
+
+    def exec_prefix(self, i: int) -> list[str]:
+        """Prepend to a command to run it in host `i`."""
+        return ["ip", "netns", "exec", self.namespace(i)]
+
+    # ---- set-up and tear-down --------------------------------------------------------------------
+    def start(self) -> EmulatedNetwork:
+        reason = unavailable_reason()
+        if reason:
+            raise RuntimeError(reason)
+        try:
+            _run("ip", "link", "add", self.bridge, "type", "bridge")
+            self._bridge_made = True
+            _run("ip", "addr", "add", f"{self.gateway}/24", "dev", self.bridge)
+            _run("ip", "link", "set", self.bridge, "up")
+            for i in range(self.num_hosts):
+                self._add_host(i)
+        except BaseException:
+            self.stop()
+            raise
+        logger.info("emulated network %s: %d hosts on %s.0/24", self.bridge, self.num_hosts, self._subnet)
+        return self
+
+    def _add_host(self, i: int) -> None:
+        ns, veth = self.namespace(i), self._veth(i)
+        _run("ip", "netns", "add", ns)
+        self._namespaces.append(ns)
+        _run("ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
+        _run("ip", "link", "set", veth, "master", self.bridge, "up")
+        _run("ip", "-n", ns, "addr", "add", f"{self.host(i)}/24", "dev", "eth0")
+        _run("ip", "-n", ns, "link", "set", "eth0", "up")
+        _run("ip", "-n", ns, "link", "set", "lo", "up")
+        tc = ["ip", "netns", "exec", ns, "tc"]
+        _run(*tc, "qdisc", "add", "dev", "eth0", "root", "handle", "1:", "htb", "default", "1")
+        _run(*tc, "class", "add", "dev", "eth0", "parent", "1:", "classid", "1:1", "htb", "rate", UNSHAPED_RATE,
+             "quantum", "60000")
+        for j in range(self.num_hosts):
+            if j == i:
+                continue
+            rate = f"{max(8000, math.floor(self.bandwidth[i, j] * 8))}bit"
+            classid = f"1:{j + 10:x}"
+            _run(*tc, "class", "add", "dev", "eth0", "parent", "1:", "classid", classid, "htb", "rate", rate,
+                 "ceil", rate, "quantum", "1514")
+            _run(*tc, "filter", "add", "dev", "eth0", "parent", "1:", "protocol", "ip", "prio", "1", "u32",
+                 "match", "ip", "dst", f"{self.host(j)}/32", "flowid", classid)
+
+    def stop(self) -> None:
+        """Delete every namespace (with its interfaces and qdiscs) and the bridge (a Ctrl+C waits for it)."""
+        with deferred_interrupts():
+            self._remove()
+
+    def _remove(self) -> None:
+        for ns in self._namespaces:
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        for i in range(self.num_hosts):
+            subprocess.run(["ip", "link", "del", self._veth(i)], capture_output=True)
+        self._namespaces = []
+        if self._bridge_made:
+            subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
+            self._bridge_made = False
+
+    def __enter__(self) -> EmulatedNetwork:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ---- latency for the transport ---------------------------------------------------------------
+    def write_latency_file(self, i: int, peer_ids: Sequence[str], path: str | Path) -> Path:
+        """Host `i`'s one-way latency to each other host, keyed by the peer id that runs there."""
+        if len(peer_ids) != self.num_hosts:
+            raise ValueError(f"need one peer id per host ({self.num_hosts}), got {len(peer_ids)}")
+        table = {p: float(self.latency[i, j]) for j, p in enumerate(peer_ids) if j != i}
+        path = Path(path)
+        path.write_text(json.dumps({"latency_s": table}, indent=1))
+        return path
+
+
+def read_latency_file(path: str | Path) -> dict[str, float]:
+    """Peer id -> one-way seconds, from a file of `write_latency_file` (untrusted: checked entry by entry)."""
+    try:
+        raw = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"cannot read latency file {path}: {e}") from None
+    table = raw.get("latency_s") if isinstance(raw, dict) else None
+    if not isinstance(table, dict) or len(table) > MAX_PEERS:
+        raise ValueError(f"latency file {path} must hold {{\"latency_s\": {{peer id: seconds}}}} with at most "
+                         f"{MAX_PEERS} entries")
+    out = {}
+    for peer, seconds in table.items():
+        if not isinstance(peer, str) or not 0 < len(peer) <= MAX_ID_CHARS:
+            raise ValueError(f"latency file {path}: bad peer id {peer!r}")
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or \
+                not 0 <= seconds <= MAX_EMULATED_LATENCY:
+            raise ValueError(f"latency file {path}: latency to {peer} must be 0-{MAX_EMULATED_LATENCY} s, got "
+                             f"{seconds!r}")
+        out[peer] = float(seconds)
+    return out

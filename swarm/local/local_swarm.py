@@ -1,0 +1,234 @@
+"""`LocalSwarm`: a coordinator and N peers as separate processes on loopback, for the demo, tests and benchmarks.
+
+Each process is the real thing (`skippipe coordinator start`, `skippipe-peer join`), with its own key, its own
+DHT node, p2pd and gossip sidecar, logging to the run directory. The launcher remembers the processes it
+started and stops only those, by pid: Ctrl+C (SIGINT) first, so peers announce that they leave, then
+SIGTERM, then SIGKILL.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from swarm.local.interrupts import deferred_interrupts
+
+if TYPE_CHECKING:
+    from swarm.local.emulated_network import EmulatedNetwork
+
+logger = logging.getLogger(__name__)
+
+START_TIMEOUT = 120.0
+
+
+def _python(entry: str) -> list[str]:
+    return [sys.executable, "-c", f"import sys; from swarm.cli.main import {entry}; sys.exit({entry}())"]
+
+
+def _suspended_tree(pid: int) -> list:
+    """Process `pid` and all its descendants, each stopped (SIGSTOP) before its children are listed: one forked
+    meanwhile (a hivemind helper starting) is then listed too, and its sockets are found before the kill."""
+    import psutil
+
+    tree, todo = [], [pid]
+    while todo:
+        try:
+            p = psutil.Process(todo.pop())
+            p.suspend()
+            tree.append(p)
+            todo += [c.pid for c in p.children() if c.pid not in {q.pid for q in tree}]
+        except (psutil.NoSuchProcess, psutil.AccessDenied):  # gone already, or not ours: nothing to stop
+            continue
+    return tree
+
+
+def unix_socket_paths(pid: int) -> set[str]:
+    """Paths of the unix sockets process `pid` has open, read from its own /proc view: a process in another network
+    namespace (an emulated host) lists its sockets only there, not in this process's /proc/net/unix."""
+    inodes = set()
+    try:
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            target = os.readlink(fd)
+            if target.startswith("socket:["):
+                inodes.add(target[len("socket:["):-1])
+        lines = Path(f"/proc/{pid}/net/unix").read_text().splitlines()[1:]
+    except OSError:  # gone already, or not ours to read
+        return set()
+    # columns: Num RefCount Protocol Flags Type St Inode [Path]
+    return {parts[7] for parts in map(str.split, lines) if len(parts) >= 8 and parts[6] in inodes}
+
+
+class LocalSwarm:
+    """Start, watch and stop a local run.
+
+    :param coordinator_args: extra `skippipe coordinator start` flags (e.g. ["--config", "run.toml"])
+    :param peer_args: extra `skippipe-peer join` flags for each peer (one list per peer, or one for all)
+    :param network: run peer i in host i of this (started) emulated network, the coordinator on its bridge
+    """
+
+    def __init__(self, run_dir: str | Path, num_peers: int, *, run_id: str, coordinator_args: Sequence[str] = (),
+                 peer_args: Sequence[Sequence[str]] | Sequence[str] = (), host: str = "127.0.0.1",
+                 env: dict[str, str] | None = None, network: EmulatedNetwork | None = None) -> None:
+        self.run_dir = Path(run_dir)
+        self.num_peers, self.run_id, self.network = num_peers, run_id, network
+        self.host = network.gateway if network is not None else host
+        self.coordinator_args = list(coordinator_args)
+        if peer_args and isinstance(peer_args[0], str):
+            peer_args = [list(peer_args)] * num_peers  # type: ignore[list-item]
+        self.peer_args: list[list[str]] = [list(a) for a in peer_args] or [[] for _ in range(num_peers)]
+        # N processes share this machine's cores: one compute thread each, unless the caller says otherwise
+        self.env = {"OMP_NUM_THREADS": "1", **os.environ, **(env or {})}
+        self.coordinator: subprocess.Popen | None = None
+        self.peers: list[subprocess.Popen] = []
+        self.initial_peers: list[str] = []
+        self.metrics_path = self.run_dir / "metrics.jsonl"
+        """Where the coordinator (and any peer that succeeds it) writes the run's metrics."""
+
+    # ---- processes --------------------------------------------------------------------------------
+    def start(self) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        address = self.run_dir / "coordinator.json"
+        address.unlink(missing_ok=True)
+        self.coordinator = self._spawn(
+            _python("main") + ["coordinator", "start", "--run-id", self.run_id, "--host", self.host,
+                               "--identity", str(self.run_dir / "coordinator.key"), "--run-dir", str(self.run_dir),
+                               "--log-file", str(self.run_dir / "coordinator.log"), *self.coordinator_args],
+            "coordinator")
+        deadline = time.monotonic() + START_TIMEOUT
+        while not address.exists():
+            if self.coordinator.poll() is not None:
+                raise RuntimeError(f"the coordinator exited with {self.coordinator.returncode}; see "
+                                   f"{self.run_dir / 'coordinator.log'}")
+            if time.monotonic() > deadline:
+                raise TimeoutError("the coordinator did not start in time")
+            time.sleep(0.2)
+        self.initial_peers = json.loads(address.read_text())["initial_peers"]
+        for i in range(self.num_peers):
+            self.add_peer(i)
+
+    def add_peer(self, index: int, extra: Sequence[str] = ()) -> subprocess.Popen:
+        args = self.peer_args[index] if index < len(self.peer_args) else []
+        prefix, host = [], self.host
+        if self.network is not None:
+            if index >= self.network.num_hosts:
+                raise ValueError(f"the emulated network has {self.network.num_hosts} hosts, no host for peer {index}")
+            prefix, host = self.network.exec_prefix(index), self.network.host(index)
+        proc = self._spawn(
+            prefix + _python("peer_main") + ["join", "--run", self.run_id, "--host", host,
+                                    "--initial-peers", self.initial_peers[0],
+                                    "--identity", str(self.run_dir / f"peer-{index:02d}.key"),
+                                    "--log-file", str(self.run_dir / f"peer-{index:02d}.log"),
+                                    "--metrics", str(self.metrics_path), *args, *extra],
+            f"peer-{index:02d}")
+        self.peers.append(proc)
+        return proc
+
+    def _spawn(self, cmd: list[str], name: str) -> subprocess.Popen:
+        out = open(self.run_dir / f"{name}.out", "ab")  # noqa: SIM115 (owned by the child; closed on stop)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self.env)
+        out.close()
+        logger.info("started %s (pid %d)", name, proc.pid)
+        return proc
+
+    def kill(self, proc: subprocess.Popen) -> None:
+        """SIGKILL a process and everything it started (its p2pd, its gossip sidecar): a machine that dies.
+
+        A killed process cannot remove its unix sockets (hivemind's p2pd control sockets), so this does.
+        """
+        import psutil
+
+        victims = _suspended_tree(proc.pid)
+        if not victims:
+            return
+        sockets = set()
+        try:
+            for p in victims:
+                sockets |= unix_socket_paths(p.pid)
+        finally:  # never leave a stopped tree behind
+            for p in victims:
+                try:
+                    p.kill()
+                except psutil.NoSuchProcess:
+                    pass
+        proc.wait(timeout=10)  # reaped by Popen itself, so that its returncode says -9
+        psutil.wait_procs(victims[1:], timeout=10)
+        for path in sockets:
+            if Path(path).name.startswith("hivemind-") and path.endswith(".sock"):
+                Path(path).unlink(missing_ok=True)
+
+    @property
+    def processes(self) -> list[subprocess.Popen]:
+        return [p for p in [self.coordinator, *self.peers] if p is not None]
+
+    def stop(self, grace: float = 15.0) -> None:
+        """Stop every process this launcher started: SIGINT (graceful leave), then SIGTERM, then SIGKILL.
+
+        A Ctrl+C meanwhile does not cut this short (it is raised once everything is stopped)."""
+        with deferred_interrupts():
+            self._stop(grace)
+
+    def _stop(self, grace: float) -> None:
+        for sig, wait in ((signal.SIGINT, grace), (signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+            alive = [p for p in self.processes if p.poll() is None]
+            if not alive:
+                return
+            for p in alive:
+                try:
+                    p.send_signal(sig)
+                except ProcessLookupError:
+                    pass
+            end = time.monotonic() + wait
+            for p in alive:
+                try:
+                    p.wait(timeout=max(0.1, end - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    pass
+
+    # ---- progress ---------------------------------------------------------------------------------
+    def metrics(self, path: str | Path | None = None) -> list[dict[str, Any]]:
+        f = Path(path) if path else self.run_dir / "metrics.jsonl"
+        if not f.exists():
+            return []
+        lines = f.read_text().split("\n")[:-1]  # the last piece is empty, or a record still being written
+        return [json.loads(line) for line in lines if line.strip()]
+
+    def schedule(self) -> dict[str, Any] | None:
+        files = sorted(self.run_dir.glob("schedule-*.json"), key=lambda p: int(p.stem.split("-")[1]))
+        return json.loads(files[-1].read_text()) if files else None
+
+    def watch(self, iterations: int, *, metrics_path: str | Path | None = None, timeout: float = 600.0,
+              on_record: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+        """Wait until `iterations` iterations are reported (or the coordinator exits), calling `on_record` for
+        each new one; raises if a process dies or the run stalls past `timeout`."""
+        seen = 0
+        deadline = time.monotonic() + timeout
+        while True:
+            records = self.metrics(metrics_path)
+            for r in records[seen:]:
+                if on_record:
+                    on_record(r)
+                deadline = time.monotonic() + timeout
+            seen = len(records)
+            if seen >= iterations:
+                return records
+            dead = [p for p in self.peers if p.poll() not in (None, 0) and p.returncode != -9]
+            if dead:
+                raise RuntimeError(f"{len(dead)} peer process(es) failed (exit {dead[0].returncode}); logs in "
+                                   f"{self.run_dir}")
+            if self.coordinator is not None and self.coordinator.poll() is not None and \
+                    self.coordinator.returncode != -9:  # a coordinator we killed is succeeded by a peer
+                if self.coordinator.returncode != 0:
+                    raise RuntimeError(f"the coordinator failed (exit {self.coordinator.returncode}); see "
+                                       f"{self.run_dir / 'coordinator.log'}")
+                return self.metrics(metrics_path)
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no progress for {timeout:.0f} s; logs in {self.run_dir}")
+            time.sleep(0.2)

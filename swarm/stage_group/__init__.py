@@ -1,0 +1,6 @@
+"""What the peers of one stage do together: average their gradients, and equip a newcomer.
+
+- allgather.py: exact visit-weighted gradient averaging of a stage group over the transport (the default)
+- hivemind_averager.py: StageAverager, per-stage DecentralizedAverager rounds weighted by microbatches processed
+- state_transfer.py: a stage's weights and optimizer state handed to a joining or moving peer
+"""

@@ -1,0 +1,64 @@
+"""The runtime's commands refuse bad input with one line and a non-zero exit, before starting anything."""
+
+import pytest
+from click.testing import CliRunner
+
+from swarm.cli.main import main, peer_main
+
+
+@pytest.mark.parametrize("args, message", [
+    (["coordinator", "start", "--stages", "0"], "run.stages must be an integer >= 1"),
+    (["coordinator", "start", "--skip", "1.5"], "run.skip must be in [0, 1)"),
+    (["coordinator", "start", "--stages", "9"], "tiny has 6 layers"),
+    (["coordinator", "start", "--run-id", "a/b"], "run.run_id"),
+])
+def test_coordinator_refuses_bad_flags(args, message):
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 2 and message in r.output and "Traceback" not in r.output
+
+
+@pytest.mark.parametrize("content, message", [
+    ("[run]\nstages = 'three'", "run.stages must be an integer"),
+    ("[run]\nmodel = 'huge'", "run.model must be one of"),
+    ("[run]\nbogus = 1", "unknown field run.bogus"),
+    ("[optim]\nlr = -1", "lr"),
+    ("optim = 3", "[optim] must be a table"),
+    ("[data]\nseq_len = 100000", "data.seq_len"),
+    ("not toml [", "not valid TOML"),
+    ("[swarm]\nrebalance = 'yes'", "swarm.rebalance must be true or false"),
+])
+def test_coordinator_refuses_bad_config_files(tmp_path, content, message):
+    f = tmp_path / "run.toml"
+    f.write_text(content)
+    r = CliRunner().invoke(main, ["coordinator", "start", "--config", str(f)])
+    assert r.exit_code == 2 and message in r.output and "Traceback" not in r.output
+
+
+def test_peer_refuses_a_bad_stage():
+    r = CliRunner().invoke(peer_main, ["join", "--initial-peers", "/ip4/127.0.0.1/tcp/1", "--stage", "first"])
+    assert r.exit_code == 2 and "--stage must be a stage number or auto" in r.output
+
+
+def test_local_swarm_refuses_a_bad_config():
+    r = CliRunner().invoke(main, ["swarm", "local", "--peers", "3", "--stages", "0"])
+    assert r.exit_code == 2 and "run.stages" in r.output
+
+
+@pytest.mark.parametrize("content, message", [
+    ("not json", "schedule is not valid JSON"),
+    ('{"version": 99}', "format version 99 is not supported"),
+])
+def test_coordinator_refuses_a_bad_saved_plan(tmp_path, content, message):
+    f = tmp_path / "schedule-0.json"
+    f.write_text(content)
+    r = CliRunner().invoke(main, ["coordinator", "start", "--first-schedule", str(f)])
+    assert r.exit_code == 2 and message in r.output and "Traceback" not in r.output
+
+
+def test_coordinator_refuses_a_saved_plan_of_another_shape(tmp_path):
+    from scheduler.planner import plan_for_profile
+
+    f = tmp_path / "schedule-0.json"
+    f.write_text(plan_for_profile(num_peers=6, num_stages=2, skip=0.0).to_json())
+    r = CliRunner().invoke(main, ["coordinator", "start", "--stages", "3", "--first-schedule", str(f)])
+    assert r.exit_code == 2 and "cannot start this run: it has 2 stages, the run 3" in r.output
