@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from swarm.local.interrupts import deferred_interrupts
+from swarm.net.reaper import unix_socket_paths
 
 if TYPE_CHECKING:
     from swarm.local.emulated_network import EmulatedNetwork
@@ -48,22 +49,6 @@ def _suspended_tree(pid: int) -> list:
         except (psutil.NoSuchProcess, psutil.AccessDenied):  # gone already, or not ours: nothing to stop
             continue
     return tree
-
-
-def unix_socket_paths(pid: int) -> set[str]:
-    """Paths of the unix sockets process `pid` has open, read from its own /proc view: a process in another network
-    namespace (an emulated host) lists its sockets only there, not in this process's /proc/net/unix."""
-    inodes = set()
-    try:
-        for fd in Path(f"/proc/{pid}/fd").iterdir():
-            target = os.readlink(fd)
-            if target.startswith("socket:["):
-                inodes.add(target[len("socket:["):-1])
-        lines = Path(f"/proc/{pid}/net/unix").read_text().splitlines()[1:]
-    except OSError:  # gone already, or not ours to read
-        return set()
-    # columns: Num RefCount Protocol Flags Type St Inode [Path]
-    return {parts[7] for parts in map(str.split, lines) if len(parts) >= 8 and parts[6] in inodes}
 
 
 class LocalSwarm:

@@ -11,10 +11,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import socket
 import time
 
 from hivemind import DHT
+
+from swarm.net.reaper import is_listened_on  # lives there (no hivemind) and is imported from here too
 
 logger = logging.getLogger(__name__)
 
@@ -45,19 +46,6 @@ def socket_paths(dht: DHT) -> tuple[str | None, str | None]:
 def daemon_socket_path(dht: DHT) -> str | None:
     """The unix socket the DHT's p2pd listens on, or None if the DHT does not answer."""
     return socket_paths(dht)[0]
-
-
-def is_listened_on(path: str) -> bool:
-    """Whether a process accepts connections on the unix socket at ``path``."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        s.settimeout(1.0)
-        try:
-            s.connect(path)
-        except (ConnectionRefusedError, FileNotFoundError):
-            return False
-        except OSError:
-            return True  # busy or not ours to judge: leave it alone
-        return True
 
 
 def stop_dht(dht: DHT) -> None:
