@@ -33,6 +33,8 @@ MAX_ROUTE_HOPS = MAX_STAGES + 1
 MAX_MICROBATCH_ATTEMPTS = 3
 """Times a data holder re-queues one microbatch within an iteration (a peer on its path died each time) before it
 gives up and the iteration is run again."""
+MAX_SHARDS = 1024
+"""Data shards of one run (as many as its first plan had data holders): bounds the positions a report carries."""
 MAX_PLAIN_DEPTH = 8
 """Nesting depth of the free-form dicts of a run spec (model config, hyperparameters, data settings)."""
 MAX_PLAIN_ITEMS = 4096

@@ -72,14 +72,14 @@ def _refuse_ext(code: int, data: bytes) -> Any:
     raise WireError(f"msgpack extension type {code} is not allowed")
 
 
-# ---- strict field readers ---------------------------------------------------------------------------------------
-def _map(value: Any, name: str) -> dict:
+# ---- strict field readers (wire records and swarm.control.messages) ------------------------------------------------
+def read_map(value: Any, name: str) -> dict:
     if type(value) is not dict:
         raise WireError(f"{name}: expected a map, got {type(value).__name__}")
     return value
 
 
-def _int(value: Any, name: str, lo: int = -_MAX_INT, hi: int = _MAX_INT) -> int:
+def read_int(value: Any, name: str, lo: int = -_MAX_INT, hi: int = _MAX_INT) -> int:
     if type(value) is not int:
         raise WireError(f"{name}: expected an integer, got {type(value).__name__} {value!r:.40}")
     if not lo <= value <= hi:
@@ -87,7 +87,7 @@ def _int(value: Any, name: str, lo: int = -_MAX_INT, hi: int = _MAX_INT) -> int:
     return value
 
 
-def _float(value: Any, name: str, lo: float = -math.inf, hi: float = math.inf) -> float:
+def read_float(value: Any, name: str, lo: float = -math.inf, hi: float = math.inf) -> float:
     if type(value) not in (int, float) or not math.isfinite(value):
         raise WireError(f"{name}: expected a finite number, got {type(value).__name__} {value!r:.40}")
     if not lo <= value <= hi:
@@ -95,7 +95,7 @@ def _float(value: Any, name: str, lo: float = -math.inf, hi: float = math.inf) -
     return float(value)
 
 
-def _str(value: Any, name: str, max_chars: int = MAX_ID_CHARS, allow_empty: bool = False) -> str:
+def read_str(value: Any, name: str, max_chars: int = MAX_ID_CHARS, allow_empty: bool = False) -> str:
     if type(value) is not str:
         raise WireError(f"{name}: expected a string, got {type(value).__name__}")
     if len(value) > max_chars or (not value and not allow_empty):
@@ -104,7 +104,7 @@ def _str(value: Any, name: str, max_chars: int = MAX_ID_CHARS, allow_empty: bool
     return value
 
 
-def _list(value: Any, name: str, max_items: int) -> list:
+def read_list(value: Any, name: str, max_items: int) -> list:
     if type(value) is not list:
         raise WireError(f"{name}: expected an array, got {type(value).__name__}")
     if len(value) > max_items:
@@ -112,14 +112,14 @@ def _list(value: Any, name: str, max_items: int) -> list:
     return value
 
 
-def _version(d: dict, name: str) -> int:
-    version = _int(d.get("version"), f"{name}.version")
+def read_version(d: dict, name: str) -> int:
+    version = read_int(d.get("version"), f"{name}.version")
     if version != WIRE_VERSION:
         raise WireError(f"{name}: wire version {version} is not supported (this build speaks {WIRE_VERSION})")
     return version
 
 
-def _plain(value: Any, name: str) -> dict:
+def read_plain(value: Any, name: str) -> dict:
     """Check a free-form dict (model config, hyperparameters): str keys, plain scalars, bounded size and depth."""
     budget = [MAX_PLAIN_ITEMS]
 
@@ -137,7 +137,7 @@ def _plain(value: Any, name: str) -> dict:
                 raise WireError(f"{path}: non-finite number")
             return
         elif type(v) is str:
-            _str(v, path, MAX_STRING_CHARS, allow_empty=True)
+            read_str(v, path, MAX_STRING_CHARS, allow_empty=True)
             return
         else:
             raise WireError(f"{path}: {type(v).__name__} is not allowed in plain data")
@@ -146,10 +146,10 @@ def _plain(value: Any, name: str) -> dict:
             if budget[0] < 0:
                 raise WireError(f"{name}: more than {MAX_PLAIN_ITEMS} items")
             if type(v) is dict:
-                _str(k, f"{path} key", MAX_ID_CHARS)
+                read_str(k, f"{path} key", MAX_ID_CHARS)
             walk(item, f"{path}.{k}", depth + 1)
 
-    walk(_map(value, name), name, 0)
+    walk(read_map(value, name), name, 0)
     return value
 
 
@@ -177,7 +177,7 @@ class TensorDescriptor:
         if type(self.shape) is not tuple or len(self.shape) > max_ndim:
             raise WireError(f"shape must be a tuple of at most {max_ndim} dimensions")
         for i, n in enumerate(self.shape):
-            _int(n, f"shape[{i}]", 0, max_bytes)
+            read_int(n, f"shape[{i}]", 0, max_bytes)
         if self.nbytes > max_bytes:
             raise WireError(f"tensor of {self.nbytes} bytes ({self.dtype}{list(self.shape)}) exceeds the limit "
                             f"of {max_bytes}")
@@ -191,12 +191,12 @@ class TensorDescriptor:
 
     @classmethod
     def from_msgpack(cls, data: bytes, *, max_bytes: int = MAX_TENSOR_BYTES) -> TensorDescriptor:
-        return cls._from_fields(_map(unpack(data, max_bytes=MAX_HEADER_BYTES), "tensor"), "tensor", max_bytes)
+        return cls._from_fields(read_map(unpack(data, max_bytes=MAX_HEADER_BYTES), "tensor"), "tensor", max_bytes)
 
     @classmethod
     def _from_fields(cls, d: dict, name: str, max_bytes: int) -> TensorDescriptor:
-        dtype = _str(d.get("dtype"), f"{name}.dtype", 16)
-        shape = tuple(_list(d.get("shape"), f"{name}.shape", MAX_TENSOR_NDIM))
+        dtype = read_str(d.get("dtype"), f"{name}.dtype", 16)
+        shape = tuple(read_list(d.get("shape"), f"{name}.shape", MAX_TENSOR_NDIM))
         return cls(dtype=dtype, shape=shape).check(max_bytes=max_bytes)
 
 
@@ -328,37 +328,37 @@ class HopHeader:
     @classmethod
     def from_msgpack(cls, data: bytes, *, max_tensor_bytes: int = MAX_TENSOR_BYTES) -> HopHeader:
         """Decode and check a header, including that its tensor fits ``max_tensor_bytes``."""
-        d = _map(unpack(data, max_bytes=MAX_HEADER_BYTES), "header")
-        version = _version(d, "header")
-        route = tuple(_str(p, "header.route[]") for p in _list(d.get("route"), "header.route", MAX_ROUTE_HOPS))
+        d = read_map(unpack(data, max_bytes=MAX_HEADER_BYTES), "header")
+        version = read_version(d, "header")
+        route = tuple(read_str(p, "header.route[]") for p in read_list(d.get("route"), "header.route", MAX_ROUTE_HOPS))
         if not route:
             raise WireError("header.route: empty")
-        stages = tuple(_int(s, "header.stages[]", 0, MAX_STAGES - 1)
-                       for s in _list(d.get("stages", []), "header.stages", MAX_ROUTE_HOPS))
+        stages = tuple(read_int(s, "header.stages[]", 0, MAX_STAGES - 1)
+                       for s in read_list(d.get("stages", []), "header.stages", MAX_ROUTE_HOPS))
         if stages and len(stages) != len(route):
             raise WireError(f"header.stages: {len(stages)} stages for a route of {len(route)} peers")
-        direction = _int(d.get("direction"), "header.direction", 0, len(Direction) - 1)
-        restore = _str(d.get("restore_dtype", ""), "header.restore_dtype", 16, allow_empty=True)
+        direction = read_int(d.get("direction"), "header.direction", 0, len(Direction) - 1)
+        restore = read_str(d.get("restore_dtype", ""), "header.restore_dtype", 16, allow_empty=True)
         if restore:
             torch_dtype(restore)
         desc = TensorDescriptor._from_fields(d, "header", max_tensor_bytes)
         return cls(
-            run=_str(d.get("run"), "header.run"),
-            iteration=_int(d.get("iteration"), "header.iteration", 0),
-            microbatch=_int(d.get("microbatch"), "header.microbatch", 0),
+            run=read_str(d.get("run"), "header.run"),
+            iteration=read_int(d.get("iteration"), "header.iteration", 0),
+            microbatch=read_int(d.get("microbatch"), "header.microbatch", 0),
             route=route,
-            hop=_int(d.get("hop"), "header.hop", 0, len(route) - 1),
+            hop=read_int(d.get("hop"), "header.hop", 0, len(route) - 1),
             direction=Direction(direction),
-            epoch=_int(d.get("epoch"), "header.epoch", 0),
+            epoch=read_int(d.get("epoch"), "header.epoch", 0),
             dtype=desc.dtype,
             shape=desc.shape,
             stages=stages,
             restore_dtype=restore,
-            weight=_int(d.get("weight", 0), "header.weight", 0, 1 << 40),
-            sent_at=_float(d.get("sent_at", 0.0), "header.sent_at", 0.0, 1e11),
-            attempt=_int(d.get("attempt", 0), "header.attempt", 0, MAX_MICROBATCH_ATTEMPTS),
-            counted=tuple(_int(s, "header.counted[]", 1, MAX_STAGES - 1)
-                          for s in _list(d.get("counted", []), "header.counted", MAX_STAGES)),
+            weight=read_int(d.get("weight", 0), "header.weight", 0, 1 << 40),
+            sent_at=read_float(d.get("sent_at", 0.0), "header.sent_at", 0.0, 1e11),
+            attempt=read_int(d.get("attempt", 0), "header.attempt", 0, MAX_MICROBATCH_ATTEMPTS),
+            counted=tuple(read_int(s, "header.counted[]", 1, MAX_STAGES - 1)
+                          for s in read_list(d.get("counted", []), "header.counted", MAX_STAGES)),
             version=version,
         )
 
@@ -412,38 +412,38 @@ class PeerRecord:
 
     @classmethod
     def from_msgpack(cls, data: bytes) -> PeerRecord:
-        d = _map(unpack(data), "peer")
-        version = _version(d, "peer")
+        d = read_map(unpack(data), "peer")
+        version = read_version(d, "peer")
         links = {}
-        links_raw = _map(d.get("links", {}), "peer.links")
+        links_raw = read_map(d.get("links", {}), "peer.links")
         if len(links_raw) > MAX_LINKS:
             raise WireError(f"peer.links: {len(links_raw)} links exceed the limit of {MAX_LINKS}")
         for p, v in links_raw.items():
-            _str(p, "peer.links key")
-            pair = _list(v, f"peer.links[{p}]", 2)
+            read_str(p, "peer.links key")
+            pair = read_list(v, f"peer.links[{p}]", 2)
             if len(pair) != 2:
                 raise WireError(f"peer.links[{p}]: expected [latency_s, bytes_per_s]")
-            links[p] = (_float(pair[0], f"peer.links[{p}].latency", 0.0, 3600.0),
-                        _float(pair[1], f"peer.links[{p}].bytes_per_s", 1e-9, 1e15))
-        addresses = tuple(_str(a, "peer.addresses[]", MAX_ADDRESS_CHARS)
-                          for a in _list(d.get("addresses", []), "peer.addresses", MAX_ADDRESSES))
+            links[p] = (read_float(pair[0], f"peer.links[{p}].latency", 0.0, 3600.0),
+                        read_float(pair[1], f"peer.links[{p}].bytes_per_s", 1e-9, 1e15))
+        addresses = tuple(read_str(a, "peer.addresses[]", MAX_ADDRESS_CHARS)
+                          for a in read_list(d.get("addresses", []), "peer.addresses", MAX_ADDRESSES))
         data_holder = d.get("data_holder", False)
         if type(data_holder) is not bool:
             raise WireError("peer.data_holder: expected a bool")
         return cls(
-            peer_id=_str(d.get("peer_id"), "peer.peer_id"),
-            stage=_int(d.get("stage"), "peer.stage", -1, MAX_STAGES - 1),
-            seconds_per_layer=_float(d.get("seconds_per_layer"), "peer.seconds_per_layer", 1e-9, 3600.0),
-            memory_slots=_int(d.get("memory_slots"), "peer.memory_slots", 1, 1 << 20),
-            loss_seconds=_float(d.get("loss_seconds", 0.0), "peer.loss_seconds", 0.0, 3600.0),
+            peer_id=read_str(d.get("peer_id"), "peer.peer_id"),
+            stage=read_int(d.get("stage"), "peer.stage", -1, MAX_STAGES - 1),
+            seconds_per_layer=read_float(d.get("seconds_per_layer"), "peer.seconds_per_layer", 1e-9, 3600.0),
+            memory_slots=read_int(d.get("memory_slots"), "peer.memory_slots", 1, 1 << 20),
+            loss_seconds=read_float(d.get("loss_seconds", 0.0), "peer.loss_seconds", 0.0, 3600.0),
             links=links,
             addresses=addresses,
-            state=PeerState(_int(d.get("state"), "peer.state", 0, len(PeerState) - 1)),
+            state=PeerState(read_int(d.get("state"), "peer.state", 0, len(PeerState) - 1)),
             data_holder=data_holder,
-            control_addrs=tuple(_str(a, "peer.control_addrs[]", MAX_ADDRESS_CHARS)
-                                for a in _list(d.get("control_addrs", []), "peer.control_addrs", MAX_ADDRESSES)),
-            jitter=tuple(_float(j, "peer.jitter[]", -MAX_JITTER_SECONDS, MAX_JITTER_SECONDS)
-                         for j in _list(d.get("jitter", []), "peer.jitter", JITTER_QUANTILES)),
+            control_addrs=tuple(read_str(a, "peer.control_addrs[]", MAX_ADDRESS_CHARS)
+                                for a in read_list(d.get("control_addrs", []), "peer.control_addrs", MAX_ADDRESSES)),
+            jitter=tuple(read_float(j, "peer.jitter[]", -MAX_JITTER_SECONDS, MAX_JITTER_SECONDS)
+                         for j in read_list(d.get("jitter", []), "peer.jitter", JITTER_QUANTILES)),
             version=version,
         )
 
@@ -475,18 +475,18 @@ class RunSpec:
 
     @classmethod
     def from_msgpack(cls, data: bytes) -> RunSpec:
-        d = _map(unpack(data), "run")
+        d = read_map(unpack(data), "run")
         return cls(
-            run_id=_str(d.get("run_id"), "run.run_id"),
-            model=_plain(d.get("model"), "run.model"),
-            stages=_int(d.get("stages"), "run.stages", 1, MAX_STAGES),
-            skip_ratio=_float(d.get("skip_ratio"), "run.skip_ratio", 0.0, 0.999),
-            hyperparameters=_plain(d.get("hyperparameters"), "run.hyperparameters"),
-            data=_plain(d.get("data"), "run.data"),
-            coordinator=_str(d.get("coordinator"), "run.coordinator"),
-            control_addrs=tuple(_str(a, "run.control_addrs[]", MAX_ADDRESS_CHARS)
-                                for a in _list(d.get("control_addrs", []), "run.control_addrs", 16)),
-            version=_version(d, "run"),
+            run_id=read_str(d.get("run_id"), "run.run_id"),
+            model=read_plain(d.get("model"), "run.model"),
+            stages=read_int(d.get("stages"), "run.stages", 1, MAX_STAGES),
+            skip_ratio=read_float(d.get("skip_ratio"), "run.skip_ratio", 0.0, 0.999),
+            hyperparameters=read_plain(d.get("hyperparameters"), "run.hyperparameters"),
+            data=read_plain(d.get("data"), "run.data"),
+            coordinator=read_str(d.get("coordinator"), "run.coordinator"),
+            control_addrs=tuple(read_str(a, "run.control_addrs[]", MAX_ADDRESS_CHARS)
+                                for a in read_list(d.get("control_addrs", []), "run.control_addrs", 16)),
+            version=read_version(d, "run"),
         )
 
 
@@ -515,9 +515,9 @@ class ScheduleMsg:
 
     @classmethod
     def from_msgpack(cls, data: bytes, *, max_bytes: int | None = None) -> ScheduleMsg:
-        d = _map(unpack(data, max_bytes=max_bytes or MAX_SCHEDULE_BYTES), "schedule_msg")
-        msg = cls(epoch=_int(d.get("epoch"), "schedule_msg.epoch", 0), schedule=_map(d.get("schedule"), "schedule"),
-                  version=_version(d, "schedule_msg"))
+        d = read_map(unpack(data, max_bytes=max_bytes or MAX_SCHEDULE_BYTES), "schedule_msg")
+        msg = cls(epoch=read_int(d.get("epoch"), "schedule_msg.epoch", 0),
+                  schedule=read_map(d.get("schedule"), "schedule"), version=read_version(d, "schedule_msg"))
         if msg.to_schedule().epoch != msg.epoch:
             raise WireError(f"schedule_msg.epoch {msg.epoch} differs from the schedule's epoch")
         return msg
@@ -557,14 +557,14 @@ class SignedRecord:
 
     @classmethod
     def from_msgpack(cls, data: bytes, *, max_bytes: int = MAX_RECORD_BYTES) -> SignedRecord:
-        d = _map(unpack(data, max_bytes=max_bytes), "record")
-        version = _version(d, "record")
+        d = read_map(unpack(data, max_bytes=max_bytes), "record")
+        version = read_version(d, "record")
         fields = {}
         for name, limit in (("body", max_bytes), ("key", MAX_PUBLIC_KEY_BYTES), ("sig", MAX_SIGNATURE_BYTES)):
             value = d.get(name)
             if type(value) is not bytes or len(value) > limit:
                 raise WireError(f"record.{name}: expected at most {limit} bytes, got {type(value).__name__}")
             fields[name] = value
-        return cls(kind=_str(d.get("kind"), "record.kind", 32), body=fields["body"],
-                   expires=_float(d.get("expires"), "record.expires", 0.0), public_key=fields["key"],
+        return cls(kind=read_str(d.get("kind"), "record.kind", 32), body=fields["body"],
+                   expires=read_float(d.get("expires"), "record.expires", 0.0), public_key=fields["key"],
                    signature=fields["sig"], version=version)

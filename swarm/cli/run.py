@@ -72,7 +72,8 @@ def start(config_path, run_id, iterations, min_peers, stages, skip, seed, microb
           identity, run_dir, metrics, first_schedule, log_file, log_level) -> None:
     """Bootstrap the DHT, publish the run, plan from the live swarm and log its progress."""
     from scheduler.schedule import Schedule, ScheduleError, validate
-    from swarm.coordinator.coordinator import Coordinator, CoordinatorOptions, saved_plan_mismatch
+    from swarm.coordinator.coordinator import Coordinator, CoordinatorOptions
+    from swarm.coordinator.replanner import saved_plan_mismatch
     from swarm.run_config import RunConfig
 
     _logging(log_file, log_level)
@@ -136,6 +137,7 @@ def join(initial_peers, run_id, device, precision, stage, data_paths, identity, 
          log_file, log_level, log_param_digest, metrics_path, ledger, checkpoint_dir, probe_sample, trace_path,
          emulate_speed, latency_file) -> None:
     """Join a run: measure, announce, get placed, train; Ctrl+C leaves cleanly."""
+    from swarm.coordinator.scheduler_role import SchedulerRole
     from swarm.peer.peer import Peer, PeerOptions
 
     _logging(log_file, log_level)
@@ -162,7 +164,7 @@ def join(initial_peers, run_id, device, precision, stage, data_paths, identity, 
                           log_param_digest=log_param_digest, checkpoint_dir=checkpoint_dir, ledger_path=ledger,
                           metrics_path=metrics_path, trace_path=trace_path, emulate_seconds_per_layer=emulate_speed,
                           link_latency=latency, probe_sample=probe_sample)
-    Peer(options).run(_stop_event())
+    Peer(options, scheduler_role=SchedulerRole).run(_stop_event())
 
 
 @swarm_group.command("local")

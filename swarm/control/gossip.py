@@ -66,7 +66,7 @@ REQUEST_TIMEOUT = 10.0
 CLOSE_TIMEOUT = 5.0
 
 FRAME_HEADER = struct.Struct("!I")
-_REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 class FrameError(ValueError):

@@ -27,12 +27,11 @@ import statistics
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
 
-import hivemind
 import torch
 
 from peers.checkpoint import (
@@ -53,11 +52,28 @@ from scheduler.constants import LOSS_FACTOR
 from scheduler.round_trips import round_trips
 from scheduler.schedule import Schedule
 from swarm.constants import DHT_TIMEOUT, LOOPBACK_HOST, PROBE_SAMPLE_SIZE, SEND_CONCURRENCY
-from swarm.control.gossip import GossipClient, GossipMessage, membership_topic, progress_topic, schedule_topic
+from swarm.control.gossip import GossipMessage
+from swarm.control.messages import (
+    Broken,
+    Commit,
+    ControlMessage,
+    Done,
+    Finished,
+    Gone,
+    Join,
+    Leave,
+    ScheduleNotice,
+    Stuck,
+    Unreachable,
+    Unrecoverable,
+    as_gossip,
+    publish,
+    received,
+)
+from swarm.control.node import Node
 from swarm.control.records import SwarmRecords
 from swarm.net.delivery import Inbound, Undelivered
-from swarm.net.dht_shutdown import stop_dht
-from swarm.net.identity import ensure_identity, load_identity
+from swarm.net.identity import ensure_identity
 from swarm.net.link_probe import LinkProber
 from swarm.net.message_jitter import MessageJitter
 from swarm.net.transport import PeerUnreachable, Transport, TransportError
@@ -141,12 +157,17 @@ class PeerOptions:
 
 
 class Peer:
-    """One peer process. `run(stop)` blocks until the run ends or `stop` is set."""
+    """One peer process. `run(stop)` blocks until the run ends or `stop` is set.
 
-    def __init__(self, options: PeerOptions) -> None:
+    :param scheduler_role: builds the scheduler role this peer takes on should it succeed a dead scheduler, with
+      `SchedulerRole`'s signature (the coordinator package sits above this one, so its caller hands it in); None:
+      this peer never takes the role
+    """
+
+    def __init__(self, options: PeerOptions, *, scheduler_role: Callable[..., Any] | None = None) -> None:
         self.options = options
+        self._make_role = scheduler_role
         self.peer_id = ensure_identity(options.identity_path)
-        self.identity = load_identity(options.identity_path)
         self.iteration = 0
         self._fresh = False
         """Placed but no iteration committed since (a joiner): an epoch rerunning the iteration before may take it."""
@@ -198,7 +219,9 @@ class Peer:
         self._unreachable_reported: set[str] = set()
         self._round_trips: tuple[int, dict[int, float]] = (-1, {})
         """(epoch, microbatch -> this peer's planned round trip in it), see `_hop_deadlines`."""
-        self._dht = self._transport = self._gossip = self._heartbeat = self._averager = None
+        self._transport = self._averager = None
+        self.node = Node(options.identity_path, options.run_id, host=options.host, port=options.port,
+                         on_message=self._on_gossip)
         self._announced: dict[str, PeerRecord] | None = None
         """The live peers' records as the watchdog last read them from the DHT."""
         self.timeline = Timeline(options.trace_path, peer=self.peer_id)
@@ -243,9 +266,7 @@ class Peer:
 
     def _join(self, stop: threading.Event) -> None:
         o = self.options
-        self._dht = hivemind.DHT(initial_peers=list(o.initial_peers), host_maddrs=[f"/ip4/{o.host}/tcp/{o.port}"],
-                                 identity_path=o.identity_path, start=True)
-        self.records = SwarmRecords(self._dht, self.identity, o.run_id)
+        self.records = self.node.start_dht(o.initial_peers)
         spec = None
         deadline = time.monotonic() + o.join_timeout
         while spec is None and not stop.is_set() and time.monotonic() < deadline:
@@ -260,13 +281,9 @@ class Peer:
         self.spec = spec
         self.coordinator = self.scheduler = spec.coordinator
         latency = dict(o.link_latency or {})
-        self._transport = Transport(self._dht, self._on_receive, run_id=o.run_id,
+        self._transport = Transport(self.node.dht, self._on_receive, run_id=o.run_id,
                                     link_delay=(lambda p: latency.get(p, 0.0)) if latency else None)
-        self._gossip = GossipClient(on_message=self._on_gossip)
-        self._gossip_info = self._gossip.start(o.identity_path, listen_host=o.host, bootstrap=spec.control_addrs,
-                                               log_path=o.log_gossip)
-        for topic in (schedule_topic(o.run_id), membership_topic(o.run_id), progress_topic(o.run_id)):
-            self._gossip.subscribe(topic)
+        self.node.start_gossip(bootstrap=spec.control_addrs, log_path=o.log_gossip)
         self.corpus = Corpus.build(self.config.data)
         if self.corpus.vocab_size != self.model_config.vocab_size:
             raise ValueError(f"tokenizer has {self.corpus.vocab_size} tokens, the run spec says "
@@ -284,12 +301,11 @@ class Peer:
                                     EMULATION_MARGIN * self.loss_seconds)
         else:
             self.seconds_per_layer = measure_seconds_per_layer(*shape)
-        self._heartbeat = self.records.start_heartbeat(self._record, period=self.config.heartbeat,
-                                                       ttl=3 * self.config.heartbeat)
+        self.node.start_heartbeat(self._record, period=self.config.heartbeat)
         self._prober = LinkProber(self._transport, sample_size=o.probe_sample, jitter=self.jitter)
         self._probe_links()
         try:
-            self._heartbeat.beat_now()  # the scheduler places a joiner once its record shows its links
+            self.node.heartbeat.beat_now()  # the scheduler places a joiner once its record shows its links
         except Exception as e:  # the next heartbeat carries them anyway
             logger.warning("could not publish the measured links at once: %s", e)
         threading.Thread(target=self._keep_probing, args=(self._halt,), name="skippipe-prober", daemon=True).start()
@@ -297,7 +313,7 @@ class Peer:
         self._connect_control_plane(self.records.fetch_peers())
         threading.Thread(target=self._watch_scheduler, args=(self._halt,), name="skippipe-watchdog",
                          daemon=True).start()
-        self._gossip.publish(membership_topic(o.run_id), {"event": "join", "peer": self.peer_id}, wait=False)
+        publish(self.node.gossip, o.run_id, Join(peer=self.peer_id), wait=False)
         logger.info("peer %s joined run %s (%.4f s/layer); waiting to be placed", self.peer_id, o.run_id,
                     self.seconds_per_layer)
         while not stop.is_set() and not self._finished.is_set() and time.monotonic() < deadline:
@@ -331,13 +347,13 @@ class Peer:
         until the scheduler plans without it (the iteration in progress finishes, nothing in flight is lost), for at
         most DRAIN_TIMEOUT; it leaves at once if the run has finished or it holds the scheduler role."""
         if self._finished.is_set() or self.schedule is None or self.peer_id not in self.schedule.placement or \
-                self._heartbeat is None or self._role is not None or self._scheduler_silent():
+                self.node.heartbeat is None or self._role is not None or self._scheduler_silent():
             return False
         if self.state != PeerState.DRAINING:
             self.state = PeerState.DRAINING
             self._drain_end = time.monotonic() + DRAIN_TIMEOUT
             try:
-                self._heartbeat.beat_now()
+                self.node.heartbeat.beat_now()
             except Exception as e:  # the next heartbeat carries the state anyway
                 logger.warning("could not announce draining at once: %s", e)
             logger.info("asked to stop: serving until the scheduler plans without this peer (at most %.0f s)",
@@ -404,21 +420,15 @@ class Peer:
     def shutdown(self) -> None:
         """Announce leaving, then stop heartbeat, gossip, transport and DHT (each only if it was started)."""
         self._halt.set()
-        if self._heartbeat is not None:
+        if self.node.heartbeat is not None:
             self.state = PeerState.LEAVING
+            self.node.stop_heartbeat()
+        if self.node.gossip is not None:
             try:
-                self._heartbeat.stop(leave=True)
-            except Exception as e:  # the DHT may already be unreachable
-                logger.warning("could not announce leaving: %s", e)
-            self._heartbeat = None
-        if self._gossip is not None:
-            try:
-                self._gossip.publish(membership_topic(self.options.run_id), {"event": "leave", "peer": self.peer_id},
-                                     timeout=2)
+                publish(self.node.gossip, self.options.run_id, Leave(peer=self.peer_id), timeout=2)
             except Exception as e:
                 logger.debug("leave notice not sent: %s", e)
-            self._gossip.close()
-            self._gossip = None
+            self.node.stop_gossip()
         self._sender.shutdown(wait=True, cancel_futures=True)
         if self._averager is not None:
             self._averager.shutdown()
@@ -426,16 +436,14 @@ class Peer:
         if self._transport is not None:
             self._transport.shutdown()
             self._transport = None
-        if self._dht is not None:
-            stop_dht(self._dht)
-            self._dht = None
+        self.node.stop()
 
     # ---- announcements ----------------------------------------------------------------------------
     def _record(self) -> PeerRecord:
         return PeerRecord(peer_id=self.peer_id, stage=self.stage, seconds_per_layer=self.seconds_per_layer,
                           memory_slots=self.config.memory, links=dict(self.links), loss_seconds=self.loss_seconds,
-                          addresses=tuple(str(a) for a in self._dht.get_visible_maddrs()), state=self.state,
-                          data_holder=bool(self.options.data_paths), control_addrs=tuple(self._gossip_info.maddrs),
+                          addresses=tuple(str(a) for a in self.node.dht.get_visible_maddrs()), state=self.state,
+                          data_holder=bool(self.options.data_paths), control_addrs=tuple(self.node.gossip_info.maddrs),
                           jitter=self.jitter.quantiles())
 
     # ---- the scheduler and its successor ------------------------------------------------------------
@@ -447,7 +455,7 @@ class Peer:
             if p == self.peer_id or p in self._connected or not r.control_addrs:
                 continue
             try:
-                self._gossip.connect(r.control_addrs[0], timeout=5)
+                self.node.gossip.connect(r.control_addrs[0], timeout=5)
                 self._connected.add(p)
             except Exception as e:  # an unreachable sidecar is skipped; others will do
                 logger.debug("gossip link to %s failed: %s", p, e)
@@ -496,14 +504,15 @@ class Peer:
                 self._role_thread.start()
 
     def _run_scheduler(self, stop: threading.Event) -> None:
-        from swarm.coordinator.coordinator import Coordinator
-
+        if self._make_role is None:
+            logger.error("this peer succeeds the scheduler but was started without a scheduler role to take")
+            return
         try:
             schedules = [s for s in (self.schedule, self._newer) if s is not None]
-            self._role = Coordinator.take_over(config=self.config, spec=self.spec, peer_id=self.peer_id,
-                                               records=self.records, gossip=self._gossip, schedules=schedules,
-                                               completed=self.iteration, metrics_path=self.options.metrics_path,
-                                               local=self._on_gossip)
+            self._role = self._make_role(self.config, self.spec, self.peer_id, self.records, self.node.gossip,
+                                         metrics_path=self.options.metrics_path, local=self._on_gossip,
+                                         ends_run_on_stop=False)
+            self._role.resume(schedules, self.iteration)
             while not stop.is_set() and not self._role.done:
                 self._role.tick()
             self._role.finish(stop)
@@ -533,74 +542,57 @@ class Peer:
                 refreshed = time.monotonic()
             self._probe_links(only_unmeasured=not refresh)
 
-    def _tell_scheduler(self, topic: str, payload: dict[str, Any]) -> None:
+    def _tell_scheduler(self, message: ControlMessage) -> None:
         """Gossip a report the scheduler acts on; a peer holding the scheduler role also hands it to its own
         (gossip does not deliver a peer's own messages back to it)."""
-        if self._gossip is None:
+        if self.node.gossip is None:
             return
-        self._gossip.publish(topic, payload, wait=False)
+        publish(self.node.gossip, self.options.run_id, message, wait=False)
         if self._role is not None:
-            self._role._gossip_inbox.put(GossipMessage(topic=topic, sender=self.peer_id, seqno=0, payload=payload))
+            self._role.deliver(as_gossip(message, self.options.run_id, self.peer_id))
 
     def _report_stuck(self) -> None:
         """Tell the scheduler that this iteration is stuck here (it restarts it under a new epoch if nobody died)."""
-        self._tell_scheduler(membership_topic(self.options.run_id),
-                             {"event": "stuck", "peer": self.peer_id, "iteration": self.iteration,
-                              "epoch": self.schedule.epoch})
+        self._tell_scheduler(Stuck(peer=self.peer_id, iteration=self.iteration, epoch=self.schedule.epoch))
 
-    def _note_broken(self, msg: GossipMessage) -> None:
+    def _note_broken(self, sender: str, report: Broken) -> None:
         """Gossip thread: a peer reports a microbatch attempt broken; the main loop's executor re-queues it if it is
         this holder's (it checks the iteration, epoch and attempt)."""
-        p = msg.payload
-        if self.schedule is None or msg.sender not in self.schedule.placement:
+        if self.schedule is None or sender not in self.schedule.placement:
             return
-        if not all(type(p.get(k)) is int for k in ("iteration", "epoch", "microbatch", "attempt")) or \
-                not isinstance(p.get("gone"), str) or not isinstance(p.get("maybe_ran", False), bool):
-            logger.warning("ignored a malformed 'broken' report from %s", msg.sender)
-            return
-        self._raw.put(Requeue(iteration=p["iteration"], epoch=p["epoch"], microbatch=p["microbatch"],
-                              attempt=p["attempt"], gone=p["gone"], why=str(p.get("why", ""))[:200],
-                              maybe_ran=p.get("maybe_ran", False)))
+        self._raw.put(Requeue(iteration=report.iteration, epoch=report.epoch, microbatch=report.microbatch,
+                              attempt=report.attempt, gone=report.gone, why=report.why, maybe_ran=report.maybe_ran))
 
     # ---- schedules --------------------------------------------------------------------------------
     def _on_gossip(self, msg: GossipMessage) -> None:
-        run = self.options.run_id
         if self._role is not None:
-            self._role._gossip_inbox.put(msg)
-        if msg.topic == schedule_topic(run):
-            if not self._trusted(msg.sender):
-                logger.warning("ignored a schedule notice from %s: not the run's scheduler", msg.sender)
-                return
-            epoch = msg.payload.get("epoch")
-            if isinstance(epoch, int) and not isinstance(epoch, bool):
-                self._announced_epoch = max(self._announced_epoch, epoch)
+            self._role.deliver(msg)
+        try:
+            message = received(msg, self.options.run_id)
+        except WireError as e:
+            logger.warning("ignored a control message from %s: %s", msg.sender, e)
+            return
+        scheduler_only = (ScheduleNotice, Gone, Finished, Commit)
+        if isinstance(message, scheduler_only) and not self._trusted(msg.sender):
+            logger.warning("ignored a %s from %s: not the run's scheduler", type(message).__name__, msg.sender)
+            return
+        if isinstance(message, ScheduleNotice):
+            self._announced_epoch = max(self._announced_epoch, message.epoch)
             self._schedule_notice.set()
-        elif msg.topic == membership_topic(run) and msg.payload.get("event") == "gone":
-            peers = msg.payload.get("peers")
-            if not self._trusted(msg.sender):
-                logger.warning("ignored a 'gone' notice from %s: not the run's scheduler", msg.sender)
-            elif isinstance(peers, list) and all(isinstance(p, str) for p in peers):
-                self._gone = self._gone | frozenset(peers)
-                self._raw.put(None)
-        elif msg.topic == membership_topic(run) and msg.payload.get("event") == "broken" and self.stage == 0 and \
-                msg.payload.get("rerun") is not True:
-            self._note_broken(msg)
-        elif msg.topic == membership_topic(run) and msg.payload.get("event") == "finished":
-            if self._trusted(msg.sender):
-                logger.info("the run has finished")
-                self._finished.set()
-                self._schedule_notice.set()
-        elif msg.topic == progress_topic(run) and msg.payload.get("kind") == "commit":
-            if not self._trusted(msg.sender):
-                logger.warning("ignored a commit from %s: not the run's scheduler", msg.sender)
-                return
-            it, epoch = msg.payload.get("iteration"), msg.payload.get("epoch")
-            if isinstance(it, int) and isinstance(epoch, int):
-                shards = msg.payload.get("shards")
-                if isinstance(shards, dict) and it > self._committed_positions[0]:
-                    self._committed_positions = (it, shards)
-                self._commits.add((it, epoch))
-                self._raw.put(None)
+        elif isinstance(message, Gone):
+            self._gone = self._gone | frozenset(message.peers)
+            self._raw.put(None)
+        elif isinstance(message, Broken) and self.stage == 0:
+            self._note_broken(msg.sender, message)
+        elif isinstance(message, Finished):
+            logger.info("the run has finished")
+            self._finished.set()
+            self._schedule_notice.set()
+        elif isinstance(message, Commit):
+            if message.iteration > self._committed_positions[0]:
+                self._committed_positions = (message.iteration, message.shards)
+            self._commits.add((message.iteration, message.epoch))
+            self._raw.put(None)
 
     def _fetch_schedule(self) -> Schedule | None:
         msg = self.records.fetch_schedule(signers={self.coordinator, self.scheduler})
@@ -841,11 +833,10 @@ class Peer:
                               aborted=lambda: self._replaced() or self._stopping_run(),
                               settled=lambda: (self.iteration, schedule.epoch) in self._commits)
         if self.stage == 0:
-            report = {"kind": "done", "peer": self.peer_id, "iteration": self.iteration, "epoch": schedule.epoch,
-                      "loss_sum": result.loss_sum, "losses": result.losses, "tokens": result.tokens,
-                      "started": result.started, "finished": time.time(), "dropped": result.dropped,
-                      "shards": self.data.positions()}
-            self._tell_scheduler(progress_topic(o.run_id), report)
+            self._tell_scheduler(Done(peer=self.peer_id, iteration=self.iteration, epoch=schedule.epoch,
+                                      loss_sum=result.loss_sum, losses=result.losses, tokens=result.tokens,
+                                      started=result.started, finished=time.time(), dropped=result.dropped,
+                                      shards=self.data.positions()))
         waited = time.time()
         self._wait_for_commit(executor)
         self.timeline.record("commit", waited, time.time(), iteration=self.iteration)
@@ -951,7 +942,7 @@ class Peer:
             self.worker.set_mean_gradients(unflatten(own, sums), self.worker.visits)
             return self.worker.visits, 1
         if self._averager is None:
-            self._averager = StageAverager(self._dht, run_id=self.options.run_id, stage=self.stage, tensors=[own],
+            self._averager = StageAverager(self.node.dht, run_id=self.options.run_id, stage=self.stage, tensors=[own],
                                            target_group_size=group_size, min_matchmaking_time=1.0)
         result = self._averager.average([own], self.worker.visits, timeout=self.options.averaging_deadline)
         self.worker.set_mean_gradients(unflatten(own, sums), round(result.total_weight))
@@ -1042,9 +1033,9 @@ class Peer:
 
     def _report_unreachable(self, peer: str) -> None:
         """Tell the scheduler (once per peer and epoch) that `peer` cannot be reached from here."""
-        if peer not in self._unreachable_reported and self._gossip is not None:
+        if peer not in self._unreachable_reported and self.node.gossip is not None:
             self._unreachable_reported.add(peer)
-            self._tell_scheduler(membership_topic(self.options.run_id), {"event": "unreachable", "peer": peer})
+            self._tell_scheduler(Unreachable(peer=peer))
 
     def _hop_deadlines(self, schedule: Schedule) -> dict[int, float]:
         """This peer's per-hop deadlines for `schedule` (see `HOP_DEADLINE_FACTOR`): none if it carries no costs."""
@@ -1075,13 +1066,11 @@ class Peer:
     def _report_broken(self, report: Requeue) -> None:
         """An attempt of another holder's microbatch cannot finish here: tell its holder (it re-queues it) and the
         scheduler (it takes the gone peer out)."""
-        self._tell_scheduler(membership_topic(self.options.run_id),
-                             {"event": "broken", "peer": self.peer_id, "iteration": report.iteration,
-                              "epoch": report.epoch, "microbatch": report.microbatch, "attempt": report.attempt,
-                              "gone": report.gone, "maybe_ran": report.maybe_ran, "why": report.why[:200]})
+        self._tell_scheduler(Broken(peer=self.peer_id, iteration=report.iteration, epoch=report.epoch,
+                                    microbatch=report.microbatch, attempt=report.attempt, gone=report.gone,
+                                    maybe_ran=report.maybe_ran, why=report.why[:200]))
 
     def _report_unrecoverable(self, microbatch: int, why: str) -> None:
         """This holder cannot re-queue a microbatch: the scheduler runs the iteration again."""
-        self._tell_scheduler(membership_topic(self.options.run_id),
-                             {"event": "broken", "rerun": True, "peer": self.peer_id, "iteration": self.iteration,
-                              "epoch": self.schedule.epoch, "microbatch": microbatch, "why": why[:200]})
+        self._tell_scheduler(Unrecoverable(peer=self.peer_id, iteration=self.iteration, epoch=self.schedule.epoch,
+                                           microbatch=microbatch, why=why[:200]))

@@ -73,7 +73,7 @@ def test_run_survives_deaths_and_joins_without_losing_or_doubling_samples(tmp_pa
         wait_iteration(swarm, len(swarm.metrics()) + 2)
         swarm.add_peer(PEERS + 1, args(PEERS + 1))
         wait_placed(swarm, PEERS + 1)
-        swarm.kill(swarm.coordinator.coordinator)  # a peer must take over planning, signing and committing
+        swarm.kill(swarm.coordinator)  # a peer must take over planning, signing and committing
         records = swarm.watch(ITERATIONS, timeout=240)
         for i, proc in enumerate(swarm.peers):
             if i not in (relay, holder):

@@ -103,6 +103,7 @@ def peer_logs(run_dir: Path) -> dict[str, str]:
 
 def test_local_swarm_trains_refuses_hostile_input_and_keeps_stages_identical(run, tmp_path):
     from swarm.control.gossip import GossipClient, schedule_topic
+    from swarm.control.messages import ScheduleNotice, publish
 
     schedule = wait_for(run.schedule, 120, "no schedule was planned")
     wait_for(lambda: len(run.metrics()) >= 2, 120, "training did not start")
@@ -139,7 +140,8 @@ def test_local_swarm_trains_refuses_hostile_input_and_keeps_stages_identical(run
             gossip.connect(addr)
         gossip.subscribe(schedule_topic(RUN))
         gossip.wait_for_mesh(schedule_topic(RUN), 1, timeout=30)
-        gossip.publish(schedule_topic(RUN), {"epoch": 99})
+        publish(gossip, RUN, ScheduleNotice(epoch=99))  # well-formed, but not from the scheduler
+        gossip.publish(schedule_topic(RUN), {"epoch": 99})  # not a control message at all
         assert coordinator["coordinator"] != intruder.peer_id
 
         records = run.watch(ITERATIONS, timeout=180)
@@ -161,7 +163,8 @@ def test_local_swarm_trains_refuses_hostile_input_and_keeps_stages_identical(run
     assert re.search(rf"refused a message from {intruder.peer_id}: .*(msgpack|unpack|decode)", everything, re.I)
     assert re.search(rf"refused a message from {intruder.peer_id}: .*exceeds", everything)
     assert f"from {intruder.peer_id}: sent by {intruder.peer_id}, the schedule says" in everything
-    assert f"ignored a schedule notice from {intruder.peer_id}" in everything
+    assert f"ignored a ScheduleNotice from {intruder.peer_id}: not the run's scheduler" in everything
+    assert f"ignored a control message from {intruder.peer_id}: control.type" in everything
     coordinator_log = (run.run_dir / "coordinator.log").read_text()
     assert f"peer record for {relay} signed by {intruder.peer_id}: ignored" in coordinator_log
     assert "QmGarbage" in coordinator_log

@@ -4,7 +4,6 @@ commit left it, so no sample is skipped or drawn twice."""
 
 from __future__ import annotations
 
-import dataclasses
 import queue
 from collections import Counter
 from types import SimpleNamespace
@@ -14,7 +13,8 @@ import pytest
 from peers.data import Corpus, DataConfig
 from peers.data_ledger import DataLedger, sample_status
 from peers.holder_shards import HolderShards
-from swarm.control.gossip import GossipMessage, progress_topic
+from swarm.control.gossip import GossipMessage
+from swarm.control.messages import Commit, as_gossip
 from swarm.coordinator.shard_assignment import assign_shards, shards_to_injectors
 
 
@@ -38,25 +38,6 @@ def test_the_shards_of_a_holder_that_injects_nothing_go_to_one_that_does():
     assert shards_to_injectors({"a": [0], "own": []}, injecting={"own"}, drawers=["a"]) == ({"a": [0], "own": []}, [])
 
 
-def test_a_full_pipeline_gives_every_shard_to_the_holders_its_columns_start_at():
-    from tests.swarm.coordinator.test_coordinator_planning import coordinator, records
-
-    c = coordinator("full-pipeline")
-    # three holders, one peer on stage 1: one column, so two holders inject nothing
-    pins = [0, 0, 0, 1, 2, 2, 3, 3, 4, 4, 5, 5]
-    peers = {p: dataclasses.replace(r, stage=pins[i]) for i, (p, r) in enumerate(sorted(records().items()))}
-    schedule = c.plan(peers, epoch=0, start_iteration=0)
-    (injector,) = {r.origin for r in schedule.routes}
-    assert schedule.meta["shards"][injector] == [0, 1, 2]
-    assert not any(ks for h, ks in schedule.meta["shards"].items() if h != injector)
-    # the injecting holder dies: the column starts at another holder, which takes every shard over
-    c.schedule, c.schedules = schedule, [schedule]
-    again = c.replan({p: r for p, r in peers.items() if p != injector}, start_iteration=3)
-    (successor,) = {r.origin for r in again.routes}
-    assert sorted(again.meta["shards"][successor]) == [0, 1, 2]
-    assert injector not in again.meta["shards"]
-
-
 @pytest.fixture(scope="module")
 def corpus():
     return Corpus.build(DataConfig(seq_len=32, batch_size=4))
@@ -75,8 +56,7 @@ def holder_peer(corpus, holder: str, iteration: int):
 
 
 def commit(iteration: int, positions: dict) -> GossipMessage:
-    return GossipMessage(topic=progress_topic("shards"), sender="scheduler", seqno=iteration,
-                         payload={"kind": "commit", "iteration": iteration, "epoch": 0, "shards": positions})
+    return as_gossip(Commit(iteration=iteration, epoch=0, shards=positions), "shards", "scheduler")
 
 
 def test_a_shard_taken_over_after_the_iteration_in_progress_starts_where_its_commit_left_it(corpus, caplog):

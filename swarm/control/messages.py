@@ -1,0 +1,303 @@
+"""The control messages peers and the scheduler gossip, as frozen dataclasses with explicit msgpack fields.
+
+Each message is one msgpack map: ``{"type": NAME, "version": WIRE_VERSION, ...its fields}``, published on the
+topic its class names (membership, schedule or progress of the run). :func:`decode` trusts nothing, as
+`swarm.wire`'s decoders do: strict types, ranges and sizes, one :class:`~swarm.wire.WireError` naming the field;
+fields it does not know are ignored. Who may send which message (the scheduler, a scheduled peer, a data holder)
+is for the receiver to check against its schedule: a message says what it claims, not that it is true.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar, Literal
+
+from scheduler.constants import MAX_PEERS
+from swarm.constants import (
+    MAX_ERROR_CHARS,
+    MAX_ID_CHARS,
+    MAX_MICROBATCH_ATTEMPTS,
+    MAX_SHARDS,
+    WIRE_VERSION,
+)
+from swarm.control.gossip import GossipClient, GossipMessage, membership_topic, progress_topic, schedule_topic
+from swarm.wire import WireError, read_float, read_int, read_list, read_map, read_str, read_version
+
+Topic = Literal["membership", "schedule", "progress"]
+_MAX_ITERATION = 1 << 40
+_MAX_MICROBATCH = 1 << 20
+_POSITION_FIELDS = ("holder", "num_holders", "epoch", "cursor")
+
+
+_TOPICS = {"membership": membership_topic, "schedule": schedule_topic, "progress": progress_topic}
+
+
+def _iteration(d: dict, name: str) -> int:
+    return read_int(d.get("iteration"), f"{name}.iteration", 0, _MAX_ITERATION)
+
+
+def _epoch(d: dict, name: str) -> int:
+    return read_int(d.get("epoch"), f"{name}.epoch", 0, _MAX_ITERATION)
+
+
+def _peer(d: dict, name: str, key: str = "peer") -> str:
+    return read_str(d.get(key), f"{name}.{key}", MAX_ID_CHARS)
+
+
+def _why(d: dict, name: str) -> str:
+    return read_str(d.get("why", ""), f"{name}.why", MAX_ERROR_CHARS, allow_empty=True)
+
+
+def _flag(d: dict, key: str, name: str) -> bool:
+    value = d.get(key, False)
+    if type(value) is not bool:
+        raise WireError(f"{name}.{key}: expected true or false, got {type(value).__name__}")
+    return value
+
+
+def read_positions(value: Any, name: str) -> dict[str, dict[str, int]]:
+    """Shard positions: shard index as a decimal string -> {holder, num_holders, epoch, cursor}, all ints >= 0."""
+    d = read_map(value, name)
+    if len(d) > MAX_SHARDS:
+        raise WireError(f"{name}: {len(d)} shards exceed the limit of {MAX_SHARDS}")
+    out = {}
+    for key, position in d.items():
+        if not key.isdecimal() or int(key) >= MAX_SHARDS:
+            raise WireError(f"{name}: shard index {key!r:.40} is not a number below {MAX_SHARDS}")
+        p = read_map(position, f"{name}[{key}]")
+        out[key] = {k: read_int(p.get(k), f"{name}[{key}].{k}", 0, _MAX_ITERATION) for k in _POSITION_FIELDS}
+    return out
+
+
+@dataclass(frozen=True)
+class Join:
+    """A peer announces itself on the control plane (its placement waits for its DHT record)."""
+
+    TOPIC: ClassVar[Topic] = "membership"
+    peer: str
+
+    @classmethod
+    def _decode(cls, d: dict, name: str) -> Join:
+        return cls(peer=_peer(d, name))
+
+
+@dataclass(frozen=True)
+class Leave:
+    """A peer leaves now (its heartbeat record says so too)."""
+
+    TOPIC: ClassVar[Topic] = "membership"
+    peer: str
+
+    @classmethod
+    def _decode(cls, d: dict, name: str) -> Leave:
+        return cls(peer=_peer(d, name))
+
+
+@dataclass(frozen=True)
+class Gone:
+    """The scheduler takes `peers` for gone while `iteration` runs: forwards are detoured around them."""
+
+    TOPIC: ClassVar[Topic] = "membership"
+    peers: tuple[str, ...]
+    iteration: int
+
+    def _fields(self) -> dict[str, Any]:
+        return {"peers": list(self.peers), "iteration": self.iteration}
+
+    @classmethod
+    def _decode(cls, d: dict, name: str) -> Gone:
+        peers = read_list(d.get("peers"), f"{name}.peers", MAX_PEERS)
+        return cls(peers=tuple(read_str(p, f"{name}.peers[{i}]") for i, p in enumerate(peers)),
+                   iteration=_iteration(d, name))
+
+
+@dataclass(frozen=True)
+class Finished:
+    """The run is over after `iterations` (its last one, or its operator `stopped` it): peers leave at once."""
+
+    TOPIC: ClassVar[Topic] = "membership"
+    iterations: int
+    stopped: bool = False
+
+    @classmethod
+    def _decode(cls, d: dict, name: str) -> Finished:
+        return cls(iterations=read_int(d.get("iterations"), f"{name}.iterations", 0, _MAX_ITERATION),
+                   stopped=_flag(d, "stopped", name))
+
+
+@dataclass(frozen=True)
+class Stuck:
+    """`peer`'s part of `iteration` under `epoch` passed its deadline: the scheduler reruns it if nobody died."""
+
+    TOPIC: ClassVar[Topic] = "membership"
+    peer: str
+    iteration: int
+    epoch: int
+
+    @classmethod
+    def _decode(cls, d: dict, name: str) -> Stuck:
+        return cls(peer=_peer(d, name), iteration=_iteration(d, name), epoch=_epoch(d, name))
+
+
+@dataclass(frozen=True)
+class Broken:
+    """`attempt` of `microbatch` cannot finish at reporter `peer`: `gone`, a peer on its path, held its
+    activations. Its data holder re-queues it; the scheduler takes `gone` out if the reporter could not reach it.
+
+    `maybe_ran`: `gone` may have run this attempt's backward (a send to it failed after it may have arrived)."""
+
+    TOPIC: ClassVar[Topic] = "membership"
+    peer: str
+    iteration: int
+    epoch: int
+    microbatch: int
+    attempt: int
+    gone: str
+    maybe_ran: bool = False
+    why: str = ""
+
+    @classmethod
+    def _decode(cls, d: dict, name: str) -> Broken:
+        return cls(peer=_peer(d, name), iteration=_iteration(d, name), epoch=_epoch(d, name),
+                   microbatch=read_int(d.get("microbatch"), f"{name}.microbatch", 0, _MAX_MICROBATCH),
+                   attempt=read_int(d.get("attempt"), f"{name}.attempt", 0, MAX_MICROBATCH_ATTEMPTS),
+                   gone=_peer(d, name, "gone"), maybe_ran=_flag(d, "maybe_ran", name), why=_why(d, name))
+
+
+@dataclass(frozen=True)
+class Unrecoverable:
+    """Data holder `peer` cannot re-queue `microbatch` (no detour, or too many attempts broke): the scheduler runs
+    `iteration` again under a new epoch."""
+
+    TOPIC: ClassVar[Topic] = "membership"
+    peer: str
+    iteration: int
+    epoch: int
+    microbatch: int
+    why: str = ""
+
+    @classmethod
+    def _decode(cls, d: dict, name: str) -> Unrecoverable:
+        return cls(peer=_peer(d, name), iteration=_iteration(d, name), epoch=_epoch(d, name),
+                   microbatch=read_int(d.get("microbatch"), f"{name}.microbatch", 0, _MAX_MICROBATCH),
+                   why=_why(d, name))
+
+
+@dataclass(frozen=True)
+class Unreachable:
+    """The sender could open no stream to `peer` (the scheduler corroborates such reports before acting)."""
+
+    TOPIC: ClassVar[Topic] = "membership"
+    peer: str
+
+    @classmethod
+    def _decode(cls, d: dict, name: str) -> Unreachable:
+        return cls(peer=_peer(d, name))
+
+
+@dataclass(frozen=True)
+class ScheduleNotice:
+    """The scheduler stored schedule `epoch` in the DHT: peers read it from there (it is too large to gossip)."""
+
+    TOPIC: ClassVar[Topic] = "schedule"
+    epoch: int
+
+    @classmethod
+    def _decode(cls, d: dict, name: str) -> ScheduleNotice:
+        return cls(epoch=_epoch(d, name))
+
+
+@dataclass(frozen=True)
+class Done:
+    """Data holder `peer` finished its microbatches of `iteration` under `epoch`: their summed loss, their count,
+    the tokens they carried, when it started and finished (its wall clock) and where its shards now stand."""
+
+    TOPIC: ClassVar[Topic] = "progress"
+    peer: str
+    iteration: int
+    epoch: int
+    loss_sum: float
+    losses: int
+    tokens: int
+    started: float
+    finished: float
+    shards: dict[str, dict[str, int]] = field(default_factory=dict)
+    dropped: int = 0
+    """Messages it refused in the iteration (not matching the schedule, or refused by its worker)."""
+
+    @classmethod
+    def _decode(cls, d: dict, name: str) -> Done:
+        return cls(peer=_peer(d, name), iteration=_iteration(d, name), epoch=_epoch(d, name),
+                   loss_sum=read_float(d.get("loss_sum"), f"{name}.loss_sum"),
+                   losses=read_int(d.get("losses"), f"{name}.losses", 0, _MAX_ITERATION),
+                   tokens=read_int(d.get("tokens"), f"{name}.tokens", 0, _MAX_ITERATION),
+                   started=read_float(d.get("started"), f"{name}.started", 0.0),
+                   finished=read_float(d.get("finished"), f"{name}.finished", 0.0),
+                   shards=read_positions(d.get("shards", {}), f"{name}.shards"),
+                   dropped=read_int(d.get("dropped", 0), f"{name}.dropped", 0, _MAX_ITERATION))
+
+
+@dataclass(frozen=True)
+class Commit:
+    """The scheduler commits `iteration` under `epoch` (peers average and step); `shards` are the run's shard
+    positions after it, where a shard that changes holder next starts."""
+
+    TOPIC: ClassVar[Topic] = "progress"
+    iteration: int
+    epoch: int
+    shards: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    @classmethod
+    def _decode(cls, d: dict, name: str) -> Commit:
+        return cls(iteration=_iteration(d, name), epoch=_epoch(d, name),
+                   shards=read_positions(d.get("shards", {}), f"{name}.shards"))
+
+
+ControlMessage = Join | Leave | Gone | Finished | Stuck | Broken | Unrecoverable | Unreachable | ScheduleNotice | \
+    Done | Commit
+MESSAGE_TYPES: dict[str, type] = {cls.__name__.lower(): cls for cls in
+                                  (Join, Leave, Gone, Finished, Stuck, Broken, Unrecoverable, Unreachable,
+                                   ScheduleNotice, Done, Commit)}
+
+
+def encode(message: ControlMessage) -> dict[str, Any]:
+    """The gossip payload of `message` (a msgpack-ready map)."""
+    fields_of = getattr(message, "_fields", None)
+    body = fields_of() if fields_of is not None else {f.name: getattr(message, f.name) for f in fields(message)}
+    return {"type": type(message).__name__.lower(), "version": WIRE_VERSION, **body}
+
+
+def topic_of(message: ControlMessage, run_id: str) -> str:
+    """The gossip topic of `run_id` that carries `message`."""
+    return _TOPICS[message.TOPIC](run_id)
+
+
+def publish(gossip: GossipClient, run_id: str, message: ControlMessage, **kwargs: Any) -> None:
+    """Gossip `message` on its topic of `run_id` (`kwargs` go to `GossipClient.publish`: wait, timeout)."""
+    gossip.publish(topic_of(message, run_id), encode(message), **kwargs)
+
+
+def as_gossip(message: ControlMessage, run_id: str, sender: str) -> GossipMessage:
+    """`message` as gossip would deliver it from `sender`: how a scheduler role hands its own host peer (and a peer
+    its own scheduler role) what gossip does not deliver back to its publisher."""
+    return GossipMessage(topic=topic_of(message, run_id), sender=sender, seqno=0, payload=encode(message))
+
+
+def received(msg: GossipMessage, run_id: str) -> ControlMessage:
+    """The control message in gossip `msg` of run `run_id`; raises WireError if it is not a valid one for its
+    topic (a topic of another run included)."""
+    for topic, name in _TOPICS.items():
+        if msg.topic == name(run_id):
+            return decode(topic, msg.payload)
+    raise WireError(f"control: topic {msg.topic!r:.80} is not one of run {run_id!r:.40}")
+
+
+def decode(topic: Topic, payload: Any) -> ControlMessage:
+    """The message in a gossip payload received on `topic`; raises WireError if it is not one that topic carries."""
+    d = read_map(payload, "control")
+    kind = read_str(d.get("type"), "control.type")
+    cls = MESSAGE_TYPES.get(kind)
+    if cls is None or cls.TOPIC != topic:
+        raise WireError(f"control.type: {kind!r:.40} is not a {topic} message")
+    read_version(d, kind)
+    return cls._decode(d, kind)

@@ -1,0 +1,106 @@
+"""`Node`: what the coordinator and a peer both are on the network, started and stopped in one place.
+
+A node is a hivemind DHT (a forked process with its p2pd daemon) with the run's signed records over it, a gossip
+sidecar subscribed to the run's topics, and a heartbeat record. It starts a `Reaper` before any of them, so that
+they die with the node even when the node is killed with SIGKILL, and on `stop` takes them down in order: the
+heartbeat (its record says it leaves), gossip, then the DHT, then the reaper's last sweep.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+
+import hivemind
+
+from swarm.constants import LOOPBACK_HOST
+from swarm.control.gossip import (
+    GossipClient,
+    GossipInfo,
+    GossipMessage,
+    membership_topic,
+    progress_topic,
+    schedule_topic,
+)
+from swarm.control.records import Heartbeat, SwarmRecords
+from swarm.net.dht_shutdown import stop_dht
+from swarm.net.identity import load_identity
+from swarm.net.reaper import Reaper
+from swarm.wire import PeerRecord
+
+logger = logging.getLogger(__name__)
+
+
+class Node:
+    """One process's presence in run `run_id`. Each part is started by its own call, once; `stop` stops what was
+    started (also after a failed start), and may be called more than once.
+
+    :param identity_path: the key file (one peer id for the DHT, the transport and gossip)
+    :param on_message: called from the gossip client's thread with each message of the run's topics
+    """
+
+    def __init__(self, identity_path: str, run_id: str, *, host: str = LOOPBACK_HOST, port: int = 0,
+                 on_message: Callable[[GossipMessage], None] | None = None) -> None:
+        self.identity_path, self.run_id, self.host, self.port = identity_path, run_id, host, port
+        self.identity = load_identity(identity_path)
+        self.peer_id = self.identity.peer_id
+        self._on_message = on_message
+        self.reaper: Reaper | None = None
+        self.dht: hivemind.DHT | None = None
+        self.records: SwarmRecords | None = None
+        self.gossip: GossipClient | None = None
+        self.gossip_info: GossipInfo | None = None
+        self.heartbeat: Heartbeat | None = None
+
+    def start_dht(self, initial_peers: Iterable[str] = ()) -> SwarmRecords:
+        """Join (or, without `initial_peers`, bootstrap) the DHT; returns the run's signed records over it."""
+        self.reaper = Reaper.start()
+        self.dht = hivemind.DHT(initial_peers=list(initial_peers), host_maddrs=[f"/ip4/{self.host}/tcp/{self.port}"],
+                                identity_path=self.identity_path, start=True)
+        self.reaper.watch()  # the DHT process and its p2pd are on the reaper's list from here
+        self.records = SwarmRecords(self.dht, self.identity, self.run_id)
+        return self.records
+
+    def start_gossip(self, *, bootstrap: Iterable[str] = (), log_path: str | None = None) -> GossipInfo:
+        """Start the gossip sidecar, connected to `bootstrap` and subscribed to the run's topics."""
+        self.gossip = GossipClient(on_message=self._on_message)
+        self.gossip_info = self.gossip.start(self.identity_path, listen_host=self.host, bootstrap=bootstrap,
+                                             log_path=log_path)
+        if self.reaper is not None:
+            self.reaper.watch()
+        for topic in (schedule_topic, membership_topic, progress_topic):
+            self.gossip.subscribe(topic(self.run_id))
+        return self.gossip_info
+
+    def start_heartbeat(self, make_record: Callable[[], PeerRecord], period: float) -> Heartbeat:
+        """Publish `make_record()` now and every `period` seconds; the record lives three periods."""
+        self.heartbeat = self.records.start_heartbeat(make_record, period=period, ttl=3 * period)
+        return self.heartbeat
+
+    def visible_maddrs(self) -> list[str]:
+        return [str(a) for a in self.dht.get_visible_maddrs()]
+
+    def stop_heartbeat(self) -> None:
+        """Stop beating; the last record says this node leaves (the DHT may already be unreachable)."""
+        if self.heartbeat is not None:
+            try:
+                self.heartbeat.stop(leave=True)
+            except Exception as e:  # the DHT may already be unreachable
+                logger.warning("could not announce leaving: %s", e)
+            self.heartbeat = None
+
+    def stop_gossip(self) -> None:
+        if self.gossip is not None:
+            self.gossip.close()
+            self.gossip = None
+
+    def stop(self) -> None:
+        """Stop the heartbeat, gossip, the DHT and its p2pd, then the reaper (which sweeps anything left)."""
+        self.stop_heartbeat()
+        self.stop_gossip()
+        if self.dht is not None:
+            stop_dht(self.dht)
+            self.dht = None
+        if self.reaper is not None:
+            self.reaper.stop()
+            self.reaper = None

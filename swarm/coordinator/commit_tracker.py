@@ -1,0 +1,64 @@
+"""`CommitTracker`: the data holders' `done` reports, turned into commits of whole iterations.
+
+An iteration is committed once every data holder of the epoch running it has reported it done under that epoch;
+only then do the peers average and step (iterations are atomic). The commit carries every shard's position after
+it, so a shard that changes holder starts where the last commit left it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+
+from scheduler.costs import jitter_quantiles, pooled_jitter
+from scheduler.schedule import Schedule
+from swarm.control.messages import Commit, Done
+from swarm.wire import PeerRecord
+
+
+class CommitTracker:
+    """Reports by (iteration, epoch) and reporter; the shard positions as of the last commit."""
+
+    def __init__(self, shard_positions: Mapping[str, dict[str, int]] | None = None) -> None:
+        self._reports: dict[tuple[int, int], dict[str, Done]] = {}
+        self.shard_positions: dict[str, dict[str, int]] = dict(shard_positions or {})
+        """Shard index -> its data position after the last committed iteration (for handing it over)."""
+
+    def add(self, sender: str, report: Done) -> None:
+        """Keep `sender`'s report (the newest per iteration, epoch and holder)."""
+        self._reports.setdefault((report.iteration, report.epoch), {})[sender] = report
+
+    def try_commit(self, iteration: int, schedule: Schedule) -> tuple[Commit, list[Done]] | None:
+        """The commit of `iteration` under `schedule` once each of its holders has reported it, with the reports;
+        None while one is missing. Reports of it and of earlier iterations are dropped once committed."""
+        reports = self._reports.get((iteration, schedule.epoch), {})
+        if not set(schedule.data_holders) <= set(reports):
+            return None
+        for r in reports.values():
+            self.shard_positions.update(r.shards)
+        self._reports = {k: v for k, v in self._reports.items() if k[0] > iteration}
+        return Commit(iteration=iteration, epoch=schedule.epoch, shards=dict(self.shard_positions)), \
+            list(reports.values())
+
+
+def iteration_metrics(iteration: int, reports: list[Done], *, epoch: int, peers_online: int,
+                      records: Mapping[str, PeerRecord]) -> dict:
+    """The swarm-wide line of one committed iteration (1-based `iteration` in the line): loss, tokens/s, the
+    iteration's span from the first holder's start to the last holder's finish, and the pooled message jitter
+    the scheduled peers (`records`) measured lately."""
+    losses = sum(r.losses for r in reports)
+    seconds = max(r.finished for r in reports) - min(r.started for r in reports)
+    tokens = sum(r.tokens for r in reports)
+    record = {
+        "iteration": iteration + 1,
+        "loss": round(sum(r.loss_sum for r in reports) / max(1, losses), 6),
+        "tokens_per_s": round(tokens / seconds, 1) if seconds > 0 else None,
+        "iteration_seconds": round(seconds, 4),
+        "peers_online": peers_online,
+        "epoch": epoch,
+        "time": round(time.time(), 3),
+    }
+    jitter = pooled_jitter([d for r in records.values() for d in r.jitter])
+    if jitter is not None:  # the scheduled peers' latest measurements, pooled as the planner pools them
+        record["jitter_ms"] = [round(1e3 * q, 2) for q in jitter_quantiles(jitter)]
+    return record

@@ -1,0 +1,41 @@
+"""`EpochHistory`: the schedule epochs a scheduler has published, and which one runs a given iteration."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from scheduler.schedule import Schedule
+
+
+class EpochHistory:
+    """Every epoch published, oldest first. A new epoch starts at its `meta["start_iteration"]`; an epoch that
+    starts at an iteration still in progress replaces the one running it (a rerun)."""
+
+    def __init__(self, schedules: Iterable[Schedule] = ()) -> None:
+        self.all: list[Schedule] = sorted(schedules, key=lambda s: s.epoch)
+
+    def __bool__(self) -> bool:
+        return bool(self.all)
+
+    @property
+    def latest(self) -> Schedule | None:
+        """The newest epoch published (None before the first plan)."""
+        return self.all[-1] if self.all else None
+
+    def add(self, schedule: Schedule) -> None:
+        self.all.append(schedule)
+
+    def withdraw(self, schedule: Schedule) -> None:
+        """Forget `schedule` again (it could not be published)."""
+        if self.all and self.all[-1] is schedule:
+            self.all.pop()
+
+    def in_force(self, iteration: int) -> Schedule:
+        """The epoch that runs `iteration`: the newest one starting at or before it (a successor that knows only
+        later epochs takes its oldest)."""
+        started = [s for s in self.all if int(s.meta.get("start_iteration", 0)) <= iteration]
+        return max(started, key=lambda s: s.epoch) if started else self.all[0]
+
+    def ever_held(self, peer: str) -> bool:
+        """Whether `peer` was a data holder in any epoch (whose reports may still come in)."""
+        return any(peer in s.data_holders for s in self.all)

@@ -1,0 +1,294 @@
+"""`Scheduler`: what the scheduler decides, as a function of what it observes; no I/O.
+
+It is fed each read of the peers' heartbeat records (`observe`) and each control message (`handle`), and answers
+with actions for its owner to carry out: publish a schedule epoch, announce a control message, record an
+iteration's metrics. It plans the first epoch once the swarm has settled, re-plans when a scheduled peer is gone,
+leaves or a joiner has settled, reruns an iteration reported stuck or unrecoverable, takes a peer for gone on
+corroborated reports, and commits an iteration once every data holder has reported it.
+
+A re-planned epoch starts at the next iteration: the one in progress goes on, its forwards detoured around gone
+peers (peers are told who is gone), unless a data holder is among them (its microbatches cannot finish) or a
+joiner is to take over a shard another holder carries: then that iteration runs again under the new epoch.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from scheduler.schedule import Schedule
+from swarm.control.messages import (
+    Broken,
+    ControlMessage,
+    Done,
+    Finished,
+    Gone,
+    Join,
+    Leave,
+    Stuck,
+    Unreachable,
+    Unrecoverable,
+)
+from swarm.coordinator.commit_tracker import CommitTracker, iteration_metrics
+from swarm.coordinator.epochs import EpochHistory
+from swarm.coordinator.liveness import Liveness
+from swarm.coordinator.replanner import Replanner
+from swarm.coordinator.shard_assignment import shard_drawers
+from swarm.net.link_probe import links_complete, unmeasured_links
+from swarm.run_config import RunConfig
+from swarm.wire import PeerRecord, PeerState
+
+logger = logging.getLogger(__name__)
+
+SETTLE_SECONDS = 2.0
+"""After the last new peer announced itself, wait this long (for its link probes) before planning."""
+JOIN_PROBE_SECONDS = 60.0
+"""A peer joining mid-run is placed once its record shows its first round of link probes (it is ready to work,
+and the planner knows its links), or after this long without them."""
+LINK_WAIT_SECONDS = 30.0
+"""Before the first plan, wait at most this long for the peers to have measured every link (a large swarm
+probes a sample of its links only, and plans with the gaps filled)."""
+
+
+@dataclass(frozen=True)
+class PublishSchedule:
+    """Store `schedule` in the DHT and announce its epoch (the scheduler already counts it as published)."""
+
+    schedule: Schedule
+
+
+@dataclass(frozen=True)
+class Announce:
+    """Gossip `message` to the run."""
+
+    message: ControlMessage
+
+
+@dataclass(frozen=True)
+class RecordIteration:
+    """An iteration was committed: log and store its metrics line."""
+
+    record: dict
+
+
+Action = PublishSchedule | Announce | RecordIteration
+
+
+class Scheduler:
+    """The scheduler of one run. `now` arguments are monotonic seconds.
+
+    :param config: the run's configuration
+    :param model: the run spec's model dictionary
+    :param coordinator: the coordinator's peer id (its own heartbeat record is not a member)
+    :param first_schedule: a saved plan of these peers to start from (used once every peer it places is live)
+    :param ends_run_on_stop: whether stopping this scheduler ends the run (the coordinator process); a peer
+      holding the role that leaves does not end it
+    """
+
+    def __init__(self, config: RunConfig, model: Mapping, coordinator: str, *, first_schedule: Schedule | None = None,
+                 ends_run_on_stop: bool = True) -> None:
+        self.config = config
+        self.replanner = Replanner(config, model)
+        self.epochs = EpochHistory()
+        self.liveness = Liveness(config.heartbeat, exclude=coordinator)
+        self.commits = CommitTracker()
+        self.completed = 0
+        """Iterations committed; the one in progress is `completed`."""
+        self.peers_online = 0
+        self.first_schedule = first_schedule
+        self.ends_run_on_stop = ends_run_on_stop
+        self._restarted: set[tuple[int, int]] = set()
+        self._count, self._settled_since = -1, 0.0
+
+    @property
+    def schedule(self) -> Schedule | None:
+        """The newest epoch published."""
+        return self.epochs.latest
+
+    @property
+    def done(self) -> bool:
+        return bool(self.config.iterations) and self.completed >= self.config.iterations
+
+    def withdraw(self, schedule: Schedule) -> None:
+        """`schedule` could not be published: the epoch before it stays the newest (the next look re-plans)."""
+        self.epochs.withdraw(schedule)
+
+    # ---- membership ---------------------------------------------------------------------------------
+    def observe(self, records: Mapping[str, tuple[PeerRecord, float]], now: float) -> list[Action]:
+        """One read of the peers' records (peer -> (record, seconds since its heartbeat)): plan the first epoch
+        once the swarm has settled, or re-plan on a membership change."""
+        peers = self.liveness.update(records, now)
+        self.peers_online = len(peers)
+        if self.schedule is not None:
+            return self._follow_membership(peers, now)
+        if len(peers) != self._count:
+            self._count, self._settled_since = len(peers), now
+        settled = now - self._settled_since
+        if len(peers) >= self.config.min_peers and settled >= SETTLE_SECONDS and \
+                (self.config.profile or links_complete(peers) or settled >= LINK_WAIT_SECONDS):
+            first = self._first_plan(peers, settled)
+            if first is not None:
+                return self._publish(first)
+        return []
+
+    def resume(self, schedules: Iterable[Schedule], completed: int, records: Mapping[str, tuple[PeerRecord, float]],
+               now: float) -> list[Action]:
+        """Take the role over from a dead scheduler whose epochs were `schedules`, `completed` iterations in: the
+        iteration in progress restarts under a new epoch of this scheduler's, so every holder reports it again."""
+        self.epochs = EpochHistory(schedules)
+        self.completed = completed
+        self.commits = CommitTracker(self.schedule.meta.get("shard_positions", {}))
+        peers = self.liveness.update(records, now)
+        return self._replan({p: r for p, r in peers.items() if p in self.schedule.placement}, start=completed)
+
+    def _first_plan(self, peers: dict[str, PeerRecord], settled: float) -> Schedule | None:
+        """Epoch 0: the saved plan once every peer it places is live (None while waiting for them), else a fresh
+        plan."""
+        saved = self.first_schedule
+        if saved is not None:
+            missing = sorted(set(saved.placement) - set(peers))
+            moved = sorted(p for p, s in saved.placement.items() if p in peers and peers[p].stage not in (-1, s))
+            if not missing and not moved:
+                return self.replanner.from_saved(saved, peers)
+            if not moved and settled < LINK_WAIT_SECONDS:
+                return None
+            logger.warning("not starting from the saved plan: %s; planning afresh",
+                           f"{len(missing)} of its peers are not here: {missing[:5]}" if missing else
+                           f"peers pin other stages than it places them on: {moved[:5]}")
+        missing_links = [] if self.config.profile else unmeasured_links(peers)
+        if missing_links:
+            logger.warning("planning with %d of %d links not yet measured (taken as the median link): %s",
+                           len(missing_links), len(peers) * (len(peers) - 1) // 2, missing_links[:5])
+        return self.replanner.plan(peers, epoch=0, start_iteration=0)
+
+    def _follow_membership(self, peers: dict[str, PeerRecord], now: float) -> list[Action]:
+        """Re-plan when a scheduled peer is gone or leaving, or a new one has settled (see the module docstring
+        for where the new epoch starts)."""
+        placement = self.schedule.placement
+        gone = [p for p in placement if p not in peers]
+        draining = [p for p in placement if p in peers and peers[p].state == PeerState.DRAINING]
+        # a joiner announces itself before it has probed its links: placed earlier, the others would wait for it
+        joining = [p for p, r in peers.items() if p not in placement and r.state == PeerState.JOINING
+                   and self.liveness.seen_for(p, now) >= SETTLE_SECONDS
+                   and (r.links or self.liveness.seen_for(p, now) >= JOIN_PROBE_SECONDS)]
+        if not gone and not joining and not draining:
+            return []
+        actions: list[Action] = [Announce(Gone(peers=tuple(gone), iteration=self.completed))] if gone else []
+        # a holder's draws of the iteration in progress are ledgered against the positions of the last commit:
+        # without it, or when a joiner is to take over a shard another holder carries, that iteration runs again
+        # (a draining holder is not announced gone: nothing is detoured)
+        in_force = self.epochs.in_force(self.completed)
+        holders = set(in_force.data_holders)
+        staying = len(shard_drawers(holders - {*gone, *draining}, peers))
+        shard_moves = bool(shard_drawers(joining, peers)) and \
+            staying < int(in_force.meta.get("num_shards", len(holders)))
+        start = self.completed if holders & {*gone, *draining} or shard_moves else self.completed + 1
+        logger.warning("membership changed (gone: %s, leaving: %s, joining: %s): re-planning from iteration %d",
+                       gone, draining, joining, start)
+        live = {p: r for p, r in peers.items() if (p in placement or p in joining) and p not in draining}
+        return actions + self._replan(live, start=start, handing_over=draining)
+
+    def _replan(self, peers: dict[str, PeerRecord], *, start: int, handing_over: Iterable[str] = ()) -> list[Action]:
+        try:
+            schedule = self.replanner.replan(peers, self.epochs, start_iteration=start,
+                                             shard_positions=self.commits.shard_positions,
+                                             handing_over=list(handing_over))
+        except (RuntimeError, ValueError) as e:
+            logger.error("could not re-plan: %s", e)
+            return []
+        return self._publish(schedule)
+
+    def _publish(self, schedule: Schedule) -> list[Action]:
+        self.epochs.add(schedule)
+        return [PublishSchedule(schedule)]
+
+    # ---- reports ------------------------------------------------------------------------------------
+    def handle(self, sender: str, message: ControlMessage, now: float) -> list[Action]:
+        """A control message from `sender` (authenticated by the gossip layer; whether it may say this is checked
+        here against the schedule)."""
+        claimed = getattr(message, "peer", sender)
+        if isinstance(message, (Join, Leave, Stuck, Broken, Unrecoverable, Done)) and claimed != sender:
+            logger.warning("ignored a %s report from %s in the name of %s", type(message).__name__.lower(), sender,
+                           claimed)
+            return []
+        if isinstance(message, (Join, Leave)):
+            logger.info("membership: %s %s", type(message).__name__.lower(), sender)
+        elif isinstance(message, (Stuck, Unrecoverable)):
+            return self._restart_iteration(sender, message, now)
+        elif isinstance(message, Broken):
+            self._note_broken(sender, message, now)
+        elif isinstance(message, Unreachable):
+            self._note_unreachable(sender, message.peer, now)
+        elif isinstance(message, Done):
+            return self._note_done(sender, message)
+        return []
+
+    def _note_unreachable(self, sender: str, target: str, now: float) -> None:
+        """A peer of the schedule could not open a stream to another one."""
+        schedule = self.schedule
+        if schedule is None or target not in schedule.placement or sender not in schedule.placement or \
+                sender in self.liveness.declared_gone:
+            return
+        self.liveness.report_unreachable(sender, target, now)
+
+    def _note_broken(self, sender: str, report: Broken, now: float) -> None:
+        """A microbatch of the iteration in progress broke at a scheduled peer (its holder re-queues it): the peer
+        it names, if the same reporter found it unreachable, is taken for gone now, so that the next epoch and the
+        other peers' detours leave it out."""
+        schedule, suspect = self.schedule, report.gone
+        if schedule is None or sender not in schedule.placement or suspect not in schedule.placement or \
+                suspect in self.liveness.declared_gone or report.iteration != self.completed:
+            return
+        if sender in self.liveness.reporters(suspect, now):  # it could not reach it either
+            self.liveness.declare_gone(suspect, "reported unreachable while a microbatch broke")
+
+    def _restart_iteration(self, sender: str, report: Stuck | Unrecoverable, now: float) -> list[Action]:
+        """A scheduled peer reports the iteration in progress unable to finish: stuck past its deadline (a message
+        was lost), or a microbatch its holder could not re-queue (no detour, or too many attempts broke). Run the
+        iteration again under a new epoch on the live peers of the newest one, once per iteration and epoch."""
+        if self.schedule is None or report.iteration != self.completed:
+            return []
+        running = self.epochs.in_force(self.completed)
+        key = (report.iteration, report.epoch)
+        if sender not in running.placement or report.epoch != running.epoch or key in self._restarted:
+            return []
+        self._restarted.add(key)
+        if isinstance(report, Unrecoverable):
+            # a peer that held activations died: whoever is reported unreachable is gone now, or the rerun waits on it
+            for suspect in [q for q in self.schedule.placement if self.liveness.reporters(q, now)]:
+                self.liveness.declare_gone(suspect, "reported unreachable while a microbatch broke")
+        peers = {q: r for q, r in self.liveness.live(now).items() if q in self.schedule.placement}
+        logger.warning("iteration %d is %s at %s under epoch %d: running it again under a new epoch",
+                       report.iteration, "stuck" if isinstance(report, Stuck) else "unrecoverable", sender,
+                       report.epoch)
+        return self._replan(peers, start=self.completed)
+
+    def _note_done(self, sender: str, report: Done) -> list[Action]:
+        """A data holder finished its part of an iteration: commit the iteration once all of its epoch's have."""
+        if self.schedule is None:
+            return []
+        if not self.epochs.ever_held(sender):
+            logger.warning("ignored a progress report from %s: not a data holder of the schedule", sender)
+            return []
+        self.commits.add(sender, report)
+        running = self.epochs.in_force(self.completed)
+        committed = self.commits.try_commit(self.completed, running)
+        if committed is None:
+            return []
+        commit, reports = committed
+        records = {p: r for p, r in self.liveness.records.items() if p in running.placement}
+        record = iteration_metrics(self.completed, reports, epoch=running.epoch, peers_online=self.peers_online,
+                                   records=records)
+        self.completed += 1
+        return [Announce(commit), RecordIteration(record)]
+
+    def closing(self, stopped: bool) -> Finished | None:
+        """What to tell the peers as this scheduler stops: the run is over if it reached its last iteration, or if
+        its operator stopped the coordinator. A scheduler that dies without a word is replaced instead, and so is
+        a peer holding the role that leaves: its run goes on."""
+        if self.done:
+            return Finished(iterations=self.completed)
+        if stopped and self.ends_run_on_stop:
+            return Finished(iterations=self.completed, stopped=True)
+        return None

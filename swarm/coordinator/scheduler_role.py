@@ -1,0 +1,156 @@
+"""`SchedulerRole`: the scheduler at work in a process, the coordinator's or a successor peer's.
+
+It carries out what its `Scheduler` decides: reads the peers' records from the DHT, stores each new schedule
+epoch there and announces it on gossip, gossips notices and commits, and writes the schedules and the metrics
+file. Control messages reach it through `deliver` (the owner's gossip callback), into a bounded inbox that its
+`tick` drains; a full inbox drops the newest message with a warning, so a flood cannot grow memory.
+Both owners build it with the same constructor: the coordinator ticks it from the start (it plans the first
+epoch), a successor peer first calls `resume` with the epochs it knew.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from scheduler.schedule import Schedule
+from swarm.control.gossip import GossipClient, GossipMessage
+from swarm.control.messages import ControlMessage, ScheduleNotice, as_gossip, publish, received
+from swarm.control.records import SwarmRecords
+from swarm.coordinator.scheduler import Action, Announce, PublishSchedule, RecordIteration, Scheduler
+from swarm.run_config import RunConfig
+from swarm.wire import RunSpec, ScheduleMsg, WireError
+
+logger = logging.getLogger(__name__)
+
+INBOX_SIZE = 4096
+"""Control messages waiting for the role's loop; more are dropped (and logged)."""
+TICK_WAIT = 0.5
+"""Seconds one tick waits for a control message before the next look at the records."""
+
+
+class SchedulerRole:
+    """The scheduler of run `spec`, acting through `records` (the DHT) and `gossip`.
+
+    :param peer_id: the id of the process holding the role (the sender of what it gossips)
+    :param run_dir: where each published schedule is written as `schedule-EPOCH.json` (None: nowhere)
+    :param metrics_path: where one JSON line per committed iteration is appended (None: the log only)
+    :param first_schedule: a saved plan to start from (see `Scheduler`)
+    :param local: hands what the role gossips to its own process too (gossip does not deliver a publisher's own
+      messages back to it): a successor peer's gossip callback
+    :param ends_run_on_stop: whether stopping the role ends the run (the coordinator process)
+    """
+
+    def __init__(self, config: RunConfig, spec: RunSpec, peer_id: str, records: SwarmRecords, gossip: GossipClient,
+                 *, run_dir: str | Path | None = None, metrics_path: str | Path | None = None,
+                 first_schedule: Schedule | None = None, local: Callable[[GossipMessage], None] | None = None,
+                 ends_run_on_stop: bool = True) -> None:
+        self.config, self.spec, self.peer_id = config, spec, peer_id
+        self.records, self.gossip, self.local = records, gossip, local
+        self.run_dir = Path(run_dir) if run_dir else None
+        self.metrics_path = Path(metrics_path) if metrics_path else None
+        self.scheduler = Scheduler(config, spec.model, spec.coordinator, first_schedule=first_schedule,
+                                   ends_run_on_stop=ends_run_on_stop)
+        self._inbox: queue.Queue[GossipMessage] = queue.Queue(INBOX_SIZE)
+
+    @property
+    def done(self) -> bool:
+        return self.scheduler.done
+
+    def deliver(self, msg: GossipMessage) -> None:
+        """Hand the role a gossip message (any thread); a full inbox drops it."""
+        try:
+            self._inbox.put_nowait(msg)
+        except queue.Full:
+            logger.warning("the scheduler's inbox is full: dropped a message from %s", msg.sender)
+
+    def resume(self, schedules: Iterable[Schedule], completed: int) -> None:
+        """Take the role over from a dead scheduler (see `Scheduler.resume`)."""
+        self._carry_out(self.scheduler.resume(schedules, completed, self._read_records(), time.monotonic()))
+
+    def tick(self) -> None:
+        """One round: look at the peers' records, then handle the control messages that came meanwhile."""
+        self._carry_out(self.scheduler.observe(self._read_records(), time.monotonic()))
+        self._drain(TICK_WAIT)
+
+    def finish(self, stop: threading.Event) -> None:
+        """Tell the peers the run is over, if it is (see `Scheduler.closing`); after its last iteration, stay on
+        the control plane until the peers have taken the last commit and left."""
+        message = self.scheduler.closing(stop.is_set())
+        if message is None:
+            return
+        logger.info("run %s %s after %d iterations", self.config.run_id,
+                    "stopped" if message.stopped else "finished", message.iterations)
+        self._announce(message)
+        if not message.stopped:
+            self._linger(stop)
+
+    def _linger(self, stop: threading.Event, timeout: float = 30.0) -> None:
+        end = time.monotonic() + timeout
+        while not stop.is_set() and time.monotonic() < end:
+            live = self.scheduler.liveness.update(self._read_records(), time.monotonic())
+            if not any(p in self.scheduler.schedule.placement for p in live):
+                return
+            self._drain(TICK_WAIT)
+
+    def _read_records(self) -> dict:
+        return self.records.fetch_peers_with_age(3 * self.config.heartbeat)
+
+    def _drain(self, timeout: float) -> None:
+        try:
+            msg = self._inbox.get(timeout=timeout)
+        except queue.Empty:
+            return
+        while True:
+            try:
+                message = received(msg, self.config.run_id)
+            except WireError as e:
+                logger.warning("ignored a control message from %s: %s", msg.sender, e)
+            else:
+                self._carry_out(self.scheduler.handle(msg.sender, message, time.monotonic()))
+            try:
+                msg = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+
+    # ---- actions ------------------------------------------------------------------------------------
+    def _carry_out(self, actions: list[Action]) -> None:
+        for action in actions:
+            if isinstance(action, PublishSchedule):
+                self._publish_schedule(action.schedule)
+            elif isinstance(action, Announce):
+                self._announce(action.message)
+            elif isinstance(action, RecordIteration):
+                self._record(action.record)
+
+    def _publish_schedule(self, schedule: Schedule) -> None:
+        if not self.records.publish_schedule(ScheduleMsg.from_schedule(schedule)):
+            logger.error("could not store schedule epoch %d in the DHT: trying again at the next change",
+                         schedule.epoch)
+            self.scheduler.withdraw(schedule)
+            return
+        if self.run_dir:
+            (self.run_dir / f"schedule-{schedule.epoch}.json").write_text(schedule.to_json())
+        paths = len({(r.origin, r.stages, r.peers) for r in schedule.routes})
+        logger.info("schedule epoch %d from iteration %d: %d peers, %d microbatches on %d distinct paths, predicted "
+                    "%.3f s/iteration, planned in %.2f s", schedule.epoch, schedule.meta["start_iteration"],
+                    len(schedule.placement), len(schedule.routes), paths,
+                    schedule.predicted_iteration_seconds or float("nan"), schedule.meta.get("plan_seconds", 0.0))
+        self._announce(ScheduleNotice(epoch=schedule.epoch))
+
+    def _announce(self, message: ControlMessage) -> None:
+        publish(self.gossip, self.config.run_id, message)
+        if self.local is not None:
+            self.local(as_gossip(message, self.config.run_id, self.peer_id))
+
+    def _record(self, record: dict) -> None:
+        logger.info("iteration %(iteration)d  loss %(loss).4f  %(tokens_per_s)s tokens/s  %(iteration_seconds).3f s  "
+                    "%(peers_online)d peers  epoch %(epoch)d", record)
+        if self.metrics_path:
+            with self.metrics_path.open("a") as f:
+                f.write(json.dumps(record) + "\n")

@@ -1,0 +1,98 @@
+"""The replanner plans with the configured method (SkipPipe or a baseline) on the peers' measured records, and
+keeps that method when it re-plans after a departure."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from scheduler.schedule import validate
+from swarm.coordinator.epochs import EpochHistory
+from swarm.coordinator.replanner import saved_plan_mismatch
+from swarm.run_config import PLANNERS, RunConfig
+from swarm.wire import PeerState
+from tests.swarm.coordinator.conftest import STAGES, make_config, make_records, make_replanner
+
+
+@pytest.mark.parametrize("planner", PLANNERS)
+def test_each_planner_gives_a_valid_schedule_and_keeps_its_method_on_replanning(planner, records):
+    r = make_replanner(planner)
+    schedule = r.plan(records, epoch=0, start_iteration=0)
+    validate(schedule)
+    expected = {"skippipe": "skippipe", "skippipe-no-collision": "skippipe_without_collision_awareness",
+                "full-pipeline": "full_pipeline", "random-skip": "random_skip"}[planner]
+    assert schedule.planner == expected and schedule.run_id == "plan-test"
+    lengths = {len(route.stages) for route in schedule.routes}
+    assert lengths == ({STAGES - 1} if planner == "full-pipeline" else {3})  # R = 4 of 6 stages with skip 0.33
+    assert sum(len(schedule.routes_from(h)) for h in schedule.data_holders) == 4 * len(schedule.data_holders)
+    gone = next(p for p in schedule.placement if schedule.placement[p] == 3)
+    again = r.replan({p: rec for p, rec in records.items() if p != gone}, EpochHistory([schedule]),
+                     start_iteration=5, shard_positions={})
+    assert again.planner == expected and gone not in again.placement and again.epoch == 1
+    # survivors keep their stages, but for a move into the shrunk group, which takes its state from a peer there
+    moved = {p for p, s in schedule.placement.items() if p != gone and again.placement[p] != s}
+    assert moved == set(again.meta["handover"]) and all(again.placement[p] == 3 for p in moved)
+    assert all(schedule.placement[again.meta["handover"][p]] == 3 for p in moved)
+
+
+def test_skippipe_beats_the_full_pipeline_on_the_geo_links(records):
+    predicted = {}
+    for planner in ("skippipe", "full-pipeline"):
+        schedule = make_replanner(planner).plan(records, epoch=0, start_iteration=0)
+        predicted[planner] = schedule.predicted_iteration_seconds
+        assert np.isfinite(predicted[planner])
+    assert predicted["skippipe"] < 0.75 * predicted["full-pipeline"]
+
+
+def test_a_successor_scheduler_plans_as_the_run_spec_says():
+    config = RunConfig(run_id="plan-test", planner="full-pipeline", rebalance=False)
+    spec = config.to_spec(coordinator="coordinator", vocab_size=config.model_config(8192).vocab_size)
+    again, _ = RunConfig.from_spec(spec)
+    assert again.planner == "full-pipeline" and again.rebalance is False
+
+
+def test_an_unknown_planner_is_refused():
+    with pytest.raises(ValueError, match="swarm.planner"):
+        RunConfig.from_tables({"swarm": {"planner": "fastest"}})
+
+
+def test_a_saved_plan_of_another_method_or_shape_is_refused(records):
+    saved = make_replanner("full-pipeline").plan(records, epoch=0, start_iteration=0)
+    assert saved_plan_mismatch(saved, make_config("full-pipeline")) is None
+    assert "'full_pipeline' planner" in saved_plan_mismatch(saved, make_config("skippipe"))
+    three = dataclasses.replace(make_config("full-pipeline"), stages=3)
+    assert "6 stages, the run 3" in saved_plan_mismatch(saved, three)
+
+
+def test_a_full_pipeline_places_a_joiner_where_its_columns_lost_a_peer():
+    r = make_replanner("full-pipeline")
+    pins = [0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5]  # two columns, every peer in one
+    peers = {p: dataclasses.replace(rec, stage=pins[i]) for i, (p, rec) in enumerate(sorted(make_records().items()))}
+    history = EpochHistory([r.plan(peers, epoch=0, start_iteration=0)])
+    assert len({route.peers for route in history.latest.routes}) == 2
+    victim = sorted(peers)[6]  # a stage 3 peer: one column is left
+    live = {p: dataclasses.replace(rec, stage=-1) for p, rec in peers.items() if p != victim}
+    history.add(r.replan(live, history, start_iteration=4, shard_positions={}))
+    assert len({route.peers for route in history.latest.routes}) == 1
+    newcomer = dataclasses.replace(peers[victim], peer_id="newcomer", stage=-1, state=PeerState.JOINING)
+    joined = r.replan({**live, "newcomer": newcomer}, history, start_iteration=8, shard_positions={})
+    assert joined.placement["newcomer"] == 3
+
+
+def test_a_full_pipeline_gives_every_shard_to_the_holders_its_columns_start_at():
+    r = make_replanner("full-pipeline")
+    # three holders, one peer on stage 1: one column, so two holders inject nothing
+    pins = [0, 0, 0, 1, 2, 2, 3, 3, 4, 4, 5, 5]
+    peers = {p: dataclasses.replace(rec, stage=pins[i]) for i, (p, rec) in enumerate(sorted(make_records().items()))}
+    schedule = r.plan(peers, epoch=0, start_iteration=0)
+    (injector,) = {route.origin for route in schedule.routes}
+    assert schedule.meta["shards"][injector] == [0, 1, 2]
+    assert not any(ks for h, ks in schedule.meta["shards"].items() if h != injector)
+    # the injecting holder dies: the column starts at another holder, which takes every shard over
+    again = r.replan({p: rec for p, rec in peers.items() if p != injector}, EpochHistory([schedule]),
+                     start_iteration=3, shard_positions={})
+    (successor,) = {route.origin for route in again.routes}
+    assert sorted(again.meta["shards"][successor]) == [0, 1, 2]
+    assert injector not in again.meta["shards"]

@@ -1,0 +1,361 @@
+"""The scheduler's decisions: the first plan, re-plans on membership changes, reruns on reports, commits.
+
+Driven through its public entry points (`observe` a read of the peers' records, `handle` a control message) with
+explicit times; each asserts on the actions it returns for its owner to carry out."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from scheduler.schedule import Schedule, validate
+from swarm.control.messages import Broken, Commit, Done, Finished, Gone, Stuck, Unreachable, Unrecoverable
+from swarm.coordinator.scheduler import (
+    LINK_WAIT_SECONDS,
+    SETTLE_SECONDS,
+    Announce,
+    PublishSchedule,
+    RecordIteration,
+    Scheduler,
+)
+from swarm.wire import PeerRecord, PeerState
+from tests.swarm.coordinator.conftest import STAGES, make_replanner, make_scheduler
+
+LATER = 20.0
+"""Past the lifetime of a record (three heartbeats of 2 s and a grace): a peer unseen this long is gone."""
+
+
+def fresh(peers: dict[str, PeerRecord], age: float = 0.5) -> dict[str, tuple[PeerRecord, float]]:
+    return {p: (r, age) for p, r in peers.items()}
+
+
+def published(actions: list) -> list[Schedule]:
+    return [a.schedule for a in actions if isinstance(a, PublishSchedule)]
+
+
+def notices(actions: list) -> list:
+    return [a.message for a in actions if isinstance(a, Announce)]
+
+
+def planned(s: Scheduler, peers: dict[str, PeerRecord], now: float = 0.0) -> Schedule:
+    """`s`'s first epoch for `peers` (every link measured): planned once they have settled."""
+    assert s.observe(fresh(peers), now) == []
+    (schedule,) = published(s.observe(fresh(peers), now + SETTLE_SECONDS))
+    return schedule
+
+
+def commit(s: Scheduler, iterations: int, now: float = 0.0) -> list:
+    """Every holder of the epoch in force reports the iteration in progress done, `iterations` times."""
+    actions = []
+    for _ in range(iterations):
+        running = s.epochs.in_force(s.completed)
+        for h in running.data_holders:
+            actions = s.handle(h, Done(peer=h, iteration=s.completed, epoch=running.epoch, loss_sum=2.0, losses=4,
+                                       tokens=256, started=100.0, finished=101.0), now)
+    return actions
+
+
+def test_an_iteration_commits_once_every_holder_of_its_epoch_reported_it(records):
+    s = make_scheduler()
+    schedule = planned(s, records)
+    *first, last = schedule.data_holders
+    for h in first:
+        assert s.handle(h, Done(peer=h, iteration=0, epoch=0, loss_sum=1.0, losses=2, tokens=100, started=10.0,
+                                finished=11.0), 3.0) == []
+    assert s.handle("stranger", Done(peer="stranger", iteration=0, epoch=0, loss_sum=1.0, losses=2, tokens=100,
+                                     started=10.0, finished=11.0), 3.0) == []
+    assert s.handle(first[0], Done(peer=last, iteration=0, epoch=0, loss_sum=1.0, losses=2, tokens=100,
+                                   started=10.0, finished=11.0), 3.0) == []  # in another holder's name
+    actions = s.handle(last, Done(peer=last, iteration=0, epoch=0, loss_sum=1.0, losses=2, tokens=100,
+                                  started=10.5, finished=12.0,
+                                  shards={"0": {"holder": 0, "num_holders": 3, "epoch": 0, "cursor": 8}}), 3.0)
+    (commit_msg,) = notices(actions)
+    assert commit_msg == Commit(iteration=0, epoch=0, shards={"0": {"holder": 0, "num_holders": 3, "epoch": 0,
+                                                                    "cursor": 8}})
+    (line,) = [a.record for a in actions if isinstance(a, RecordIteration)]
+    holders = len(schedule.data_holders)
+    assert line["iteration"] == 1 and line["loss"] == pytest.approx(0.5) and line["iteration_seconds"] == 2.0
+    assert line["tokens_per_s"] == pytest.approx(100 * holders / 2.0) and line["peers_online"] == len(records)
+    assert s.completed == 1
+
+
+def test_a_gone_relay_replans_from_the_next_iteration_and_a_gone_holder_from_this_one(records):
+    s = make_scheduler("skippipe")
+    first = planned(s, records)
+    commit(s, 3)
+    relay = next(p for p, st in first.placement.items() if st == 2)
+    live = {p: r for p, r in records.items() if p != relay}
+    actions = s.observe(fresh(live), LATER)
+    # the iteration in progress goes on with detours around the relay; peers are told it is gone
+    (new,) = published(actions)
+    assert new.meta["start_iteration"] == 4 and relay not in new.placement
+    assert Gone(peers=(relay,), iteration=3) in notices(actions)
+    # a microbatch it held cannot finish: its holder re-queues it, the iteration goes on
+    member = next(p for p in live if p in first.placement)
+    assert published(s.handle(member, Broken(peer=member, iteration=3, epoch=0, microbatch=1, attempt=0,
+                                              gone=relay), LATER)) == []
+    # a holder that cannot re-queue one: that iteration runs again, under an epoch without the relay
+    (rerun,) = published(s.handle(member, Unrecoverable(peer=member, iteration=3, epoch=0, microbatch=1), LATER))
+    assert rerun.meta["start_iteration"] == 3 and rerun.epoch == 2 and relay not in rerun.placement
+    holder = rerun.data_holders[0]
+    live = {p: r for p, r in live.items() if p != holder}
+    (again,) = published(s.observe(fresh(live), 2 * LATER))
+    assert again.meta["start_iteration"] == 3  # a holder's microbatches cannot finish without it
+
+
+def test_a_stuck_report_restarts_the_iteration_once_under_a_new_epoch(records):
+    s = make_scheduler("skippipe")
+    first = planned(s, records)
+    commit(s, 3)
+    member = next(iter(first.placement))
+
+    def stuck(sender: str, iteration: int, epoch: int) -> list[Schedule]:
+        return published(s.handle(sender, Stuck(peer=sender, iteration=iteration, epoch=epoch), 5.0))
+
+    assert stuck("stranger", 3, 0) == []  # not a peer of the schedule
+    assert stuck(member, 2, 0) == []  # an iteration already committed
+    (restart,) = stuck(member, 3, 0)
+    assert stuck(member, 3, 0) == []  # reported twice (or by several peers): one restart
+    assert restart.epoch == 1 and restart.meta["start_iteration"] == 3
+    assert restart.placement == first.placement  # the same peers, nobody moved
+    (again,) = stuck(member, 3, 1)  # still stuck under the new epoch: restarted again
+    assert again.epoch == 2
+
+
+def test_corroborated_unreachable_reports_declare_a_peer_gone_before_its_record_expires(records):
+    s = make_scheduler("skippipe")
+    first = planned(s, records)
+    ages = dict.fromkeys(records, 1.0)  # every heartbeat fresh (period 2 s)
+    read = lambda: {p: (r, ages[p]) for p, r in records.items()}  # noqa: E731
+    relay, a, b = [p for p, st in first.placement.items() if st != 0][:3]
+    s.handle(a, Unreachable(peer=relay), 3.0)  # one report while its heartbeat is fresh: one broken link is no proof
+    s.handle("stranger", Unreachable(peer=relay), 3.0)  # not a peer of the schedule: does not count
+    assert relay in s.liveness.update(read(), 3.0)
+    ages[relay] = 4.0  # its heartbeat is now overdue (2 periods of 2 s): the report stands corroborated
+    assert relay not in s.liveness.update(read(), 3.0)
+    records[relay] = dataclasses.replace(records[relay], state=PeerState.JOINING)
+    ages[relay] = 1.0
+    assert relay in s.liveness.update(read(), 3.0)  # it was alive after all and asks to be placed again
+    s.handle(a, Unreachable(peer=b), 3.0)
+    s.handle(relay, Unreachable(peer=b), 3.0)  # two reporters: gone at once, whatever its heartbeat says
+    assert b not in s.liveness.live(3.0)
+
+
+def test_a_lone_stages_peer_leaving_gracefully_is_replaced_by_a_moved_peer_without_any_detour(records):
+    s = make_scheduler("skippipe")
+    first = planned(s, records)
+    commit(s, 3)
+    peers, now = records, LATER
+    lone = next((p for p, st in first.placement.items() if st > 0 and len(first.stage_peers(st)) == 1), None)
+    if lone is None:  # make one: every other peer of some stage leaves first (plain departures)
+        stage = max(range(1, STAGES), key=lambda st: -len(first.stage_peers(st)))
+        lone, *others = first.stage_peers(stage)
+        peers = {p: r for p, r in records.items() if p not in others}
+        assert published(s.observe(fresh(peers), now))
+        now += LATER
+    stage = s.schedule.placement[lone]
+    draining = {**peers, lone: dataclasses.replace(peers[lone], state=PeerState.DRAINING)}
+    actions = s.observe(fresh(draining), now)
+    (new,) = published(actions)
+    assert lone not in new.placement and new.meta["start_iteration"] == 4  # the iteration in progress goes on
+    assert not any(isinstance(m, Gone) for m in notices(actions))  # nobody detours around a peer still serving
+    (mover, source), = new.meta["handover"].items()
+    assert source == lone and new.placement[mover] == stage
+    before = s.epochs.all[-2].placement
+    assert len([p for p in before if before[p] == before[mover]]) >= 2  # its old stage keeps a peer
+    assert all(new.placement[p] == st for p, st in before.items() if p not in (lone, mover))  # nobody else moves
+    validate(new, balance_tolerance=None)
+    assert s.observe(fresh(draining), now + 1.0) == []  # the same view again: no further epoch
+
+
+@pytest.mark.parametrize("ends_run_on_stop", [True, False])
+def test_a_stopped_coordinator_tells_the_peers_the_run_is_over_but_a_leaving_scheduler_role_does_not(
+        ends_run_on_stop):
+    s = make_scheduler("skippipe", ends_run_on_stop=ends_run_on_stop)
+    assert s.closing(stopped=False) is None
+    assert s.closing(stopped=True) == (Finished(iterations=0, stopped=True) if ends_run_on_stop else None)
+
+
+def test_a_run_that_reached_its_last_iteration_is_finished(records):
+    config = dataclasses.replace(make_scheduler().config, iterations=2)
+    s = Scheduler(config, make_replanner().model, "coordinator", ends_run_on_stop=False)
+    planned(s, records)
+    commit(s, 2)
+    assert s.done and s.closing(stopped=False) == Finished(iterations=2)
+
+
+def test_a_broken_microbatch_convicts_the_peer_reported_unreachable_and_a_rerun_leaves_it_out(records):
+    s = make_scheduler("skippipe")
+    first = planned(s, records)
+    commit(s, 3)
+    relay, reporter = [p for p, st in first.placement.items() if st != 0][:2]
+    now = 3.0  # every heartbeat still looks fresh: one report alone would not convict it
+    s.handle(reporter, Unreachable(peer=relay), now)
+    assert relay in s.liveness.update(fresh(records), now)
+    # the microbatch it broke is re-queued by its holder; the relay is taken for gone at once
+    actions = s.handle(reporter, Broken(peer=reporter, iteration=3, epoch=0, microbatch=2, attempt=0, gone=relay),
+                       now)
+    assert relay not in s.liveness.live(now) and not published(actions)
+    # a holder that could not re-queue one asks for the iteration again: without the relay
+    (rerun,) = published(s.handle(reporter, Unrecoverable(peer=reporter, iteration=3, epoch=0, microbatch=2), now))
+    assert rerun.meta["start_iteration"] == 3 and relay not in rerun.placement
+
+
+def test_a_joiner_is_placed_once_probed_and_restores_a_lost_data_holder_from_this_iteration(records):
+    s = make_scheduler("skippipe", rebalance=False)  # survivors stay put: the lost holder's shard is carried
+    first = planned(s, records)
+    commit(s, 3)
+    assert first.meta["shards"] == {h: [i] for i, h in enumerate(first.data_holders)}
+    holder = first.data_holders[1]
+    live = {p: r for p, r in records.items() if p != holder}
+    (carrying,) = published(s.observe(fresh(live), LATER))
+    carried = carrying.meta["shards"]
+    assert holder not in carried and sorted(k for ks in carried.values() for k in ks) == [0, 1, 2]
+    carrier = next(h for h, ks in carried.items() if len(ks) == 2)
+    assert len(carrying.routes_from(carrier)) == 8  # it injects its own microbatches and the lost shard's
+
+    # a volunteer announces itself: not placed before its record shows its first round of link probes
+    commit(s, 2)
+    newcomer = dataclasses.replace(records[holder], peer_id="peer-new", state=PeerState.JOINING, links={})
+    live = {**live, "peer-new": newcomer}
+    assert s.observe(fresh(live), 2 * LATER) == []  # first seen
+    assert s.observe(fresh(live), 2 * LATER + 10.0) == []  # settled, not yet past the probe wait
+    live["peer-new"] = dataclasses.replace(newcomer, links=records[holder].links)
+    (schedule,) = published(s.observe(fresh(live), 2 * LATER + 11.0))
+    # it becomes a data holder and takes the carried shard over, rerunning the iteration in progress so that the
+    # shard's position is the one of the last commit
+    assert schedule.placement["peer-new"] == 0 and schedule.meta["start_iteration"] == 5
+    assert len(schedule.meta["shards"]["peer-new"]) == 1 and len(schedule.meta["shards"][carrier]) == 1
+    assert {h: len(schedule.routes_from(h)) for h in schedule.data_holders} == dict.fromkeys(schedule.data_holders, 4)
+    validate(schedule, balance_tolerance=None)
+
+
+def joined(s: Scheduler, live: dict[str, PeerRecord], now: float) -> Schedule:
+    """The epoch that places the joiner in `live`: seen at `now`, settled a moment later."""
+    assert s.observe(fresh(live), now) == []
+    (schedule,) = published(s.observe(fresh(live), now + SETTLE_SECONDS))
+    return schedule
+
+
+def test_a_joiner_with_its_own_documents_is_not_handed_a_carried_shard(records):
+    s = make_scheduler("skippipe", rebalance=False)  # survivors stay put: the lost holder's shard is carried
+    first = planned(s, records)
+    commit(s, 2)
+    gone = first.data_holders[0]
+    live = {p: r for p, r in records.items() if p != gone}
+    (carrying,) = published(s.observe(fresh(live), LATER))
+    carrier = next(h for h, ks in carrying.meta["shards"].items() if len(ks) == 2)
+    # a volunteer with its own documents (--data) joins: a data holder, but it draws from them only
+    commit(s, 2)
+    own = dataclasses.replace(records[gone], peer_id="peer-own", state=PeerState.JOINING, data_holder=True)
+    live = {**live, "peer-own": own}
+    schedule = joined(s, live, 2 * LATER)
+    assert schedule.placement["peer-own"] == 0 and schedule.meta["shards"].get("peer-own", []) == []
+    assert len(schedule.meta["shards"][carrier]) == 2 and schedule.meta["start_iteration"] == 5
+    # a plain volunteer joins next: it becomes the carried shard's holder
+    commit(s, 2)
+    plain = dataclasses.replace(records[gone], peer_id="peer-plain", state=PeerState.JOINING)
+    live = {**live, "peer-plain": plain}
+    schedule = joined(s, live, 3 * LATER)
+    assert schedule.placement["peer-plain"] == 0 and len(schedule.meta["shards"]["peer-plain"]) == 1
+    assert len(schedule.meta["shards"][carrier]) == 1 and schedule.meta["start_iteration"] == 6
+
+
+def test_a_lost_data_holder_is_refilled_by_a_survivor_that_takes_the_carried_shard_over(records):
+    """Without the move one holder carries two shards (twice the injections and loss steps) until a volunteer
+    joins; the move buys most of that back at once, and the mover gets stage 0's state from a holder."""
+    plans = {}
+    for rebalance in (False, True):
+        s = make_scheduler("skippipe", rebalance=rebalance)
+        first = planned(s, records)
+        commit(s, 3)
+        gone = first.data_holders[1]
+        (plans[rebalance],) = published(s.observe(fresh({p: r for p, r in records.items() if p != gone}), LATER))
+    carried, moved = plans[False], plans[True]
+    assert not carried.meta["handover"] and any(len(ks) == 2 for ks in carried.meta["shards"].values())
+    (mover, source), = moved.meta["handover"].items()
+    assert moved.placement[mover] == 0 and first.placement[mover] != 0 and first.placement[source] == 0
+    assert len(first.stage_peers(first.placement[mover])) >= 2  # its old group keeps a peer
+    assert all(moved.placement[p] == st for p, st in first.placement.items() if p not in (gone, mover))
+    assert sorted(k for ks in moved.meta["shards"].values() for k in ks) == [0, 1, 2]
+    assert {h: len(moved.routes_from(h)) for h in moved.data_holders} == dict.fromkeys(moved.data_holders, 4)
+    assert moved.meta["start_iteration"] == 3  # the shard changes hands at the last commit's position
+    assert moved.predicted_iteration_seconds < 0.9 * carried.predicted_iteration_seconds
+    validate(moved, balance_tolerance=None)
+
+
+@pytest.mark.parametrize("planner", ["skippipe", "full-pipeline"])
+def test_a_stage_that_lost_every_peer_is_skipped_by_skippipe_and_refilled_for_the_full_pipeline(planner, records):
+    s = make_scheduler(planner, rebalance=False)
+    first = planned(s, records)
+    commit(s, 3)
+    stage = 2
+    gone = first.stage_peers(stage)
+    live = {p: r for p, r in records.items() if p not in gone}
+    (new,) = published(s.observe(fresh(live), LATER))
+    if planner == "skippipe":  # paths route around the empty stage until a volunteer takes it over
+        assert new.rules.unserved == {stage} and stage not in new.placement.values()
+        assert not new.meta["restore"] and all(new.placement[p] == st for p, st in first.placement.items()
+                                               if p in live)
+        return
+    # a full pipeline cannot skip it: a survivor moves there and restarts it from a neighbouring stage's peer
+    (mover,) = [p for p in live if new.placement[p] != first.placement[p]]
+    assert new.placement[mover] == stage and not new.rules.unserved
+    assert abs(new.placement[new.meta["restore"][mover]] - stage) == 1 and not new.meta["handover"]
+    assert {len(r.stages) for r in new.routes} == {STAGES - 1}
+
+
+def test_a_joiner_whose_epoch_has_not_started_is_neither_moved_nor_a_source_of_state(records):
+    """A holder dies while a joiner's first epoch waits for the next iteration: the rerun of the iteration in
+    progress must not move the joiner (it does not hold its stage yet, and waits for that stage's state)."""
+    s = make_scheduler("skippipe")
+    newcomer = "peer-11"
+    first_peers = {p: r for p, r in records.items() if p != newcomer}
+    first = planned(s, first_peers)
+    commit(s, 3)
+    live = {**first_peers, newcomer: dataclasses.replace(records[newcomer], state=PeerState.JOINING)}
+    epoch = joined(s, live, 5.0)
+    assert epoch.meta["start_iteration"] == 4 and newcomer in epoch.meta["joiners"]
+    holder = epoch.data_holders[0]
+    live = {p: r for p, r in live.items() if p != holder}
+    (rerun,) = published(s.observe(fresh(live), LATER))
+    assert rerun.meta["start_iteration"] == 3 and rerun.placement[newcomer] == epoch.placement[newcomer]
+    assert newcomer not in rerun.meta["handover"] and newcomer not in rerun.meta["handover"].values()
+    # a mover's state comes from a peer that held the stage when the iteration in progress began
+    assert all(first.placement.get(src) == rerun.placement[p] for p, src in rerun.meta["handover"].items())
+
+
+def test_a_saved_plan_starts_the_run_once_its_peers_are_live_and_a_fresh_plan_otherwise(records):
+    earlier = make_replanner("full-pipeline").plan(records, epoch=3, start_iteration=40)
+    saved = Schedule.from_json(earlier.to_json())  # as `--first-schedule` reads it
+    started = planned(make_scheduler("full-pipeline", first_schedule=saved), records)
+    assert started.placement == earlier.placement and started.routes == earlier.routes
+    assert started.epoch == 0 and started.meta["start_iteration"] == 0 and started.meta["saved_plan"]
+    # the run's shards, one per holder, held by the holders its columns start at (the others inject nothing)
+    shards = started.meta["shards"]
+    assert set(shards) == set(earlier.data_holders) and started.meta["shard_positions"] == {}
+    assert sorted(k for ks in shards.values() for k in ks) == list(range(len(earlier.data_holders)))
+    assert {h for h, ks in shards.items() if ks} == {r.origin for r in started.routes}
+    # one of its peers not here yet: wait for it, then plan afresh for those who are
+    late = sorted(records)[5]
+    fewer = {p: r for p, r in records.items() if p != late}
+    s = make_scheduler("full-pipeline", first_schedule=saved)
+    assert s.observe(fresh(fewer), 0.0) == [] and s.observe(fresh(fewer), 3.0) == []
+    (fresh_plan,) = published(s.observe(fresh(fewer), LINK_WAIT_SECONDS))
+    assert late not in fresh_plan.placement and "saved_plan" not in fresh_plan.meta
+    # a peer pinning another stage than the plan gives it: no waiting, a fresh plan that keeps its pin
+    pinned = sorted(records)[7]
+    other = (earlier.placement[pinned] + 1) % STAGES
+    moved = {**records, pinned: dataclasses.replace(records[pinned], stage=other)}
+    fresh_plan = planned(make_scheduler("full-pipeline", first_schedule=saved), moved)
+    assert fresh_plan.placement[pinned] == other and "saved_plan" not in fresh_plan.meta
+
+
+def test_a_successor_reruns_the_iteration_in_progress_under_an_epoch_of_its_own(records):
+    first = make_replanner().plan(records, epoch=0, start_iteration=0)
+    s = make_scheduler(ends_run_on_stop=False)
+    gone = next(p for p, st in first.placement.items() if st == 1)
+    (resumed,) = published(s.resume([first], 7, fresh({p: r for p, r in records.items() if p != gone}), 0.0))
+    assert resumed.epoch == 1 and resumed.meta["start_iteration"] == 7 and gone not in resumed.placement
+    assert s.completed == 7 and s.schedule is resumed
