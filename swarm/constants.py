@@ -8,7 +8,7 @@ from scheduler.constants import MAX_PEERS, MAX_STAGES
 
 SEND_CONCURRENCY = 4
 """Messages a peer sends at once (its sender threads); the transport keeps as many idle streams per receiver."""
-WIRE_VERSION = 2
+WIRE_VERSION = 3
 """Version of every wire record; decoders refuse records of another version."""
 
 # ---- sizes checked before anything is allocated ---------------------------------------------------------------
@@ -85,6 +85,14 @@ MAX_RECORD_LIFETIME = 7 * 24 * 3600.0
 # ---- transport and probing --------------------------------------------------------------------------------------
 INBOUND_QUEUE_SIZE = 4
 """Received tensors waiting for the consumer; when full, senders wait (backpressure)."""
+INBOX_SIZE = 16
+"""Accepted messages waiting for a peer's main loop to sort them; when full, the transport's consumer waits, then
+its queue fills and senders wait (backpressure from a slow stage to the stages sending to it)."""
+MAX_BUFFERED_MESSAGES = 1024
+"""Sorted messages a peer keeps for iterations, epochs or uses it has not reached yet; past this it stops taking
+messages from its inbox until it catches up (far above what one iteration brings)."""
+OUTBOX_SIZE = 64
+"""Messages a peer has handed to its sender threads and not yet sent; a peer that would exceed it waits."""
 STREAM_CHUNK_BYTES = 1 << 20
 PROBE_PING_BYTES = 1024
 PROBE_GOODPUT_BYTES = 4 * 1024 * 1024

@@ -138,7 +138,8 @@ def join(initial_peers, run_id, device, precision, stage, data_paths, identity, 
          emulate_speed, latency_file) -> None:
     """Join a run: measure, announce, get placed, train; Ctrl+C leaves cleanly."""
     from swarm.coordinator.scheduler_role import SchedulerRole
-    from swarm.peer.peer import Peer, PeerOptions
+    from swarm.peer.options import PeerOptions
+    from swarm.peer.peer import Peer
 
     _logging(log_file, log_level)
     if stage != "auto" and not stage.isdigit():

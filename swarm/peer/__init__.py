@@ -1,6 +1,17 @@
-"""A volunteer's process.
+"""A volunteer's process: `Peer` (join, serve, leave) over components with one job each.
 
-- peer.py: Peer, one volunteer's process: join, announce, get placed, iterate, leave
+- peer.py: Peer, the process: joins, follows the schedule's epochs, loops over iterations, drains and leaves
+- options.py: PeerOptions, how a peer joins (the run itself is the coordinator's run spec)
+- schedule_follower.py: ScheduleFollower, the epoch in use and the next one, commits, 'gone' and 'finished'
+- succession.py: Succession, the watch on the scheduler's heartbeat and the scheduler role its successor takes on
+- stage_keeper.py: StageKeeper, which stage the peer serves with which state; moves, equipping and hand-over
+- stage_session.py: StageSession, a stage's worker and averager (rebuilt on a move), and how one is equipped
+- iteration_runner.py: IterationRunner, one iteration from the first microbatch to the optimizer step
+- iteration_clock.py: IterationClock, measured iteration times and the deadlines derived from them
 - pipeline.py: PipelineExecutor, one peer's part of one iteration, driven by the messages it receives
+- mailbox.py: Inbox and Outbox, bounded: a slow stage slows the stages sending to it
+- data_holder.py: DataHolder, a stage-0 peer's shards as the schedule assigns them
+- reports.py: Reports, what the peer tells the scheduler (done, stuck, broken, unrecoverable, unreachable)
+- link_watch.py: LinkWatch, the peer's link measurements, kept fresh in the background
 - timeline.py: Timeline, a peer's compute and send spans, and the Chrome trace of a whole run
 """

@@ -1,0 +1,58 @@
+"""`DataHolder`: the part of a stage-0 peer that follows the schedule's data shards.
+
+A holder draws its microbatches from the shards its epoch assigns it (its own shard, and any it took over from a
+holder that died or stopped injecting), each taken-over shard starting at its position after the iteration before
+the one this peer runs next: the scheduler's newest commit says where that is when it committed exactly that
+iteration, the schedule's planned positions otherwise. A holder with its own documents (`--data`) draws from them
+only. The shards and their ledger are `peers.holder_shards.HolderShards` (no network); this class adds the
+schedule's rules.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+from peers.holder_shards import HolderShards
+from scheduler.schedule import Schedule
+
+logger = logging.getLogger(__name__)
+
+
+class DataHolder:
+    """Data holder `peer_id`'s shards, as its schedules assign them.
+
+    :param own_data: the peer brought its own documents: it draws from them, whatever the schedule assigns
+    """
+
+    def __init__(self, shards: HolderShards, peer_id: str, *, own_data: bool = False) -> None:
+        self.shards, self.peer_id, self.own_data = shards, peer_id, own_data
+
+    def follow(self, schedule: Schedule, iteration: int, committed: tuple[int, dict[str, Any]]) -> None:
+        """Draw from the shards `schedule` assigns this holder from `iteration` on; `committed` is the scheduler's
+        newest commit (its iteration, shard positions). A bad committed position is refused (logged) and the
+        schedule's used."""
+        if self.own_data:
+            self.shards.use_own_data()
+            return
+        specs = schedule.meta.get("shards", {}).get(self.peer_id)
+        if specs is None:
+            specs = [schedule.data_holders.index(self.peer_id)]
+        total = int(schedule.meta.get("num_shards", len(schedule.data_holders)))
+        planned = schedule.meta.get("shard_positions", {})
+        commit_iteration, positions = committed
+        starts = {**planned, **positions} if commit_iteration == iteration - 1 else planned
+        try:
+            self.shards.assign(specs, total, starts)
+        except ValueError as e:
+            logger.error("the scheduler's commit of iteration %d gave a bad data position (%s): using the "
+                         "schedule's", commit_iteration, e)
+            self.shards.assign(specs, total, planned)
+
+    def draw(self, schedule: Schedule, iteration: int) -> dict[int, torch.Tensor]:
+        """This holder's microbatches for `iteration`, in the order it injects them."""
+        own = sorted((r for r in schedule.routes if r.origin == self.peer_id),
+                     key=lambda r: (r.inject_after, r.microbatch))
+        return self.shards.draw([r.microbatch for r in own], iteration=iteration, epoch=schedule.epoch)

@@ -1,0 +1,186 @@
+"""`IterationRunner`: one peer's whole part of one iteration, from its first microbatch to its optimizer step.
+
+1. its part of the pipeline (`PipelineExecutor`); a data holder draws its microbatches and, once they are done,
+   reports `done` to the scheduler;
+2. it waits for the scheduler's `commit` of the iteration (after which its samples count as processed), serving
+   on meanwhile (a detour around a gone peer may still bring work);
+3. its stage group's averaging (all-gather, or hivemind's averager) and one optimizer step; a checkpoint every
+   `checkpoint_every` iterations.
+
+Deadlines come from the `IterationClock`. A microbatch whose backward is overdue at this peer makes it probe the
+peer it sent the forward to: one that does not answer is taken for unreachable (detoured around, not waited for by
+the averaging, and reported). A newer epoch that starts at the iteration in progress aborts it (IterationAborted),
+and so does the run finishing while the peer is asked to stop; no commit in time is an IterationTimeout.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from peers.checkpoint import param_digest, save_stage_checkpoint
+from scheduler.schedule import Schedule
+from swarm.net.transport import Transport, TransportError
+from swarm.peer.data_holder import DataHolder
+from swarm.peer.iteration_clock import IterationClock
+from swarm.peer.mailbox import Inbox, Outbox
+from swarm.peer.pipeline import IterationAborted, IterationTimeout, PipelineExecutor
+from swarm.peer.reports import Reports
+from swarm.peer.schedule_follower import ScheduleFollower
+from swarm.peer.stage_session import StageSession
+from swarm.peer.timeline import Timeline
+from swarm.run_config import RunConfig
+from swarm.stage_group.allgather import average_stage_group
+
+logger = logging.getLogger(__name__)
+
+COMMIT_TIMEOUT = 120.0
+"""Seconds to wait for the scheduler's commit (or a replacing epoch) before giving up on the run."""
+HOP_CHECK_TIMEOUT = 5.0
+"""Seconds the next hop of an overdue microbatch has to acknowledge a one-byte probe before it is taken for gone."""
+
+
+class IterationRunner:
+    """Runs iterations for peer `peer_id` of a run configured by `config`.
+
+    :param transport: returns the peer's transport (for probing a late next hop)
+    :param stopping: whether the run is stopping while this peer is asked to stop (no commit will come)
+    """
+
+    def __init__(self, peer_id: str, run_id: str, config: RunConfig, *, inbox: Inbox, outbox: Outbox,
+                 follower: ScheduleFollower, reports: Reports, clock: IterationClock, timeline: Timeline,
+                 transport: Callable[[], Transport | None], stopping: Callable[[], bool],
+                 averaging_deadline: float, checkpoint_dir: str | None = None, log_param_digest: bool = False) -> None:
+        self.peer_id, self.run_id, self.config = peer_id, run_id, config
+        self.inbox, self.outbox, self.follower, self.reports = inbox, outbox, follower, reports
+        self.clock, self.timeline = clock, timeline
+        self._transport, self._stopping = transport, stopping
+        self.averaging_deadline, self.checkpoint_dir = averaging_deadline, checkpoint_dir
+        self.log_param_digest = log_param_digest
+        self.unreachable: frozenset[str] = frozenset()
+        """Peers no stream could be opened to since this peer adopted its schedule: detoured around like gone ones,
+        and not waited for by the stage averaging (replaced, never mutated)."""
+
+    def new_epoch(self) -> None:
+        """The scheduler's newer view is in use: a peer still unreachable fails (and is reported) again."""
+        self.unreachable = frozenset()
+        self.reports.new_epoch()
+
+    def note_unreachable(self, peer: str, certain: bool = True) -> None:
+        """A send to `peer` failed (`certain`: no stream could be opened at all): report it to the scheduler."""
+        if certain:
+            self.unreachable = self.unreachable | {peer}
+        self.reports.unreachable(peer)  # before a broken microbatch is reported: the scheduler drops it then
+
+    def run(self, session: StageSession, schedule: Schedule, iteration: int, data: DataHolder | None) -> None:
+        """This peer's part of `iteration` under `schedule`, through its optimizer step."""
+        worker, stage = session.worker, session.stage
+        batches = data.draw(schedule, iteration) if stage == 0 and data is not None else {}
+        executor = PipelineExecutor(me=self.peer_id, worker=worker, schedule=schedule, run_id=self.run_id,
+                                    iteration=iteration, send=self.outbox.send, batches=batches,
+                                    hold=self.inbox.hold, timeline=self.timeline,
+                                    gone=lambda: self.follower.gone | self.unreachable,
+                                    broken=self.reports.broken,
+                                    give_up=lambda mb, why: self.reports.unrecoverable(iteration, schedule.epoch, mb,
+                                                                                       why),
+                                    hop_deadlines=self.clock.hop_deadlines(schedule, self.peer_id),
+                                    overdue=self._check_next_hop)
+        t0 = time.perf_counter()
+        result = executor.run(lambda t: self.inbox.receive("hop", t),
+                              deadline=self.clock.iteration_deadline(schedule),
+                              aborted=lambda: self.follower.replaced(iteration) or self._stopping(),
+                              settled=lambda: self.follower.is_committed(iteration, schedule.epoch))
+        if stage == 0 and data is not None:
+            self.reports.done(iteration, schedule.epoch, result, data.shards.positions())
+        waited = time.time()
+        self._wait_for_commit(executor, schedule, iteration)
+        self.timeline.record("commit", waited, time.time(), iteration=iteration)
+        for mb in worker.stashed:  # committed: every holder's microbatches finished, so these went another way
+            logger.info("microbatch %d's stashed forward is dropped: it was re-queued around this peer", mb)
+            worker.drop(mb)
+        if stage == 0 and data is not None:
+            for mb, attempt in result.requeued:
+                data.shards.retried(iteration, mb, attempt)
+            data.shards.commit(iteration)
+        t1 = time.perf_counter()
+        group = schedule.stage_peers(stage)
+        if self.config.averaging == "hivemind":
+            visits, heard = session.average_with_hivemind(len(group), self.averaging_deadline)
+        else:
+            visits, heard = average_stage_group(me=self.peer_id, worker=worker, group=group, run_id=self.run_id,
+                                                iteration=iteration, epoch=schedule.epoch, send=self.outbox.send,
+                                                receive=lambda t: self.inbox.receive("avg", t),
+                                                deadline=self.averaging_deadline, alive=self._worth_waiting_for,
+                                                hold=self.inbox.hold)
+        t2 = time.perf_counter()
+        self.timeline.record("average", time.time() - (t2 - t1), time.time(), iteration=iteration)
+        stats = worker.step()
+        t3 = time.perf_counter()
+        self._checkpoint(session, schedule, iteration + 1, data)
+        self.timeline.flush()
+        if getattr(worker, "overruns", 0):
+            logger.warning("compute emulation: %d operations so far took longer than the emulated device",
+                           worker.overruns)
+        if result.detours:
+            logger.warning("iteration %d: %d forwards of this peer went around gone peers", iteration, result.detours)
+        if result.requeued:
+            logger.warning("iteration %d: %d microbatches of this holder's were re-queued after a peer on their path "
+                           "died", iteration, len(result.requeued))
+        logger.info("iteration %d done: %d backward passes, stage %d averaged %d visits from %d/%d peers, lr %.2e "
+                    "(pipeline+commit %.3f s, averaging %.3f s, step %.3f s)", iteration, result.backward_done,
+                    stage, visits, heard, len(group), stats.lr, t1 - t0, t2 - t1, t3 - t2)
+
+    def _checkpoint(self, session: StageSession, schedule: Schedule, done: int, data: DataHolder | None) -> None:
+        if self.checkpoint_dir and self.config.checkpoint_every and done % self.config.checkpoint_every == 0:
+            save_stage_checkpoint(self.checkpoint_dir, session.worker, iteration=done, seed=self.config.seed,
+                                  shard=data.shards.first() if data is not None else None,
+                                  extra={"run_id": self.run_id, "peer": self.peer_id, "epoch": schedule.epoch})
+            logger.info("checkpoint of stage %d at iteration %d written to %s", session.stage, done,
+                        self.checkpoint_dir)
+        if self.log_param_digest:
+            logger.info("params iteration %d stage %d digest %s", done - 1, session.stage,
+                        param_digest(session.worker))
+
+    def _wait_for_commit(self, executor: PipelineExecutor, schedule: Schedule, iteration: int) -> None:
+        """Block until the scheduler commits `iteration`; a replacing epoch aborts it instead. Meanwhile keep
+        serving the iteration: a detour around a gone peer of this stage may still bring work here."""
+        end = time.monotonic() + COMMIT_TIMEOUT
+        while not self.follower.is_committed(iteration, schedule.epoch):
+            if self.follower.replaced(iteration):
+                raise IterationAborted(f"iteration {iteration} replaced before its commit")
+            if self._stopping():
+                raise IterationAborted(f"iteration {iteration} abandoned: the run is stopping")
+            if time.monotonic() > end:
+                raise IterationTimeout(f"no commit of iteration {iteration} within {COMMIT_TIMEOUT:.0f} s")
+            executor.handle(self.inbox.receive("hop", 0.2))
+        self.follower.forget_commits_before(iteration)
+        self.clock.committed(time.monotonic())
+
+    def _worth_waiting_for(self, peer: str) -> bool:
+        """Whether the stage averaging should still wait for `peer`: not gone, reachable, and in the newest epoch."""
+        if peer in self.follower.gone or peer in self.unreachable:
+            return False
+        newer = self.follower.poll_newer()
+        return newer is None or peer in newer.placement
+
+    def _check_next_hop(self, peer: str, microbatch: int) -> None:
+        """A microbatch sent to `peer` is overdue: probe `peer` off the main loop. One that does not answer is
+        taken for gone (the executor reports the microbatch broken, the scheduler hears that it is unreachable);
+        one that answers is slow, or waits on a hop further on, whose own upstream peer checks it."""
+        def check() -> bool:
+            try:
+                transport = self._transport()
+                if transport is None:
+                    return False
+                transport.probe(peer, 1, timeout=HOP_CHECK_TIMEOUT)
+                logger.info("microbatch %d is late but %s answers: waiting on", microbatch, peer)
+                return True
+            except TransportError as e:
+                logger.warning("microbatch %d is overdue at %s, which does not answer (%s): taking it for gone",
+                               microbatch, peer, e)
+                self.note_unreachable(peer)
+                self.inbox.wake()  # the executor finds the microbatch broken
+                return False
+
+        self.outbox.submit(check)

@@ -1,0 +1,61 @@
+"""`LinkWatch`: a peer's measurements of its links, kept fresh in the background.
+
+The planner's cost matrix comes from these: latency and goodput to a sample of the announced peers, measured
+before the peer announces itself and then for peers that announce themselves later (joiners), and now and then
+again for the stalest links. The heartbeat publishes them with the peer's record.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from swarm.net.link_probe import LinkProber
+from swarm.net.transport import TransportError
+from swarm.wire import PeerRecord, WireError
+
+logger = logging.getLogger(__name__)
+
+LINK_PROBE_PERIOD = 5.0
+"""Seconds between two looks for peers whose links this peer has not measured yet (joiners)."""
+LINK_REFRESH_PERIOD = 300.0
+"""Seconds between two re-measurements of the stalest links."""
+
+
+class LinkWatch:
+    """Links of peer `peer_id` (peer -> (latency s, bandwidth B/s)), measured with `prober`.
+
+    :param announced: the announced peers' records (the peer's latest read of the DHT)
+    :param skip: peers never probed (the coordinator runs no pipeline)
+    """
+
+    def __init__(self, prober: LinkProber, peer_id: str, announced: Callable[[], dict[str, PeerRecord]], *,
+                 skip: frozenset[str] = frozenset()) -> None:
+        self.prober, self.peer_id, self._announced, self.skip = prober, peer_id, announced, skip
+        self.links: dict[str, tuple[float, float]] = {}
+
+    def probe(self, *, only_unmeasured: bool = False) -> None:
+        """One round over a sample of the announced peers (those not yet measured, with `only_unmeasured`)."""
+        try:
+            others = [p for p in self._announced() if p != self.peer_id and p not in self.skip]
+            if only_unmeasured:
+                others = [p for p in others if p not in self.prober.probed()]
+            if others:
+                self.links = self.prober.probe_round(others)
+        except (TransportError, WireError, TimeoutError) as e:
+            logger.warning("link probing failed: %s", e)
+
+    def start(self, stop: threading.Event, finished: threading.Event) -> None:
+        """Keep probing in a background thread until `stop` or `finished` is set."""
+        threading.Thread(target=self._keep_probing, args=(stop, finished), name="skippipe-prober",
+                         daemon=True).start()
+
+    def _keep_probing(self, stop: threading.Event, finished: threading.Event) -> None:
+        refreshed = time.monotonic()
+        while not stop.wait(LINK_PROBE_PERIOD) and not finished.is_set():
+            refresh = time.monotonic() - refreshed > LINK_REFRESH_PERIOD
+            if refresh:
+                refreshed = time.monotonic()
+            self.probe(only_unmeasured=not refresh)

@@ -1,0 +1,206 @@
+"""`Inbox` and `Outbox`: the peer's messages between the transport and its main loop, bounded both ways.
+
+The transport hands accepted messages to `Inbox.put` from its consumer thread; the main loop (the only user of
+the worker) takes them with `receive`, sorted by iteration and kind. Both ends are bounded: a full inbox makes the
+transport's consumer wait, and then the senders, so a slow stage slows the stages sending to it instead of growing
+a queue. `Outbox.send` hands a message to a few sender threads and waits while too many are pending.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import replace
+from typing import Literal
+
+import torch
+
+from swarm.constants import INBOX_SIZE, MAX_BUFFERED_MESSAGES, OUTBOX_SIZE, SEND_CONCURRENCY
+from swarm.net.delivery import Inbound, Undelivered
+from swarm.net.transport import PeerUnreachable, Transport, TransportError
+from swarm.peer.pipeline import Requeue
+from swarm.peer.timeline import Timeline
+from swarm.wire import Direction, HopHeader
+
+logger = logging.getLogger(__name__)
+
+Kind = Literal["hop", "avg", "state"]
+MAX_ITERATIONS_AHEAD = 2
+"""Messages for iterations further ahead than this are refused, so a flood cannot fill memory."""
+PIPELINE = (Direction.FORWARD, Direction.BACKWARD)
+
+
+class Inbox:
+    """Messages for the main loop, by (iteration, kind): pipeline hops, averaging, stage state.
+
+    The owner keeps `iteration` and `epoch` current. Messages of older iterations are dropped (except those of an
+    epoch that reruns an earlier iteration, which a fresh joiner may run too), of iterations too far ahead refused,
+    and of a newer epoch than the one in use held until the owner adopts it (`adopt`). Stage state is kept until
+    used, or an iteration old once the peer is online.
+    """
+
+    def __init__(self, size: int = INBOX_SIZE) -> None:
+        self._raw: queue.Queue[Inbound | Undelivered | Requeue | None] = queue.Queue(size)
+        self._buckets: dict[tuple[int, Kind], list] = defaultdict(list)
+        self._held: list[Inbound] = []
+        self.iteration = 0
+        self.epoch = -1
+        self.online = False
+        """Whether the owner serves its stage (a state transfer it did not use is void an iteration later)."""
+        self.newest_epoch = 0
+        """The newest epoch a held message was sent under."""
+
+    def put(self, item: Inbound | Undelivered | Requeue | None) -> None:
+        """Any thread: hand the main loop a message (None only wakes it). Waits while the inbox is full."""
+        self._raw.put(item)
+
+    def wake(self) -> None:
+        """Wake the main loop (a notice changed what it waits for); never waits."""
+        try:
+            self._raw.put_nowait(None)
+        except queue.Full:  # the loop has messages to wake it anyway
+            pass
+
+    def receive(self, kind: Kind, timeout: float, *, any_iteration: bool = False) -> list:
+        """The messages of `kind` for the current iteration (any iteration with `any_iteration`), waiting up to
+        `timeout` seconds for a first one."""
+        keys = lambda: [k for k in self._buckets if k[1] == kind and (any_iteration or k[0] == self.iteration)]  # noqa: E731
+        if not any(self._buckets[k] for k in keys()) and not self._full():
+            try:
+                self._file(self._raw.get(timeout=timeout))
+            except queue.Empty:
+                pass
+        while not self._full():
+            try:
+                self._file(self._raw.get_nowait())
+            except queue.Empty:
+                break
+        for old in [k for k in self._buckets if k[0] < self.iteration - (1 if k[1] == "state" else 0) and
+                    (k[1] != "state" or self.online)]:
+            del self._buckets[old]
+        out: list = []
+        for k in keys():
+            out.extend(self._buckets.pop(k, []))
+        return out
+
+    def hold(self, m: Inbound) -> None:
+        """Keep a message of a newer epoch than the one in use (its sender switched first) until the owner does."""
+        self._held.append(m)
+        self.newest_epoch = max(self.newest_epoch, m.header.epoch)
+
+    def adopt(self, epoch: int) -> None:
+        """The owner runs `epoch` now: messages of older epochs are void, held ones of this epoch are filed."""
+        self.epoch = epoch
+        self._buckets = defaultdict(list, {k: kept for k, v in self._buckets.items()
+                                           if (kept := [m for m in v if k[1] == "state" or
+                                                        m.header.epoch >= epoch])})
+        held, self._held = self._held, []
+        for m in held:
+            if m.header.epoch > epoch:
+                self._held.append(m)
+            elif m.header.epoch == epoch:
+                self._file(m)
+
+    def drop_state(self) -> None:
+        """Forget stage state sent to this peer (it has its stage now)."""
+        for k in [k for k in self._buckets if k[1] == "state"]:
+            del self._buckets[k]
+
+    def _full(self) -> bool:
+        return sum(map(len, self._buckets.values())) + len(self._held) >= MAX_BUFFERED_MESSAGES
+
+    def _file(self, m: Inbound | Undelivered | Requeue | None) -> None:
+        if m is None:
+            return
+        if isinstance(m, (Requeue, Undelivered)):
+            it = m.iteration if isinstance(m, Requeue) else m.header.iteration
+            if it == self.iteration:
+                self._buckets[(it, "hop")].append(m)
+            return
+        it = m.header.iteration
+        kind = {Direction.AVERAGE: "avg", Direction.STATE: "state"}.get(m.header.direction, "hop")
+        if kind == "state":
+            # kept even while this peer serves the stage it is for: its sender may have adopted an epoch that moves
+            # this peer first; unused, it is dropped an iteration later (`receive`)
+            self._buckets[(it, kind)].append(m)
+        elif it < self.iteration and m.header.epoch > self.epoch >= 0:
+            self.hold(m)  # an epoch that reruns an earlier iteration: this fresh joiner may run it too
+        elif it < self.iteration:
+            logger.debug("stale message of iteration %d from %s dropped", it, m.sender)
+        elif it > self.iteration + MAX_ITERATIONS_AHEAD:
+            logger.warning("dropped a message of iteration %d from %s: this peer is at iteration %d", it, m.sender,
+                           self.iteration)
+        else:
+            self._buckets[(it, kind)].append(m)
+
+
+class Outbox:
+    """Sends on a few threads; a pipeline message that could not be delivered comes back to the inbox as
+    `Undelivered` (its executor detours it or reports it broken).
+
+    :param transport: returns the transport (None once it is shut down)
+    :param wire_dtype: the run's compression of pipeline tensors (float32 = none)
+    :param failed: called with (peer, unreachable) when a send fails, before the message comes back
+    """
+
+    def __init__(self, transport: Callable[[], Transport | None], inbox: Inbox, timeline: Timeline, *,
+                 wire_dtype: str = "float32", failed: Callable[[str, bool], None] | None = None) -> None:
+        self._transport, self._inbox, self._timeline = transport, inbox, timeline
+        self.wire_dtype = wire_dtype
+        self._failed = failed
+        self._pool = ThreadPoolExecutor(SEND_CONCURRENCY, thread_name_prefix="skippipe-send")
+        self._room = threading.BoundedSemaphore(OUTBOX_SIZE)
+
+    def send(self, peer: str, header: HopHeader, tensor: torch.Tensor) -> Future[bool]:
+        """Queue a message for `peer`; the future says whether it was delivered."""
+        plain = header.direction in (Direction.AVERAGE, Direction.STATE) or self.wire_dtype == "float32"
+        wire = None if plain else self.wire_dtype
+        if header.direction in PIPELINE:
+            header = replace(header, sent_at=time.time())  # before the queue: its wait is the link's too
+
+        def deliver() -> bool:
+            try:
+                transport = self._transport()
+                if transport is None:
+                    raise TransportError("the transport is shut down")
+                start = time.time()
+                transport.send(peer, header, tensor, wire_dtype=wire)
+                self._timeline.record(f"send_{header.direction.name.lower()}", start, time.time(), to=peer,
+                                      microbatch=header.microbatch, iteration=header.iteration,
+                                      bytes=tensor.numel() * tensor.element_size())
+                return True
+            except (TransportError, ValueError) as e:
+                logger.warning("could not send %s of microbatch %d to %s: %s", header.direction.name.lower(),
+                               header.microbatch, peer, e)
+                unreachable = isinstance(e, PeerUnreachable)
+                if self._failed is not None:
+                    self._failed(peer, unreachable)
+                if header.direction in PIPELINE:
+                    self._inbox.put(Undelivered(peer, header, tensor, unreachable=unreachable))
+                return False
+
+        return self.submit(deliver)
+
+    def submit(self, job: Callable[[], bool]) -> Future[bool]:
+        """Run `job` on a sender thread (waits while OUTBOX_SIZE jobs are pending)."""
+        self._room.acquire()
+
+        def run() -> bool:
+            try:
+                return job()
+            finally:
+                self._room.release()
+
+        try:
+            return self._pool.submit(run)
+        except RuntimeError:  # shut down
+            self._room.release()
+            raise
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)

@@ -1,0 +1,51 @@
+"""`PeerOptions`: how a volunteer's peer joins a run (the run itself is described by the coordinator's run spec)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from swarm.constants import LOOPBACK_HOST, PROBE_SAMPLE_SIZE
+
+
+@dataclass(frozen=True)
+class PeerOptions:
+    """How this peer joins (the run itself is described by the coordinator's run spec)."""
+
+    initial_peers: tuple[str, ...]
+    """Multiaddrs of any peers (or the coordinator) already in the run."""
+    identity_path: str
+    """Key file; created on first run. One key, one peer id, in the DHT, the transport and gossip."""
+    run_id: str = "skippipe"
+    host: str = LOOPBACK_HOST
+    port: int = 0
+    stage: int | None = None
+    """Serve this stage (None: the planner decides)."""
+    data_paths: tuple[str, ...] = ()
+    """Local training files: this peer becomes a data holder with its own data."""
+    device: str = "cpu"
+    precision: str = "auto"
+    """Autocast of the compute: fp32, bf16, fp16, or auto (bf16 on CUDA, fp32 on CPU)."""
+    iteration_deadline: float = 300.0
+    """Most seconds this peer waits for its part of one iteration; the deadline it uses is a multiple of how
+    long iterations take (see `IterationClock.iteration_deadline`), capped by this."""
+    averaging_deadline: float = 60.0
+    join_timeout: float = 120.0
+    """Seconds to wait for the run spec and for a schedule that places this peer."""
+    log_gossip: str | None = None
+    ledger_path: str | None = None
+    """Where a data holder appends its data ledger (JSON lines)."""
+    checkpoint_dir: str | None = None
+    """Where this peer writes its own checkpoint every `checkpoint_every` iterations of the run."""
+    metrics_path: str | None = None
+    """Where this peer writes the run's metrics if it becomes the scheduler (the coordinator died)."""
+    probe_sample: int = PROBE_SAMPLE_SIZE
+    """Peers whose links one probing round measures (unmeasured ones first, then the stalest)."""
+    log_param_digest: bool = False
+    """Log a digest of the stage's parameters after every step (to check that a stage group agrees)."""
+    trace_path: str | None = None
+    """Where this peer appends its timeline (compute and send spans, JSON lines) for a Chrome trace."""
+    emulate_seconds_per_layer: float | None = None
+    """Compute emulation: announce this speed instead of the measured one and pad every operation to it."""
+    link_latency: Mapping[str, float] | None = None
+    """Link emulation: one-way seconds the transport waits before each message to that peer."""

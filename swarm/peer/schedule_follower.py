@@ -1,0 +1,167 @@
+"""`ScheduleFollower`: which schedule epoch a peer follows, and what its scheduler has told it.
+
+The scheduler stores each epoch in the DHT and announces it on gossip; the follower reads it from the DHT on a
+notice, again every half second while a newer epoch is known to exist but the DHT still returns an older one (its
+replicas lag), and every SCHEDULE_POLL_PERIOD in any case. An epoch starts at an iteration (`start_iteration`):
+until then it waits as `newer`; one that starts at or before the iteration in progress replaces it (a rerun).
+
+Only the scheduler is trusted: schedules are read from the DHT signed by the coordinator or the current
+scheduler, and notices, 'gone', 'finished' and commits are taken only from the scheduler or, once it has missed a
+heartbeat, from its would-be successor (`Succession` keeps `scheduler` and `candidate` current).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from scheduler.schedule import Schedule
+from swarm.control.messages import Commit, ControlMessage, Finished, Gone, ScheduleNotice
+from swarm.control.records import SwarmRecords
+
+logger = logging.getLogger(__name__)
+
+SCHEDULE_POLL_PERIOD = 5.0
+"""Seconds between two reads of the newest schedule from the DHT when no notice came."""
+LAGGING_POLL_PERIOD = 0.5
+"""Seconds between two reads while a newer epoch is known to exist but the DHT still returns an older one."""
+SILENCE_GRACE = 2.0
+"""Beyond three heartbeats, how long the scheduler's record may be missing before it is taken for gone."""
+
+
+class ScheduleFollower:
+    """The schedule in use, the next one, and the scheduler's notices.
+
+    :param records: the run's signed DHT records (where schedules are read)
+    :param coordinator: the run's coordinator (its schedules are always trusted)
+    :param heartbeat: the run's heartbeat period in seconds
+    :param newest_held: the newest epoch a peer sent a message under (a sign a newer epoch exists)
+    """
+
+    def __init__(self, records: SwarmRecords, coordinator: str, heartbeat: float, *,
+                 newest_held: Callable[[], int] = lambda: 0) -> None:
+        self.records, self.coordinator, self.heartbeat = records, coordinator, heartbeat
+        self.scheduler = coordinator
+        """The peer whose schedules and notices this peer follows (the coordinator, or its successor)."""
+        self.candidate: str | None = None
+        """The scheduler's would-be successor while the scheduler misses heartbeats."""
+        self.scheduler_seen = time.monotonic()
+        self.schedule: Schedule | None = None
+        """The epoch in use."""
+        self.newer: Schedule | None = None
+        """A newer epoch read from the DHT, not started yet."""
+        self.notice = threading.Event()
+        """Set by a schedule notice: read the DHT again."""
+        self.finished = threading.Event()
+        """The scheduler said the run is over."""
+        self.gone: frozenset[str] = frozenset()
+        """Peers the scheduler declared gone (replaced, never mutated)."""
+        self.committed_positions: tuple[int, dict[str, Any]] = (-1, {})
+        """(iteration, shard index -> position) of the newest commit: where a shard taken over next starts."""
+        self._commits: set[tuple[int, int]] = set()
+        self._announced_epoch = 0
+        self._newest_held = newest_held
+        self._last_poll = 0.0
+
+    # ---- the scheduler --------------------------------------------------------------------------------------------
+    def trusted(self, sender: str) -> bool:
+        """The scheduler, or (once the scheduler has missed a heartbeat) its would-be successor."""
+        if sender == self.scheduler:
+            return True
+        stale = time.monotonic() - self.scheduler_seen > self.heartbeat * 1.5
+        return stale and sender == self.candidate
+
+    def scheduler_silent(self) -> bool:
+        """The scheduler's record has not been seen for longer than a record lives (three heartbeats and a grace)."""
+        return time.monotonic() - self.scheduler_seen > 3 * self.heartbeat + SILENCE_GRACE
+
+    def on_message(self, sender: str, message: ControlMessage) -> bool:
+        """Take a notice, 'gone', 'finished' or a commit from `sender`; True if the main loop should look again.
+        Messages from anyone but the scheduler are logged and ignored."""
+        if not isinstance(message, (ScheduleNotice, Gone, Finished, Commit)):
+            return False
+        if not self.trusted(sender):
+            logger.warning("ignored a %s from %s: not the run's scheduler", type(message).__name__, sender)
+            return False
+        if isinstance(message, ScheduleNotice):
+            self._announced_epoch = max(self._announced_epoch, message.epoch)
+            self.notice.set()
+            return False
+        if isinstance(message, Gone):
+            self.gone = self.gone | frozenset(message.peers)
+        elif isinstance(message, Finished):
+            logger.info("the run has finished")
+            self.finished.set()
+            self.notice.set()
+        elif isinstance(message, Commit):
+            if message.iteration > self.committed_positions[0]:
+                self.committed_positions = (message.iteration, message.shards)
+            self._commits.add((message.iteration, message.epoch))
+        return True
+
+    # ---- commits --------------------------------------------------------------------------------------------------
+    def is_committed(self, iteration: int, epoch: int) -> bool:
+        return (iteration, epoch) in self._commits
+
+    def forget_commits_before(self, iteration: int) -> None:
+        self._commits = {c for c in self._commits if c[0] >= iteration}
+
+    # ---- epochs ---------------------------------------------------------------------------------------------------
+    def fetch(self) -> Schedule | None:
+        """The newest schedule in the DHT signed by the coordinator or the current scheduler."""
+        msg = self.records.fetch_schedule(signers={self.coordinator, self.scheduler})
+        return msg.to_schedule() if msg is not None else None
+
+    def poll_newer(self) -> Schedule | None:
+        """The newest schedule if it is newer than the one in use (see the module docstring for when it reads)."""
+        now = time.monotonic()
+        known = max(self.schedule.epoch, self.newer.epoch if self.newer is not None else -1)
+        since = now - self._last_poll
+        announced = max(self._announced_epoch, self._newest_held())
+        if self.notice.is_set() or (announced > known and since > LAGGING_POLL_PERIOD) or \
+                since > SCHEDULE_POLL_PERIOD:
+            self.notice.clear()
+            self._last_poll = now
+            schedule = self.fetch()
+            if schedule is not None and schedule.epoch > self.schedule.epoch and \
+                    (self.newer is None or schedule.epoch > self.newer.epoch):
+                self.newer = schedule
+        return self.newer
+
+    def replaced(self, iteration: int) -> bool:
+        """A newer epoch starts at (or before) `iteration`, which is to be abandoned."""
+        newer = self.poll_newer()
+        return newer is not None and int(newer.meta.get("start_iteration", 0)) <= iteration
+
+    def due(self, iteration: int) -> Schedule | None:
+        """The newer epoch if it starts at or before `iteration` (it is no longer `newer` then), else None."""
+        newer = self.poll_newer()
+        if newer is not None and int(newer.meta.get("start_iteration", 0)) <= iteration:
+            self.newer = None
+            return newer
+        return None
+
+    def wait_for_replacement(self, iteration: int, stop: threading.Event, timeout: float) -> bool:
+        """Wait up to `timeout` seconds for an epoch that replaces `iteration`."""
+        end = time.monotonic() + timeout
+        while not stop.is_set() and time.monotonic() < end:
+            if self.replaced(iteration):
+                return True
+            time.sleep(0.2)
+        return False
+
+    def wait_for_placement(self, peer: str, stop: threading.Event, timeout: float, *,
+                           newer_than: int = -1) -> Schedule | None:
+        """The first schedule placing `peer` (of an epoch after `newer_than`), waiting up to `timeout` seconds;
+        None if the run finished or `stop` was set first."""
+        end = time.monotonic() + timeout
+        while not stop.is_set() and not self.finished.is_set() and time.monotonic() < end:
+            schedule = self.fetch()
+            if schedule is not None and peer in schedule.placement and schedule.epoch > newer_than:
+                return schedule
+            self.notice.wait(0.5)
+            self.notice.clear()
+        return None

@@ -1,0 +1,166 @@
+"""`StageKeeper`: which stage a peer serves, with which state, and the state it hands to others.
+
+It holds the peer's `StageSession` and moves it through the schedule's placements: the first placement (a session
+from the run's seed, or from a same-stage peer's state for a joiner, or a restarted stage's), a move to another
+stage (a new session, its state from the peer the schedule names), equipping the newcomers of its own stage, and
+the hand-over of a stage whose last peer leaves. Stage state travels as two STATE messages through the peer's
+inbox and outbox (`swarm.stage_group.state_transfer`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from concurrent.futures import Future
+
+from hivemind import DHT
+
+from peers.checkpoint import load_stage_tensors
+from peers.model import ModelConfig
+from peers.stage import neighbour_blocks
+from peers.worker import StageWorker, WorkerError
+from scheduler.schedule import Schedule
+from swarm.net.delivery import Inbound
+from swarm.peer.mailbox import Inbox, Outbox
+from swarm.peer.options import PeerOptions
+from swarm.peer.stage_session import StageSession, new_worker, receive_state, restart_stage, restore_source
+from swarm.run_config import RunConfig
+from swarm.stage_group.state_transfer import load_state, send_state
+from swarm.wire import PeerState
+
+logger = logging.getLogger(__name__)
+
+STATE_TIMEOUT = 120.0
+"""Seconds a joiner waits for its stage's state from a same-stage peer."""
+HANDOVER_TIMEOUT = 60.0
+"""Seconds a peer moved to another stage waits for the state of the peer it replaces (and a leaving peer for its
+hand-over to be delivered)."""
+
+
+class StageKeeper:
+    """Peer `peer_id`'s stage. `stage` is what it announces (-1, or the stage it pins, until placed).
+
+    :param loss_seconds: this device's measured loss step (a paced worker pads to it)
+    :param dht: returns the peer's DHT (for its stage group's hivemind averager)
+    """
+
+    def __init__(self, peer_id: str, options: PeerOptions, config: RunConfig, model_config: ModelConfig, *,
+                 inbox: Inbox, outbox: Outbox, dht: Callable[[], DHT], loss_seconds: float) -> None:
+        self.peer_id, self.options, self.config, self.model_config = peer_id, options, config, model_config
+        self.inbox, self.outbox, self._dht, self.loss_seconds = inbox, outbox, dht, loss_seconds
+        self.stage = -1 if options.stage is None else options.stage  # announced: the planner pins it there
+        self.state = PeerState.JOINING
+        self.session: StageSession | None = None
+
+    @property
+    def worker(self) -> StageWorker | None:
+        return self.session.worker if self.session is not None else None
+
+    def close(self) -> None:
+        if self.session is not None:
+            self.session.close()
+
+    def start(self, schedule: Schedule, iteration: int) -> None:
+        """Placed by `schedule` from `iteration` (first placement, or placed again after being dropped): a session
+        from the seed, or from a same-stage peer's state (or a restarted stage's) for a joiner."""
+        joiner = self.peer_id in schedule.meta.get("joiners", ()) or self.session is None
+        if self.session is not None and schedule.placement[self.peer_id] != self.stage:
+            self.session.close()
+            self.session = None
+        self.stage = schedule.placement[self.peer_id]
+        if self.session is None:
+            self.session = self._new_session(schedule)
+        self.worker.reset()
+        if iteration > 0 and joiner:
+            source = restore_source(schedule, self.peer_id)
+            if source is None:
+                steps = load_state(self.worker, self._receive_state(schedule, None, STATE_TIMEOUT))
+                logger.info("loaded stage %d's state (step %d) from a same-stage peer", self.stage, steps)
+            else:
+                self._restart(schedule, source)
+        self._go_online()
+
+    def move(self, schedule: Schedule, source: str, *, restart: bool = False) -> None:
+        """The scheduler moved this peer to another stage, to take its state over from `source`: that stage's last
+        peer leaving gracefully, or a peer staying on it (the move refills a group a departure shrank). With
+        `restart`, nobody has the stage any more and `source` is a peer of a neighbouring stage (a full pipeline
+        cannot skip the stage): it restarts as a joiner of an emptied stage does. Should the state not come, the
+        stage restarts from this peer's own blocks (as a stage that lost every peer restarts from a neighbour's)."""
+        old, old_stage = self.session, self.stage
+        self.stage, self.state = schedule.placement[self.peer_id], PeerState.JOINING
+        self.inbox.online = False
+        old.close()  # its averaging group was the old stage's
+        self.session = self._new_session(schedule)
+        try:
+            if restart:
+                self._restart(schedule, source)
+                logger.warning("moved from stage %d to stage %d, which had no peer left", old_stage, self.stage)
+            else:
+                steps = load_state(self.worker, self._receive_state(schedule, source, HANDOVER_TIMEOUT))
+                logger.warning("moved from stage %d to stage %d: took over its state (step %d) from %s", old_stage,
+                               self.stage, steps, source)
+        except (TimeoutError, WorkerError) as e:
+            load_stage_tensors(self.worker, neighbour_blocks(self.worker.module, old.worker.module.state_dict()), {},
+                               steps=old.worker.steps)
+            logger.warning("moved from stage %d to stage %d, but %s's state did not come (%s): initialised it from "
+                           "this peer's stage %d blocks", old_stage, self.stage, source, e, old_stage)
+        self._go_online()
+
+    def equip(self, schedule: Schedule, old: Schedule, iteration: int) -> None:
+        """Send this stage's state to the peers new to it that this peer is to equip: the first veteran of a stage
+        equips its joiners; the scheduler names who equips a moved peer and a restarted stage."""
+        joiners = set(schedule.meta.get("joiners", ()))
+        handover = schedule.meta.get("handover")
+        handover = handover if isinstance(handover, dict) else {}
+        newcomers = [p for p in schedule.stage_peers(self.stage) if p in joiners]
+        veterans = [p for p in schedule.stage_peers(self.stage) if p not in joiners and p in old.placement]
+        receivers = newcomers if veterans and veterans[0] == self.peer_id else []
+        receivers += [p for p, src in handover.items() if src == self.peer_id and p in schedule.placement
+                      and p not in receivers]
+        receivers += [p for p in schedule.placement if p != self.peer_id and p not in receivers
+                      and restore_source(schedule, p) == self.peer_id]
+        for peer in receivers:
+            send_state(me=self.peer_id, worker=self.worker, to=peer, run_id=self.options.run_id,
+                       iteration=iteration, epoch=schedule.epoch, send=self.outbox.send)
+            logger.info("sent stage %d's state to %s peer %s (stage %d)", self.stage,
+                        "joining" if peer in joiners else "moving", peer, schedule.placement.get(peer, -1))
+
+    def hand_over(self, schedule: Schedule, iteration: int) -> None:
+        """`schedule` plans without this draining peer: if it was its stage's last, send the stage's state to the
+        peer moved there to take over (the schedule names it)."""
+        handover = schedule.meta.get("handover")
+        takers = [p for p, source in handover.items() if source == self.peer_id and p in schedule.placement] \
+            if isinstance(handover, dict) else []
+        sent: list[Future[bool]] = []
+        for peer in takers:
+            send_state(me=self.peer_id, worker=self.worker, to=peer, run_id=self.options.run_id,
+                       iteration=iteration, epoch=schedule.epoch, send=lambda *a: sent.append(self.outbox.send(*a)))
+        try:
+            delivered = all(f.result(timeout=HANDOVER_TIMEOUT) for f in sent)
+        except TimeoutError:
+            delivered = False
+        if takers:
+            logger.info("handed stage %d's state (step %d) over to %s%s", self.stage, self.worker.steps,
+                        ", ".join(takers), "" if delivered else " (not delivered: it restarts from its own blocks)")
+
+    def _new_session(self, schedule: Schedule) -> StageSession:
+        """A fresh session for this peer's stage in `schedule`, its worker from the run's seed."""
+        o = self.options
+        precision = o.precision if o.precision != "auto" else ("bf16" if o.device.startswith("cuda") else "fp32")
+        worker = new_worker(self.peer_id, self.stage, schedule, self.model_config, self.config, device=o.device,
+                            precision=precision, emulate_seconds_per_layer=o.emulate_seconds_per_layer,
+                            loss_seconds=self.loss_seconds)
+        return StageSession(self.stage, worker, run_id=o.run_id, dht=self._dht)
+
+    def _receive_state(self, schedule: Schedule, source: str | None, timeout: float) -> dict[int, Inbound]:
+        return receive_state(self.inbox, schedule, self.stage, source, timeout)
+
+    def _restart(self, schedule: Schedule, source: str) -> None:
+        restart_stage(self.worker, self.stage, schedule, self.model_config, source=source,
+                      source_stage=schedule.placement[source], checkpoint_dir=self.options.checkpoint_dir,
+                      receive=lambda: self._receive_state(schedule, source, STATE_TIMEOUT))
+
+    def _go_online(self) -> None:
+        self.state = PeerState.ONLINE
+        self.inbox.online = True
+        self.inbox.drop_state()  # e.g. a neighbour's blocks not needed after all

@@ -1,0 +1,129 @@
+"""`StageSession`: a peer's stage while it serves it: the worker, and the averager of its stage group.
+
+A session belongs to one stage: a peer moved to another stage closes its session and builds a new one rather
+than mutating the old in place. A new session starts from the run's seed (the first placement), from a same-stage
+peer's weights and optimizer state (a joiner or a mover), from this peer's own checkpoint, or from a neighbouring
+stage's decoder blocks (a stage that lost every peer). The functions below build and equip sessions; state
+arrives through the peer's inbox as two STATE messages (`swarm.stage_group.state_transfer`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from hivemind import DHT
+
+from peers.checkpoint import CheckpointError, load_stage_checkpoint, load_stage_tensors
+from peers.model import ModelConfig
+from peers.paced_worker import PacedWorker
+from peers.stage import balanced_split, neighbour_blocks, stage_template
+from peers.worker import StageWorker
+from scheduler.schedule import Schedule
+from swarm.net.delivery import Inbound
+from swarm.peer.mailbox import Inbox
+from swarm.run_config import RunConfig
+from swarm.stage_group.allgather import flatten, unflatten
+from swarm.stage_group.state_transfer import unflatten_weights
+
+logger = logging.getLogger(__name__)
+
+
+class StageSession:
+    """Stage `stage` served by one worker; its hivemind averager (when the run averages with hivemind) is made on
+    first use and closed with the session.
+
+    :param dht: returns the peer's DHT (the averager meets its group there)
+    """
+
+    def __init__(self, stage: int, worker: StageWorker, *, run_id: str, dht: Callable[[], DHT]) -> None:
+        self.stage, self.worker, self.run_id = stage, worker, run_id
+        self._dht = dht
+        self._averager = None
+
+    def average_with_hivemind(self, group_size: int, timeout: float) -> tuple[int, int]:
+        """The stage group's visit-weighted mean through hivemind's DecentralizedAverager: (visits, members heard).
+
+        Its butterfly all-reduce hands each peer `local + (mean - local)`, so peers agree only up to float
+        rounding; averaging in float64 keeps that far below float32 resolution.
+        """
+        from swarm.stage_group.hivemind_averager import StageAverager
+
+        worker = self.worker
+        sums = worker.gradient_sums()
+        own = flatten(sums).double() / max(1, worker.visits)
+        if group_size < 2:
+            worker.set_mean_gradients(unflatten(own, sums), worker.visits)
+            return worker.visits, 1
+        if self._averager is None:
+            self._averager = StageAverager(self._dht(), run_id=self.run_id, stage=self.stage, tensors=[own],
+                                           target_group_size=group_size, min_matchmaking_time=1.0)
+        result = self._averager.average([own], worker.visits, timeout=timeout)
+        worker.set_mean_gradients(unflatten(own, sums), round(result.total_weight))
+        return round(result.total_weight), result.group_size
+
+    def close(self) -> None:
+        if self._averager is not None:
+            self._averager.shutdown()
+            self._averager = None
+
+
+def new_worker(peer_id: str, stage: int, schedule: Schedule, model_config: ModelConfig, config: RunConfig, *,
+               device: str, precision: str, emulate_seconds_per_layer: float | None = None,
+               loss_seconds: float = 0.0) -> StageWorker:
+    """A fresh worker for `stage` in `schedule`, from the run's seed (paced to an emulated device, if any)."""
+    split = balanced_split(model_config.n_layers, schedule.num_stages)
+    kwargs = {"memory_slots": schedule.memory[peer_id], "device": device, "precision": precision, "seed": config.seed}
+    if emulate_seconds_per_layer:
+        return PacedWorker(peer_id, stage, model_config, split, config.optim,
+                           seconds_per_layer=emulate_seconds_per_layer, loss_seconds=loss_seconds, **kwargs)
+    return StageWorker(peer_id, stage, model_config, split, config.optim, **kwargs)
+
+
+def restore_source(schedule: Schedule, peer: str) -> str | None:
+    """The peer a joiner of a stage that lost every peer starts from (the scheduler's choice), if any."""
+    restore = schedule.meta.get("restore")
+    source = restore.get(peer) if isinstance(restore, dict) else None
+    return source if isinstance(source, str) and source in schedule.placement else None
+
+
+def receive_state(inbox: Inbox, schedule: Schedule, stage: int, source: str | None, timeout: float
+                  ) -> dict[int, Inbound]:
+    """The two parts of a stage's state, from a peer of `stage` in `schedule` (or from `source`, whatever its
+    stage); state from anyone else is dropped. Raises TimeoutError if they do not come within `timeout`."""
+    end = time.monotonic() + timeout
+    parts: dict[int, Inbound] = {}
+    while len(parts) < 2 and time.monotonic() < end:
+        for m in inbox.receive("state", 0.5, any_iteration=True):
+            same_stage = schedule.placement.get(m.sender) == stage
+            if m.sender == source or (source is None and same_stage):
+                parts[m.header.microbatch] = m
+            else:
+                logger.warning("dropped stage state from %s: not %s", m.sender, source or f"a peer of stage {stage}")
+    if len(parts) < 2:
+        raise TimeoutError(f"{source or 'no same-stage peer'} sent no state for stage {stage} in time")
+    return parts
+
+
+def restart_stage(worker: StageWorker, stage: int, schedule: Schedule, model_config: ModelConfig, *,
+                  source: str, source_stage: int, checkpoint_dir: str | None,
+                  receive: Callable[[], dict[int, Inbound]]) -> None:
+    """Restart a stage nobody kept serving: from this peer's own checkpoint of it if it has one, else from the
+    decoder blocks of `source`, a peer of a neighbouring stage (`receive` gets its state; the optimizer starts
+    afresh)."""
+    if checkpoint_dir:
+        try:
+            manifest = load_stage_checkpoint(checkpoint_dir, worker)
+            logger.warning("stage %d had no peer left: restored it from this peer's checkpoint of iteration %d",
+                           stage, manifest["iteration"])
+            return
+        except CheckpointError as e:
+            logger.info("no usable checkpoint of stage %d here (%s)", stage, e)
+    parts = receive()
+    split = balanced_split(model_config.n_layers, schedule.num_stages)
+    theirs = unflatten_weights(parts[0].tensor, stage_template(model_config, split, source_stage))
+    steps = parts[0].header.weight - 1
+    load_stage_tensors(worker, neighbour_blocks(worker.module, theirs), {}, steps=steps)
+    logger.warning("stage %d had no peer left and no checkpoint here: initialised it from stage %d's blocks "
+                   "(from %s, step %d)", stage, source_stage, source, steps)

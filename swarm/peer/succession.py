@@ -1,0 +1,109 @@
+"""`Succession`: a peer's watch on the scheduler, and the scheduler role it takes over when it is its successor.
+
+Every heartbeat the watch reads the peers' records, keeps gossip links to a few other peers' sidecars (so the
+control plane survives the coordinator), and checks that the scheduler's record is still there. Once it has been
+missing for longer than a record lives, the smallest live peer id of the schedule becomes the scheduler; that
+peer starts the role (built by the factory the peer was given) in a thread of its own.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from swarm.control.gossip import GossipClient
+from swarm.control.records import SwarmRecords
+from swarm.peer.schedule_follower import ScheduleFollower
+from swarm.wire import PeerRecord, PeerState
+
+logger = logging.getLogger(__name__)
+
+CONTROL_LINKS = 8
+"""Gossip links a peer keeps to other peers' sidecars."""
+
+
+class Succession:
+    """The watch of peer `peer_id` over `follower`'s scheduler.
+
+    :param make_role: builds the scheduler role (`SchedulerRole`'s keyword arguments), or None: never take it over
+    :param role_args: called as the role starts: (the epochs this peer knows, the iterations it saw committed), which
+      the role resumes from
+    """
+
+    def __init__(self, peer_id: str, records: SwarmRecords, gossip: GossipClient, follower: ScheduleFollower, *,
+                 make_role: Callable[..., Any] | None, role_args: Callable[[], tuple[list, int]]) -> None:
+        self.peer_id, self.records, self.gossip, self.follower = peer_id, records, gossip, follower
+        self._make_role, self._role_args = make_role, role_args
+        self.role: Any = None
+        """The scheduler role, once this peer holds it."""
+        self.announced: dict[str, PeerRecord] | None = None
+        """The live peers' records as the watch last read them from the DHT."""
+        self._connected: set[str] = set()
+        self._thread: threading.Thread | None = None
+
+    def start(self, stop: threading.Event, role_kwargs: dict[str, Any]) -> None:
+        """Watch in a background thread until `stop` is set or the run finishes."""
+        self._role_kwargs = role_kwargs
+        threading.Thread(target=self._watch, args=(stop,), name="skippipe-watchdog", daemon=True).start()
+
+    def connect_control_plane(self, records: dict[str, PeerRecord]) -> None:
+        """Gossip links to other peers' sidecars, up to CONTROL_LINKS."""
+        for p, r in sorted(records.items()):
+            if len(self._connected) >= CONTROL_LINKS:
+                return
+            if p == self.peer_id or p in self._connected or not r.control_addrs:
+                continue
+            try:
+                self.gossip.connect(r.control_addrs[0], timeout=5)
+                self._connected.add(p)
+            except Exception as e:  # an unreachable sidecar is skipped; others will do
+                logger.debug("gossip link to %s failed: %s", p, e)
+
+    def successor(self, records: dict[str, PeerRecord]) -> str | None:
+        """The deterministic successor of a dead scheduler: the smallest live peer id of the schedule."""
+        schedule = self.follower.newer or self.follower.schedule
+        live = [p for p in (schedule.placement if schedule else ()) if p in records]
+        return min(live) if live else None
+
+    def _watch(self, stop: threading.Event) -> None:
+        f = self.follower
+        while not stop.is_set() and not f.finished.is_set():
+            time.sleep(f.heartbeat)
+            try:
+                records = self.records.fetch_peers()
+            except Exception as e:
+                logger.debug("watchdog could not read the DHT: %s", e)
+                continue
+            live = {p: r for p, r in records.items() if r.state not in (PeerState.LEAVING, PeerState.DRAINING)}
+            self.announced = live
+            self.connect_control_plane(live)
+            if f.scheduler in live:
+                f.scheduler_seen = time.monotonic()
+                continue
+            f.candidate = self.successor(live)
+            if not f.scheduler_silent() or f.candidate is None:
+                continue
+            logger.warning("scheduler %s is gone; %s takes over", f.scheduler, f.candidate)
+            f.scheduler, f.scheduler_seen = f.candidate, time.monotonic()
+            f.notice.set()
+            if f.candidate == self.peer_id and self.role is None and self._thread is None:
+                self._thread = threading.Thread(target=self._hold_role, args=(stop,), daemon=True,
+                                                name="skippipe-scheduler")
+                self._thread.start()
+
+    def _hold_role(self, stop: threading.Event) -> None:
+        if self._make_role is None:
+            logger.error("this peer succeeds the scheduler but was started without a scheduler role to take")
+            return
+        try:
+            schedules, completed = self._role_args()
+            self.role = self._make_role(**self._role_kwargs, ends_run_on_stop=False)
+            self.role.resume(schedules, completed)
+            while not stop.is_set() and not self.role.done:
+                self.role.tick()
+            self.role.finish(stop)
+        except Exception:
+            logger.exception("the scheduler role failed")

@@ -1,0 +1,64 @@
+"""A holder that takes a shard over starts it where the scheduler's newest commit left it, so no sample is skipped
+or drawn twice; without that commit it uses the schedule's positions, and a bad committed position is refused."""
+
+from __future__ import annotations
+
+from collections import Counter
+from types import SimpleNamespace
+
+import pytest
+
+from peers.data import Corpus, DataConfig
+from peers.data_ledger import DataLedger, sample_status
+from peers.holder_shards import HolderShards
+from swarm.control.messages import Commit
+from swarm.peer.data_holder import DataHolder
+from swarm.peer.schedule_follower import ScheduleFollower
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    return Corpus.build(DataConfig(seq_len=32, batch_size=4))
+
+
+def follower_that_saw(iteration: int, positions: dict) -> ScheduleFollower:
+    """A peer's follower that received the scheduler's commit of `iteration` (the DHT is not read here)."""
+    follower = ScheduleFollower(records=None, coordinator="scheduler", heartbeat=2.0)
+    assert follower.on_message("scheduler", Commit(iteration=iteration, epoch=0, shards=positions))
+    assert not follower.on_message("stranger", Commit(iteration=iteration + 1, epoch=0, shards={}))
+    assert follower.is_committed(iteration, 0) and not follower.is_committed(iteration + 1, 0)
+    return follower
+
+
+def test_a_shard_taken_over_after_the_iteration_in_progress_starts_where_its_commit_left_it(corpus, caplog):
+    giver = HolderShards(corpus, DataLedger(holder="a"))
+    giver.assign([0], 2, {})
+    giver.draw([0, 1], iteration=0, epoch=0)
+    giver.commit(0)
+    planned = giver.positions()  # the re-plan happens here, while iteration 1 is in progress
+    giver.draw([0, 1], iteration=1, epoch=0)
+    giver.commit(1)
+    schedule = SimpleNamespace(data_holders=["a", "b"],
+                               meta={"shards": {"a": [], "b": [1, 0]}, "num_shards": 2, "shard_positions": planned})
+    taker = DataHolder(HolderShards(corpus, DataLedger(holder="b")), "b")
+    taker.follow(schedule, 2, follower_that_saw(1, giver.positions()).committed_positions)
+    taker.shards.draw([0, 1, 2, 3], iteration=2, epoch=1)
+    taker.shards.commit(2)
+    status = sample_status(giver.ledger.entries + taker.shards.ledger.entries)
+    assert set(Counter(c["processed"] for c in status.values())) == {1}
+    # a peer that did not see that commit falls back on the schedule's positions; a bad one is refused
+    late = DataHolder(HolderShards(corpus, DataLedger(holder="b")), "b")
+    late.follow(schedule, 5, follower_that_saw(1, giver.positions()).committed_positions)  # not iteration 4's
+    assert late.shards.positions()["0"] == planned["0"] != giver.positions()["0"]
+    bad = DataHolder(HolderShards(corpus, DataLedger(holder="b")), "b")
+    bad.follow(schedule, 2, follower_that_saw(1, {"0": {"holder": 1, "num_holders": 2, "epoch": 0,
+                                                        "cursor": 0}}).committed_positions)
+    assert "gave a bad data position" in caplog.text
+    assert bad.shards.positions()["0"] == planned["0"]
+
+
+def test_a_holder_with_its_own_documents_draws_from_them_whatever_the_schedule_assigns(corpus):
+    own = DataHolder(HolderShards(corpus, DataLedger(holder="own")), "own", own_data=True)
+    schedule = SimpleNamespace(data_holders=["a", "own"], meta={"shards": {"a": [0, 1], "own": []}, "num_shards": 2})
+    own.follow(schedule, 0, (-1, {}))
+    assert list(own.shards.shards) == [0] and own.shards.shards[0].num_holders == 1

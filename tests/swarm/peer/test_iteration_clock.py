@@ -1,0 +1,48 @@
+"""A peer's deadlines follow the schedule's prediction, then the measured iteration times."""
+
+from __future__ import annotations
+
+import pytest
+
+from swarm.peer.iteration_clock import HOP_DEADLINE_FACTOR, HOP_DEADLINE_SLACK, MIN_ITERATION_DEADLINE, IterationClock
+from tests.swarm.coordinator.conftest import make_records, make_replanner
+
+
+@pytest.fixture(scope="module")
+def schedule():
+    return make_replanner().plan(make_records(), epoch=0, start_iteration=0)
+
+
+def commits(clock: IterationClock, *periods: float) -> None:
+    now = 1000.0
+    clock.committed(now)
+    for period in periods:
+        now += period
+        clock.committed(now)
+
+
+def test_the_iteration_deadline_follows_measured_iteration_times(schedule):
+    predicted = schedule.predicted_iteration_seconds
+    assert IterationClock(300.0).iteration_deadline(schedule) == min(300.0, max(MIN_ITERATION_DEADLINE, 5 * predicted))
+    clock = IterationClock(300.0)
+    commits(clock, 20.0, 21.0, 19.0)
+    assert clock.iteration_deadline(schedule) == pytest.approx(100.0)  # five times the measured median
+    clock = IterationClock(300.0)
+    commits(clock, 200.0)
+    assert clock.iteration_deadline(schedule) == 300.0  # never above the configured cap
+    clock = IterationClock(300.0)
+    commits(clock, 0.5)
+    assert clock.iteration_deadline(schedule) == MIN_ITERATION_DEADLINE
+
+
+def test_hop_deadlines_scale_the_planned_round_trips_to_measured_iterations(schedule):
+    holder = schedule.data_holders[0]
+    clock = IterationClock(300.0)
+    planned = clock.hop_deadlines(schedule, holder)
+    assert set(planned) == {r.microbatch for r in schedule.routes_from(holder)}
+    assert all(d > HOP_DEADLINE_SLACK for d in planned.values())
+    commits(clock, 2 * schedule.predicted_iteration_seconds)  # iterations take twice what was planned
+    slower = clock.hop_deadlines(schedule, holder)
+    for mb, d in planned.items():
+        trip = (d - HOP_DEADLINE_SLACK) / HOP_DEADLINE_FACTOR
+        assert slower[mb] == pytest.approx(HOP_DEADLINE_FACTOR * 2 * trip + HOP_DEADLINE_SLACK)
