@@ -15,6 +15,20 @@ import torch
 from peers.worker import StageWorker, WorkerError
 
 
+def mean_by_visits(sums: Sequence[torch.Tensor], visits: Sequence[int]) -> tuple[torch.Tensor, int]:
+    """sum(sums) / sum(visits), added in the order given (zeros when nobody was visited), and the total visits.
+
+    Callers that must agree bit for bit (the peers of a stage group) pass the sums in one agreed order.
+    """
+    if not sums or len(sums) != len(visits):
+        raise ValueError("need one visit count per gradient sum, and at least one peer")
+    total = int(sum(visits))
+    acc = torch.zeros_like(sums[0])
+    for s in sums:
+        acc.add_(s)
+    return (acc / total if total else acc), total
+
+
 def visit_weighted_mean(sums: Sequence[dict[str, torch.Tensor]], visits: Sequence[int]
                         ) -> tuple[dict[str, torch.Tensor], int]:
     """Mean gradient of a stage group from each peer's gradient sum and visit count.
@@ -23,15 +37,8 @@ def visit_weighted_mean(sums: Sequence[dict[str, torch.Tensor]], visits: Sequenc
     """
     if not sums or len(sums) != len(visits):
         raise ValueError("need one visit count per gradient sum, and at least one peer")
-    total = int(sum(visits))
-    names = sums[0].keys()
-    mean = {}
-    for name in names:
-        acc = torch.zeros_like(sums[0][name])
-        for s in sums:
-            acc.add_(s[name])
-        mean[name] = acc / total if total else acc
-    return mean, total
+    mean = {name: mean_by_visits([s[name] for s in sums], visits)[0] for name in sums[0]}
+    return mean, int(sum(visits))
 
 
 def average_stage(workers: Sequence[StageWorker]) -> int:

@@ -10,10 +10,11 @@ above it):
 - control/: the signed DHT records and the gossip control plane (client and sidecar)
 - net/: identity, the tensor transport, link probing, message jitter, the DHT's clean shutdown
 
-Three leaf modules serve every sub-package:
-- constants.py: network limits (header/tensor sizes, dtypes, timeouts, heartbeat, expiry); ports default to 0
+Four leaf modules serve every sub-package:
+- constants.py: network limits (header/tensor sizes, dtypes, timeouts, heartbeat, record lifetime); ports default to 0
 - wire.py: WireError and the msgpack wire records (TensorDescriptor, HopHeader, PeerRecord, RunSpec, ScheduleMsg)
 - run_config.py: RunConfig, a run as TOML data, and the signed run spec it becomes
+- events.py: typed events (EventLog, `--events FILE`): what a process did, as JSON lines tests and tools read
 
 Sub-packages re-export nothing: import from the module that defines a name (the gossip sidecar, for one, must
 never import hivemind through a package `__init__`).

@@ -73,8 +73,24 @@ AVERAGING_TIMEOUT = 60.0
 """One stage-group averaging round (matchmaking and all-reduce), unless the caller passes a deadline."""
 HEARTBEAT_PERIOD = 5.0
 """How often a peer refreshes its DHT record."""
-PEER_RECORD_TTL = 3 * HEARTBEAT_PERIOD
-"""A peer record lives this long after its last heartbeat: a peer that misses 3 beats drops out of the view."""
+RECORD_HEARTBEATS = 3
+"""A heartbeat record lives this many heartbeat periods: a peer that misses 3 beats drops out of the view."""
+RECORD_GRACE = 2.0
+"""Beyond its lifetime, how long an unseen record still counts (a DHT read that missed it)."""
+
+
+def record_lifetime(heartbeat: float) -> float:
+    """Seconds a heartbeat record lives after its last beat, for a run beating every `heartbeat` seconds."""
+    return RECORD_HEARTBEATS * heartbeat
+
+
+def silent_after(heartbeat: float) -> float:
+    """Seconds without a peer's record after which it is taken for gone: its lifetime and a grace."""
+    return record_lifetime(heartbeat) + RECORD_GRACE
+
+
+PEER_RECORD_TTL = record_lifetime(HEARTBEAT_PERIOD)
+"""A peer record's lifetime at the default heartbeat."""
 RUN_SPEC_TTL = 3600.0
 """Lifetime of the run spec; the coordinator refreshes it well before."""
 SCHEDULE_TTL = 3600.0

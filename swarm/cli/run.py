@@ -19,10 +19,20 @@ from swarm.cli.train import swarm as swarm_group
 DEFAULT_IDENTITY = Path.home() / ".skippipe" / "identity.key"
 
 
-def _logging(log_file: str | None, level: str) -> None:
+def _logging(log_file: str | None, level: str, *, events: str | None = None, identity: str | None = None) -> None:
+    """Log to `log_file` (stderr if None); with `events`, also record this process's typed events there."""
     logging.basicConfig(level=getattr(logging, level), filename=log_file,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("hivemind").setLevel(logging.WARNING)
+    if events:
+        from swarm.events import EventLog
+        from swarm.net.identity import ensure_identity
+
+        Path(identity).parent.mkdir(parents=True, exist_ok=True)
+        EventLog.install(events, ensure_identity(identity))
+
+
+EVENTS_HELP = "append this process's typed events here (JSON lines, swarm.events)"
 
 
 def _stop_event() -> threading.Event:
@@ -68,15 +78,16 @@ def coordinator() -> None:
               help="start from a saved plan of these peers (an earlier run's schedule-N.json) instead of planning")
 @click.option("--log-file", type=click.Path(dir_okay=False), default=None)
 @click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING"]), default="INFO")
+@click.option("--events", type=click.Path(dir_okay=False), default=None, help=EVENTS_HELP)
 def start(config_path, run_id, iterations, min_peers, stages, skip, seed, microbatches, checkpoint_every, host, port,
-          identity, run_dir, metrics, first_schedule, log_file, log_level) -> None:
+          identity, run_dir, metrics, first_schedule, log_file, log_level, events) -> None:
     """Bootstrap the DHT, publish the run, plan from the live swarm and log its progress."""
     from scheduler.schedule import Schedule, ScheduleError, validate
     from swarm.coordinator.coordinator import Coordinator, CoordinatorOptions
     from swarm.coordinator.replanner import saved_plan_mismatch
     from swarm.run_config import RunConfig
 
-    _logging(log_file, log_level)
+    _logging(log_file, log_level, events=events, identity=identity)
     overrides = dict(run_id=run_id, iterations=iterations, min_peers=min_peers, stages=stages, skip=skip, seed=seed,
                      microbatches=microbatches, checkpoint_every=checkpoint_every)
     try:
@@ -119,6 +130,7 @@ def start(config_path, run_id, iterations, min_peers, stages, skip, seed, microb
 @click.option("--log-file", type=click.Path(dir_okay=False), default=None)
 @click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING"]), default="INFO")
 @click.option("--log-param-digest", is_flag=True, help="log a digest of the stage's weights after each step")
+@click.option("--events", type=click.Path(dir_okay=False), default=None, help=EVENTS_HELP)
 @click.option("--metrics", "metrics_path", type=click.Path(dir_okay=False), default=None,
               help="where to write the run's metrics if this peer becomes the scheduler")
 @click.option("--ledger", type=click.Path(dir_okay=False), default=None,
@@ -134,14 +146,14 @@ def start(config_path, run_id, iterations, min_peers, stages, skip, seed, microb
 @click.option("--emulate-latency", "latency_file", type=click.Path(exists=True, dir_okay=False), default=None,
               help="link emulation: JSON file of one-way latencies to peers, added by the transport")
 def join(initial_peers, run_id, device, precision, stage, data_paths, identity, host, port, iteration_deadline,
-         log_file, log_level, log_param_digest, metrics_path, ledger, checkpoint_dir, probe_sample, trace_path,
+         log_file, log_level, log_param_digest, events, metrics_path, ledger, checkpoint_dir, probe_sample, trace_path,
          emulate_speed, latency_file) -> None:
     """Join a run: measure, announce, get placed, train; Ctrl+C leaves cleanly."""
     from swarm.coordinator.scheduler_role import SchedulerRole
     from swarm.peer.options import PeerOptions
     from swarm.peer.peer import Peer
 
-    _logging(log_file, log_level)
+    _logging(log_file, log_level, events=events, identity=identity)
     if stage != "auto" and not stage.isdigit():
         _fail(f"--stage must be a stage number or auto, got {stage!r}")
     if device.startswith("cuda"):

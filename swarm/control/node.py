@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 
 import hivemind
 
-from swarm.constants import LOOPBACK_HOST
+from swarm.constants import LOOPBACK_HOST, record_lifetime
 from swarm.control.gossip import (
     GossipClient,
     GossipInfo,
@@ -73,8 +73,8 @@ class Node:
         return self.gossip_info
 
     def start_heartbeat(self, make_record: Callable[[], PeerRecord], period: float) -> Heartbeat:
-        """Publish `make_record()` now and every `period` seconds; the record lives three periods."""
-        self.heartbeat = self.records.start_heartbeat(make_record, period=period, ttl=3 * period)
+        """Publish `make_record()` now and every `period` seconds; the record lives `record_lifetime(period)`."""
+        self.heartbeat = self.records.start_heartbeat(make_record, period=period, ttl=record_lifetime(period))
         return self.heartbeat
 
     def visible_maddrs(self) -> list[str]:

@@ -34,6 +34,7 @@ from swarm.constants import (
     RUN_SPEC_TTL,
     SCHEDULE_TTL,
 )
+from swarm.events import event
 from swarm.net.identity import Identity, peer_id_from_public_key, verify
 from swarm.wire import PeerRecord, PeerState, RunSpec, ScheduleMsg, SignedRecord, WireError
 
@@ -112,7 +113,9 @@ class SwarmRecords:
         out = {}
         for signer, (record, expires) in records.items():
             if record.peer_id != signer:
-                logger.warning("peer record for %s signed by %s: ignored", record.peer_id, signer)
+                logger.warning("peer record for %s signed by %s: ignored", record.peer_id, signer,
+                               extra=event("ignored_record", signer=signer, kind="peer",
+                                           why=f"a record for {record.peer_id}"))
             else:
                 out[signer] = (record, expires)
         return out
@@ -143,7 +146,9 @@ class SwarmRecords:
             if signer in signers:
                 trusted.append(msg)
             else:
-                logger.warning("schedule epoch %d signed by %s, who is not a scheduler: ignored", msg.epoch, signer)
+                logger.warning("schedule epoch %d signed by %s, who is not a scheduler: ignored", msg.epoch, signer,
+                               extra=event("ignored_record", signer=signer, kind="schedule",
+                                           why="not a scheduler"))
         return max(trusted, key=lambda m: m.epoch) if trusted else None
 
     # ---- storage ---------------------------------------------------------------------------------------------------
@@ -192,7 +197,8 @@ class SwarmRecords:
             try:
                 out[subkey] = self._open(kind, subkey, item.value, now)
             except WireError as e:
-                logger.warning("%s[%.60r]: %s: ignored", key, subkey, e)
+                logger.warning("%s[%.60r]: %s: ignored", key, subkey, e,
+                               extra=event("ignored_record", signer=str(subkey)[:60], kind=kind, why=str(e)))
         return out
 
     def _open(self, kind: str, subkey: Any, value: Any, now: float) -> tuple[Any, float]:

@@ -1,7 +1,13 @@
 """The coordinator process and the scheduler role.
 
-- coordinator.py: Coordinator, plans from the live swarm, commits iterations, re-plans on churn (also the role a
-  peer takes over when the coordinator dies)
+- coordinator.py: Coordinator, the process: DHT, run spec, heartbeat, and the scheduler role
+- scheduler_role.py: SchedulerRole, the scheduler at work (DHT reads, publications, gossip, metrics file); the
+  coordinator and a successor peer build it the same way
+- scheduler.py: Scheduler, the decisions without I/O: first plan, re-plans on membership, reruns, commits
+- replanner.py: Replanner, the plans themselves (first, saved, after churn: moves, hand-overs, shards)
+- liveness.py: Liveness, which peers are alive, from heartbeat records and corroborated reports
+- commit_tracker.py: CommitTracker, holders' done reports into commits; the metrics line of an iteration
+- epochs.py: EpochHistory, the epochs published and which one runs an iteration
 - shard_assignment.py: which data holder draws from which of the run's shards, epoch after epoch
 - unreachable_reports.py: UnreachableReports, peers' "cannot reach X" reports, corroborated into an early verdict
 """

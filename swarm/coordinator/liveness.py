@@ -10,14 +10,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
+from swarm.constants import silent_after
 from swarm.coordinator.unreachable_reports import UnreachableReports
+from swarm.events import event
 from swarm.wire import PeerRecord, PeerState
 
 logger = logging.getLogger(__name__)
-
-GRACE_SECONDS = 2.0
-"""Beyond three heartbeats, how long an unseen record still counts (a DHT read that missed it)."""
-
 
 class Liveness:
     """The scheduler's view of who is alive. Fed each DHT read (`update`) and each unreachable report.
@@ -52,7 +50,7 @@ class Liveness:
 
     def live(self, now: float) -> dict[str, PeerRecord]:
         """The live peers as of the last read and the reports since."""
-        grace = 3 * self.heartbeat + GRACE_SECONDS
+        grace = silent_after(self.heartbeat)
         return {p: r for p, r in self.records.items()
                 if p not in self._leaving and p not in self.declared_gone and p != self.exclude
                 and now - self._last_seen[p] <= grace}
@@ -72,7 +70,7 @@ class Liveness:
 
     def declare_gone(self, peer: str, why: str) -> None:
         """Take `peer` for gone before its record expires (the next DHT read leaves it out)."""
-        logger.warning("%s is gone: %s", peer, why)
+        logger.warning("%s is gone: %s", peer, why, extra=event("declared_gone", peer=peer, why=why))
         self.declared_gone.add(peer)
         self._reports.forget(peer)
 

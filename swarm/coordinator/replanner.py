@@ -30,6 +30,7 @@ from scheduler.schedule import Schedule, validate
 from scheduler.swarm_view import ModelCost, PeerSpec, SwarmView
 from swarm.coordinator.epochs import EpochHistory
 from swarm.coordinator.shard_assignment import assign_shards, shard_drawers, shards_to_injectors
+from swarm.events import event
 from swarm.net.link_probe import link_matrices
 from swarm.run_config import RunConfig
 from swarm.wire import PeerRecord
@@ -102,7 +103,9 @@ def hand_over(old: Schedule, tables: CostTables, stage_of: np.ndarray, leaving: 
             continue
         mover = candidates[0]
         logger.warning("%s, stage %d's last peer, leaves: %s moves from stage %d to take it over", source, stage,
-                       ids[mover], stage_of[mover])
+                       ids[mover], stage_of[mover],
+                       extra=event("peer_moved", peer=ids[mover], from_stage=int(stage_of[mover]), to_stage=int(stage),
+                                   source=source, why="handover"))
         stage_of[mover] = stage
         moves[ids[mover]] = source
     return moves
@@ -235,7 +238,8 @@ class Replanner:
                 stage_of = place_joining(tables, stage_of, i, goal, data_holder=peers[p].data_holder,
                                          holder_wanted=wanted)
                 logger.info("placing joining peer %s on stage %d%s", p, stage_of[i],
-                            " (a data shard lost its holder)" if wanted and stage_of[i] == 0 else "")
+                            " (a data shard lost its holder)" if wanted and stage_of[i] == 0 else "",
+                            extra=event("joiner_placed", peer=p, stage=int(stage_of[i])))
         if not np.any(stage_of == 0):
             raise RuntimeError("every data holder (stage 0) is gone: no microbatch can be injected until one joins")
         if cfg.rebalance:
@@ -245,14 +249,17 @@ class Replanner:
             stage_of, filled = place_after_departure(tables, stage_of, [], goal, fixed=unsettled)
             for v in filled:
                 logger.warning("stage %d lost every peer and a full pipeline cannot skip it: %s moves there from "
-                               "stage %d and restarts it", stage_of[v], ids[v], was[v])
+                               "stage %d and restarts it", stage_of[v], ids[v], was[v],
+                               extra=event("peer_moved", peer=ids[v], from_stage=int(was[v]),
+                                           to_stage=int(stage_of[v]), why="refill"))
         empty = {st for st in range(1, cfg.stages) if not np.any(stage_of == st)}
         if empty:
             asked = rules.stages_per_path
             rules, relaxed = rules_around(rules, empty)
             logger.warning("stage(s) %s lost every peer: paths skip them until a peer takes them over%s",
                            sorted(empty), f"; the skip budget is relaxed: paths visit {rules.stages_per_path} "
-                           f"stages instead of {asked}" if relaxed else "")
+                           f"stages instead of {asked}" if relaxed else "",
+                           extra=event("stage_emptied", stages=sorted(int(st) for st in empty)))
         holders = [ids[i] for i in np.flatnonzero(stage_of == 0)]
         shards = assign_shards(old.meta.get("shards", {}), holders, shard_drawers(holders, peers), num_shards)
         counts = {ids.index(h): cfg.microbatches * max(1, len(ks)) for h, ks in shards.items()}
@@ -291,7 +298,9 @@ class Replanner:
         out, _, moves = rebalance(tables, stage_of, shrunk, goal, counts=counts, fixed=own_data, unsettled=unsettled)
         for v, source in moves.items():
             logger.warning("stage %d's group shrank: %s moves there from stage %d and takes its state over from %s",
-                           out[v], ids[v], stage_of[v], ids[source])
+                           out[v], ids[v], stage_of[v], ids[source],
+                           extra=event("peer_moved", peer=ids[v], from_stage=int(stage_of[v]), to_stage=int(out[v]),
+                                       source=ids[source], why="rebalance"))
             handover[ids[v]] = ids[source]
         return out
 
@@ -309,9 +318,11 @@ class Replanner:
                 was = owner.get(k)
                 if was is None or was == h:
                     continue
+                moved = event("shard_moved", shard=int(k), source=was, to=h)
                 if was not in out:
-                    logger.info("shard %d goes to %s (%s is no longer a data holder)", k, h, was)
+                    logger.info("shard %d goes to %s (%s is no longer a data holder)", k, h, was, extra=moved)
                 else:
                     logger.info("shard %d moves from %s to %s%s", k, was, h,
-                                "" if was in injecting else f" ({was} injects no microbatch in this epoch)")
+                                "" if was in injecting else f" ({was} injects no microbatch in this epoch)",
+                                extra=moved)
         return out

@@ -35,6 +35,7 @@ from swarm.coordinator.epochs import EpochHistory
 from swarm.coordinator.liveness import Liveness
 from swarm.coordinator.replanner import Replanner
 from swarm.coordinator.shard_assignment import shard_drawers
+from swarm.events import event
 from swarm.net.link_probe import links_complete, unmeasured_links
 from swarm.run_config import RunConfig
 from swarm.wire import PeerRecord, PeerState
@@ -185,7 +186,8 @@ class Scheduler:
             staying < int(in_force.meta.get("num_shards", len(holders)))
         start = self.completed if holders & {*gone, *draining} or shard_moves else self.completed + 1
         logger.warning("membership changed (gone: %s, leaving: %s, joining: %s): re-planning from iteration %d",
-                       gone, draining, joining, start)
+                       gone, draining, joining, start,
+                       extra=event("replanned", start_iteration=start, gone=gone, leaving=draining, joining=joining))
         live = {p: r for p, r in peers.items() if (p in placement or p in joining) and p not in draining}
         return actions + self._replan(live, start=start, handing_over=draining)
 

@@ -19,10 +19,12 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from scheduler.schedule import Schedule
+from swarm.constants import record_lifetime
 from swarm.control.gossip import GossipClient, GossipMessage
 from swarm.control.messages import ControlMessage, ScheduleNotice, as_gossip, publish, received
 from swarm.control.records import SwarmRecords
 from swarm.coordinator.scheduler import Action, Announce, PublishSchedule, RecordIteration, Scheduler
+from swarm.events import event
 from swarm.run_config import RunConfig
 from swarm.wire import RunSpec, ScheduleMsg, WireError
 
@@ -99,7 +101,7 @@ class SchedulerRole:
             self._drain(TICK_WAIT)
 
     def _read_records(self) -> dict:
-        return self.records.fetch_peers_with_age(3 * self.config.heartbeat)
+        return self.records.fetch_peers_with_age(record_lifetime(self.config.heartbeat))
 
     def _drain(self, timeout: float) -> None:
         try:
@@ -110,7 +112,8 @@ class SchedulerRole:
             try:
                 message = received(msg, self.config.run_id)
             except WireError as e:
-                logger.warning("ignored a control message from %s: %s", msg.sender, e)
+                logger.warning("ignored a control message from %s: %s", msg.sender, e,
+                               extra=event("ignored_control", sender=msg.sender, kind="malformed", why=str(e)))
             else:
                 self._carry_out(self.scheduler.handle(msg.sender, message, time.monotonic()))
             try:

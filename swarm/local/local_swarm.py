@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from swarm.events import read_events
 from swarm.local.interrupts import deferred_interrupts
 from swarm.net.reaper import unix_socket_paths
 
@@ -85,7 +86,8 @@ class LocalSwarm:
         self.coordinator = self._spawn(
             _python("main") + ["coordinator", "start", "--run-id", self.run_id, "--host", self.host,
                                "--identity", str(self.run_dir / "coordinator.key"), "--run-dir", str(self.run_dir),
-                               "--log-file", str(self.run_dir / "coordinator.log"), *self.coordinator_args],
+                               "--log-file", str(self.run_dir / "coordinator.log"),
+                               "--events", str(self.run_dir / "coordinator.events.jsonl"), *self.coordinator_args],
             "coordinator")
         deadline = time.monotonic() + START_TIMEOUT
         while not address.exists():
@@ -111,6 +113,7 @@ class LocalSwarm:
                                     "--initial-peers", self.initial_peers[0],
                                     "--identity", str(self.run_dir / f"peer-{index:02d}.key"),
                                     "--log-file", str(self.run_dir / f"peer-{index:02d}.log"),
+                                    "--events", str(self.run_dir / f"peer-{index:02d}.events.jsonl"),
                                     "--metrics", str(self.metrics_path), *args, *extra],
             f"peer-{index:02d}")
         self.peers.append(proc)
@@ -184,6 +187,12 @@ class LocalSwarm:
             return []
         lines = f.read_text().split("\n")[:-1]  # the last piece is empty, or a record still being written
         return [json.loads(line) for line in lines if line.strip()]
+
+    def events(self, name: str | None = None, *, who: str = "*") -> list[dict[str, Any]]:
+        """The typed events (`swarm.events`) the run's processes recorded, oldest first: those named `name` (all
+        if None), of the processes matching `who` ("coordinator", "peer-03", "peer-*", or "*" for all)."""
+        events = read_events(*sorted(self.run_dir.glob(f"{who}.events.jsonl")))
+        return [e for e in events if name is None or e["event"] == name]
 
     def schedule(self) -> dict[str, Any] | None:
         files = sorted(self.run_dir.glob("schedule-*.json"), key=lambda p: int(p.stem.split("-")[1]))

@@ -2,6 +2,7 @@
 
 - identity.py: one RSA key file per peer (same peer id in p2pd and the gossip sidecar), sign / verify
 - transport.py: Transport, activations and gradients over hivemind p2pd binary streams, with backpressure
+- idle_streams.py: IdleStreams, the open streams a sender reuses per receiver
 - delivery.py: Inbound and Undelivered (what the transport hands up), Send (how loops hand it messages)
 - link_probe.py: LinkProber, latency and goodput to sampled peers (EWMA), the links map of a PeerRecord
 - message_jitter.py: MessageJitter, how far received messages' times deviate from their link's median

@@ -49,10 +49,11 @@ from swarm.constants import (
     MAX_TENSOR_BYTES,
     PROBE_TIMEOUT,
     RECV_TIMEOUT,
-    SEND_CONCURRENCY,
     SEND_TIMEOUT,
     STREAM_CHUNK_BYTES,
 )
+from swarm.events import event
+from swarm.net.idle_streams import IdleStream, IdleStreams
 from swarm.wire import HopHeader, WireError, decode_tensor, encode_tensor, torch_dtype
 
 logger = logging.getLogger(__name__)
@@ -60,13 +61,6 @@ logger = logging.getLogger(__name__)
 HOP_PROTOCOL = "skippipe.hop.v1"
 PROBE_PROTOCOL = "skippipe.probe.v1"
 _OK, _REFUSED = 0, 1
-_MAX_IDLE_STREAMS = SEND_CONCURRENCY
-"""Idle streams kept per (receiver, protocol): one per concurrent send, so a peer's sends never reopen streams;
-concurrent sends beyond that open streams that are closed after."""
-_IDLE_CLOSE = 30.0
-"""A sender closes a stream unused this long (receivers close theirs after ``recv_timeout``, 60 s by default)."""
-_SWEEP_PERIOD = 5.0
-"""How often a sender looks for idle streams to close (dead, or unused for ``_IDLE_CLOSE``)."""
 _ONE_WRITE_BYTES = 64 * 1024
 """Messages up to this size go out in a single write (one syscall, one p2pd frame)."""
 HANDLER_REMOVAL_TIMEOUT = 2.0
@@ -82,21 +76,6 @@ class TransportError(RuntimeError):
 
 class PeerUnreachable(TransportError):
     """No stream to the peer could be opened: the message certainly did not arrive (safe to send elsewhere)."""
-
-
-@dataclasses.dataclass
-class _Stream:
-    """One p2pd stream to a receiver, owned by one exchange at a time."""
-
-    reader: asyncio.StreamReader
-    writer: asyncio.StreamWriter
-    last_used: float = 0.0
-
-    def alive(self) -> bool:
-        return not (self.reader.at_eof() or self.reader.exception() is not None or self.writer.is_closing())
-
-    def close(self) -> None:
-        self.writer.close()
 
 
 class Transport:
@@ -122,9 +101,8 @@ class Transport:
         self.run_id, self.recv_timeout, self.link_delay = run_id, recv_timeout, link_delay
         self._stats = {"received": 0, "refused": 0, "sent": 0, "bytes_received": 0, "bytes_sent": 0,
                        "streams_opened": 0, "streams_accepted": 0}
-        self._idle: dict[tuple[str, str], list[_Stream]] = {}  # these two touched only in the loop's thread
+        self._idle = IdleStreams()  # these two touched only in the loop's thread
         self._inbound: set[asyncio.StreamWriter] = set()
-        self._last_sweep = time.monotonic()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="skippipe-transport", daemon=True)
         self._consumer_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="skippipe-consumer")
@@ -165,7 +143,7 @@ class Transport:
 
         async def drop() -> None:
             for protocol in (HOP_PROTOCOL, PROBE_PROTOCOL):
-                self._close_idle((peer_id, protocol))
+                self._idle.close((peer_id, protocol))
 
         self._run(drop(), CONNECT_TIMEOUT)
 
@@ -190,10 +168,7 @@ class Transport:
         self._consumer_pool.shutdown(wait=False, cancel_futures=True)
 
     async def _shutdown(self) -> None:
-        for streams in self._idle.values():
-            for stream in streams:
-                stream.close()
-        self._idle.clear()
+        self._idle.close_all()
         for writer in list(self._inbound):  # ends the handlers waiting for a next message: senders see EOF
             writer.close()
         await asyncio.sleep(0)
@@ -252,7 +227,7 @@ class Transport:
         if self.link_delay is not None:
             await asyncio.sleep(self.link_delay(peer_id))
         for attempt in range(2):
-            stream = self._checkout(key) if attempt == 0 else None
+            stream = self._idle.checkout(key) if attempt == 0 else None
             reused = stream is not None
             if stream is None:
                 stream = await self._open(peer_id, protocol)
@@ -270,48 +245,15 @@ class Transport:
                     raise
                 # closed before any reply: nothing was delivered on it; its idle siblings are likely dead too
                 logger.debug("a reused stream to %s was closed; sending again on a new one", peer_id)
-                self._close_idle(key)
+                self._idle.close(key)
             finally:
                 if keep:
-                    self._checkin(key, stream)
+                    self._idle.checkin(key, stream)
                 else:
                     stream.close()
         raise AssertionError("unreachable: the second attempt uses a new stream, which returns or raises")
 
-    def _checkout(self, key: tuple[str, str]) -> _Stream | None:
-        idle = self._idle.get(key)
-        while idle:
-            stream = idle.pop()  # the most recently used is the most likely alive
-            if stream.alive():
-                return stream
-            stream.close()
-        return None
-
-    def _checkin(self, key: tuple[str, str], stream: _Stream) -> None:
-        now = time.monotonic()
-        stream.last_used = now
-        idle = self._idle.setdefault(key, [])
-        if len(idle) < _MAX_IDLE_STREAMS:
-            idle.append(stream)
-        else:
-            stream.close()
-        if now - self._last_sweep > _SWEEP_PERIOD:
-            self._last_sweep = now
-            for k in list(self._idle):
-                keep = [s for s in self._idle[k] if s.alive() and now - s.last_used < _IDLE_CLOSE]
-                for s in self._idle[k]:
-                    if s not in keep:
-                        s.close()
-                if keep:
-                    self._idle[k] = keep
-                else:
-                    del self._idle[k]
-
-    def _close_idle(self, key: tuple[str, str]) -> None:
-        for stream in self._idle.pop(key, []):
-            stream.close()
-
-    async def _open(self, peer_id: str, protocol: str) -> _Stream:
+    async def _open(self, peer_id: str, protocol: str) -> IdleStream:
         try:
             _, reader, writer = await self._p2p.call_binary_stream_handler(PeerID.from_base58(peer_id), protocol)
         except (TimeoutError, asyncio.CancelledError):
@@ -319,7 +261,7 @@ class Transport:
         except Exception as e:  # p2pd reports unreachable peers with assorted error types
             raise PeerUnreachable(f"cannot open a stream to {peer_id}: {type(e).__name__}: {e}") from None
         self._stats["streams_opened"] += 1
-        return _Stream(reader, writer)
+        return IdleStream(reader, writer)
 
     @staticmethod
     async def _read_reply(reader: asyncio.StreamReader, peer_id: str) -> tuple[int, str]:
@@ -388,7 +330,8 @@ class Transport:
             return await self._reply(writer, _OK, "")
         except WireError as e:
             self._stats["refused"] += 1
-            logger.warning("refused a message from %s: %s", sender, e)
+            logger.warning("refused a message from %s: %s", sender, e,
+                           extra=event("refused_message", sender=sender, why=str(e)))
             await self._reply(writer, _REFUSED, str(e))
         except (TimeoutError, asyncio.IncompleteReadError, ConnectionError) as e:
             self._dropped(sender, "message", e)
@@ -486,7 +429,8 @@ class Transport:
                     deadline.reschedule(loop.time() + self.recv_timeout)
             return await self._reply(writer, _OK, "")
         except WireError as e:
-            logger.warning("refused a probe from %s: %s", sender, e)
+            logger.warning("refused a probe from %s: %s", sender, e,
+                           extra=event("refused_message", sender=sender, why=f"probe: {e}"))
             await self._reply(writer, _REFUSED, str(e))
         except (TimeoutError, asyncio.IncompleteReadError, ConnectionError) as e:
             self._dropped(sender, "probe", e)

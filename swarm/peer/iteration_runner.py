@@ -21,6 +21,7 @@ from collections.abc import Callable
 
 from peers.checkpoint import param_digest, save_stage_checkpoint
 from scheduler.schedule import Schedule
+from swarm.events import event
 from swarm.net.transport import Transport, TransportError
 from swarm.peer.data_holder import DataHolder
 from swarm.peer.iteration_clock import IterationClock
@@ -139,8 +140,9 @@ class IterationRunner:
             logger.info("checkpoint of stage %d at iteration %d written to %s", session.stage, done,
                         self.checkpoint_dir)
         if self.log_param_digest:
-            logger.info("params iteration %d stage %d digest %s", done - 1, session.stage,
-                        param_digest(session.worker))
+            digest = param_digest(session.worker)
+            logger.info("params iteration %d stage %d digest %s", done - 1, session.stage, digest,
+                        extra=event("param_digest", iteration=done - 1, stage=session.stage, digest=digest))
 
     def _wait_for_commit(self, executor: PipelineExecutor, schedule: Schedule, iteration: int) -> None:
         """Block until the scheduler commits `iteration`; a replacing epoch aborts it instead. Meanwhile keep

@@ -38,6 +38,7 @@ from swarm.constants import DHT_TIMEOUT
 from swarm.control.gossip import GossipMessage
 from swarm.control.messages import Broken, Join, Leave, publish, received
 from swarm.control.node import Node
+from swarm.events import event
 from swarm.net.delivery import Inbound
 from swarm.net.identity import ensure_identity
 from swarm.net.link_probe import LinkProber
@@ -320,7 +321,8 @@ class Peer:
         """The scheduler plans without this draining peer: hand its stage over if it was the last, then leave."""
         self.keeper.hand_over(self.schedule, self.iteration)
         logger.info("left gracefully: schedule epoch %d runs without this peer from iteration %d",
-                    self.schedule.epoch, self.iteration)
+                    self.schedule.epoch, self.iteration,
+                    extra=event("left", epoch=self.schedule.epoch, iteration=self.iteration))
 
     # ---- schedules ----------------------------------------------------------------------------------
     def _use(self, schedule: Schedule) -> None:
@@ -338,7 +340,8 @@ class Peer:
         if self.stage == 0:
             self.data.follow(schedule, self.iteration, self.follower.committed_positions)
         logger.info("peer %s runs schedule epoch %d on stage %d from iteration %d", self.peer_id, schedule.epoch,
-                    self.stage, self.iteration)
+                    self.stage, self.iteration,
+                    extra=event("placed", stage=self.stage, epoch=schedule.epoch, iteration=self.iteration))
 
     def _adopt_due_schedule(self) -> None:
         due = self.follower.due(self.iteration)
@@ -406,7 +409,8 @@ class Peer:
         try:
             message = received(msg, self.options.run_id)
         except WireError as e:
-            logger.warning("ignored a control message from %s: %s", msg.sender, e)
+            logger.warning("ignored a control message from %s: %s", msg.sender, e,
+                           extra=event("ignored_control", sender=msg.sender, kind="malformed", why=str(e)))
             return
         if self.follower.on_message(msg.sender, message):
             self.inbox.wake()

@@ -38,10 +38,12 @@ from dataclasses import dataclass, field
 import torch
 
 from peers.worker import StageWorker, WorkerError
-from scheduler.detour import detour, detour_violation
+from scheduler.detour import detour
 from scheduler.schedule import Route, Schedule
 from swarm.constants import MAX_MICROBATCH_ATTEMPTS
+from swarm.events import event
 from swarm.net.delivery import Inbound, Send, Undelivered
+from swarm.peer.hop_check import hop_mismatch
 from swarm.peer.timeline import Timeline
 from swarm.wire import Direction, HopHeader
 
@@ -115,7 +117,12 @@ def expected_backwards(schedule: Schedule, peer: str) -> int:
 
 
 class PipelineExecutor:
-    """Runs one iteration of `schedule` on this peer's `worker`."""
+    """Runs one iteration of `schedule` on this peer's `worker`.
+
+    Longer than the ~350 lines a class should keep to: it is one iteration's state machine, and its parts (the
+    order of operations, detours, re-queues, per-hop deadlines) read and update the same per-microbatch state
+    (attempts, counted stages, awaited backwards, stashes); admission is the pure `hop_mismatch`.
+    """
 
     def __init__(self, *, me: str, worker: StageWorker, schedule: Schedule, run_id: str, iteration: int,
                  send: Send, batches: dict[int, torch.Tensor] | None = None,
@@ -329,7 +336,9 @@ class PipelineExecutor:
                                                         f"detour obeys the rules")
                 return None
             logger.warning("microbatch %d: %s (stage %d) is gone; forward detoured to %s (stage %d)", r.microbatch,
-                           r.nodes[hop], r.stages[hop - 1], amended.nodes[hop], amended.stages[hop - 1])
+                           r.nodes[hop], r.stages[hop - 1], amended.nodes[hop], amended.stages[hop - 1],
+                           extra=event("detoured", microbatch=r.microbatch, gone=r.nodes[hop], to=amended.nodes[hop],
+                                       to_stage=amended.stages[hop - 1]))
             self.result.detours += 1
             r = amended
         self.in_use[r.microbatch] = r
@@ -386,7 +395,7 @@ class PipelineExecutor:
             self.worker.drop(microbatch)
         self.result.broken += 1
         logger.warning("iteration %d: microbatch %d (attempt %d) cannot finish: %s", self.iteration, microbatch,
-                       attempt, why)
+                       attempt, why, extra=event("microbatch_broken", microbatch=microbatch, attempt=attempt, why=why))
         report = Requeue(iteration=self.iteration, epoch=self.schedule.epoch, microbatch=microbatch, attempt=attempt,
                          gone=gone, why=why, maybe_ran=maybe_ran)
         if mine:
@@ -451,7 +460,8 @@ class PipelineExecutor:
         if why:
             self.result.dropped += 1
             logger.warning("dropped %s of microbatch %d from %s: %s", h.direction.name.lower(), h.microbatch,
-                           m.sender, why)
+                           m.sender, why, extra=event("dropped_message", sender=m.sender, microbatch=h.microbatch,
+                                                      why=why))
             return
         if h.attempt > attempt:  # a re-queued microbatch: what this peer holds of an earlier attempt is stale
             self._attempt[h.microbatch] = h.attempt
@@ -492,38 +502,10 @@ class PipelineExecutor:
         except WorkerError as e:
             self.result.dropped += 1
             logger.warning("worker refused %s of microbatch %d from %s: %s", h.direction.name.lower(), h.microbatch,
-                           m.sender, e)
+                           m.sender, e, extra=event("dropped_message", sender=m.sender, microbatch=h.microbatch,
+                                                    why=f"worker: {e}"))
 
     def _mismatch(self, m: Inbound) -> str | None:
-        """Why a message does not fit the schedule (None when it does)."""
-        h = m.header
-        scheduled = self.routes.get(h.microbatch)
-        if h.run != self.run_id or h.iteration != self.iteration:
-            return f"run {h.run!r} iteration {h.iteration}, expected {self.run_id!r} iteration {self.iteration}"
-        if h.epoch != self.schedule.epoch:
-            return f"schedule epoch {h.epoch}, this iteration runs epoch {self.schedule.epoch}"
-        if scheduled is None:
-            return "no such microbatch in the schedule"
-        r = self.in_use[h.microbatch]
-        nodes, stages = tuple(h.route), tuple(h.stages[1:])
-        if nodes != r.nodes or (h.stages and stages != r.stages):
-            if not h.stages or h.stages[0] != 0:
-                return "route differs from the schedule and carries no stages"
-            why = detour_violation(self.schedule, scheduled, nodes, stages)
-            if why is not None:
-                return f"route or stages differ from the schedule and are no detour of it: {why}"
-            if h.direction == Direction.BACKWARD and (nodes[:h.hop + 1] != r.nodes[:h.hop + 1] or
-                                                      stages[:h.hop] != r.stages[:h.hop]):
-                return "backward's route up to this peer differs from the one its forward came by"
-        if h.route[h.hop] != self.me:
-            return f"hop {h.hop} is not this peer"
-        last = len(nodes) - 1
-        if h.direction == Direction.FORWARD:
-            expected_sender = nodes[last] if h.hop == 0 else nodes[h.hop - 1]
-        elif h.direction == Direction.BACKWARD:
-            expected_sender = nodes[0] if h.hop == last else nodes[h.hop + 1]
-        else:
-            return f"direction {h.direction.name} is not a pipeline message"
-        if m.sender != expected_sender:
-            return f"sent by {m.sender}, the schedule says {expected_sender}"
-        return None
+        """Why a message does not fit the schedule (None when it does), see `hop_mismatch`."""
+        return hop_mismatch(m, schedule=self.schedule, routes=self.routes, in_use=self.in_use, run_id=self.run_id,
+                            iteration=self.iteration, me=self.me)

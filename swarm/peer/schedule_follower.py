@@ -19,8 +19,10 @@ from collections.abc import Callable
 from typing import Any
 
 from scheduler.schedule import Schedule
+from swarm.constants import silent_after
 from swarm.control.messages import Commit, ControlMessage, Finished, Gone, ScheduleNotice
 from swarm.control.records import SwarmRecords
+from swarm.events import event
 
 logger = logging.getLogger(__name__)
 
@@ -28,8 +30,6 @@ SCHEDULE_POLL_PERIOD = 5.0
 """Seconds between two reads of the newest schedule from the DHT when no notice came."""
 LAGGING_POLL_PERIOD = 0.5
 """Seconds between two reads while a newer epoch is known to exist but the DHT still returns an older one."""
-SILENCE_GRACE = 2.0
-"""Beyond three heartbeats, how long the scheduler's record may be missing before it is taken for gone."""
 
 
 class ScheduleFollower:
@@ -76,7 +76,7 @@ class ScheduleFollower:
 
     def scheduler_silent(self) -> bool:
         """The scheduler's record has not been seen for longer than a record lives (three heartbeats and a grace)."""
-        return time.monotonic() - self.scheduler_seen > 3 * self.heartbeat + SILENCE_GRACE
+        return time.monotonic() - self.scheduler_seen > silent_after(self.heartbeat)
 
     def on_message(self, sender: str, message: ControlMessage) -> bool:
         """Take a notice, 'gone', 'finished' or a commit from `sender`; True if the main loop should look again.
@@ -84,7 +84,9 @@ class ScheduleFollower:
         if not isinstance(message, (ScheduleNotice, Gone, Finished, Commit)):
             return False
         if not self.trusted(sender):
-            logger.warning("ignored a %s from %s: not the run's scheduler", type(message).__name__, sender)
+            logger.warning("ignored a %s from %s: not the run's scheduler", type(message).__name__, sender,
+                           extra=event("ignored_control", sender=sender, kind=type(message).__name__,
+                                       why="not the run's scheduler"))
             return False
         if isinstance(message, ScheduleNotice):
             self._announced_epoch = max(self._announced_epoch, message.epoch)

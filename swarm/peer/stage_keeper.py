@@ -20,6 +20,7 @@ from peers.model import ModelConfig
 from peers.stage import neighbour_blocks
 from peers.worker import StageWorker, WorkerError
 from scheduler.schedule import Schedule
+from swarm.events import event
 from swarm.net.delivery import Inbound
 from swarm.peer.mailbox import Inbox, Outbox
 from swarm.peer.options import PeerOptions
@@ -75,7 +76,8 @@ class StageKeeper:
             source = restore_source(schedule, self.peer_id)
             if source is None:
                 steps = load_state(self.worker, self._receive_state(schedule, None, STATE_TIMEOUT))
-                logger.info("loaded stage %d's state (step %d) from a same-stage peer", self.stage, steps)
+                logger.info("loaded stage %d's state (step %d) from a same-stage peer", self.stage, steps,
+                            extra=event("stage_loaded", stage=self.stage, source="peer", steps=steps))
             else:
                 self._restart(schedule, source)
         self._go_online()
@@ -94,16 +96,22 @@ class StageKeeper:
         try:
             if restart:
                 self._restart(schedule, source)
-                logger.warning("moved from stage %d to stage %d, which had no peer left", old_stage, self.stage)
+                logger.warning("moved from stage %d to stage %d, which had no peer left", old_stage, self.stage,
+                               extra=event("moved", from_stage=old_stage, to_stage=self.stage, source=source,
+                                           restart=True))
             else:
                 steps = load_state(self.worker, self._receive_state(schedule, source, HANDOVER_TIMEOUT))
                 logger.warning("moved from stage %d to stage %d: took over its state (step %d) from %s", old_stage,
-                               self.stage, steps, source)
+                               self.stage, steps, source,
+                               extra=event("stage_loaded", stage=self.stage, source="handover", peer=source,
+                                           steps=steps, from_stage=old_stage))
         except (TimeoutError, WorkerError) as e:
             load_stage_tensors(self.worker, neighbour_blocks(self.worker.module, old.worker.module.state_dict()), {},
                                steps=old.worker.steps)
             logger.warning("moved from stage %d to stage %d, but %s's state did not come (%s): initialised it from "
-                           "this peer's stage %d blocks", old_stage, self.stage, source, e, old_stage)
+                           "this peer's stage %d blocks", old_stage, self.stage, source, e, old_stage,
+                           extra=event("stage_loaded", stage=self.stage, source="own_blocks", peer=self.peer_id,
+                                       from_stage=old_stage))
         self._go_online()
 
     def equip(self, schedule: Schedule, old: Schedule, iteration: int) -> None:
@@ -122,8 +130,10 @@ class StageKeeper:
         for peer in receivers:
             send_state(me=self.peer_id, worker=self.worker, to=peer, run_id=self.options.run_id,
                        iteration=iteration, epoch=schedule.epoch, send=self.outbox.send)
-            logger.info("sent stage %d's state to %s peer %s (stage %d)", self.stage,
-                        "joining" if peer in joiners else "moving", peer, schedule.placement.get(peer, -1))
+            why = "joining" if peer in joiners else "moving"
+            logger.info("sent stage %d's state to %s peer %s (stage %d)", self.stage, why, peer,
+                        schedule.placement.get(peer, -1),
+                        extra=event("state_sent", stage=self.stage, to=peer, why=why))
 
     def hand_over(self, schedule: Schedule, iteration: int) -> None:
         """`schedule` plans without this draining peer: if it was its stage's last, send the stage's state to the
@@ -141,7 +151,8 @@ class StageKeeper:
             delivered = False
         if takers:
             logger.info("handed stage %d's state (step %d) over to %s%s", self.stage, self.worker.steps,
-                        ", ".join(takers), "" if delivered else " (not delivered: it restarts from its own blocks)")
+                        ", ".join(takers), "" if delivered else " (not delivered: it restarts from its own blocks)",
+                        extra=event("state_sent", stage=self.stage, to=takers, why="handover", delivered=delivered))
 
     def _new_session(self, schedule: Schedule) -> StageSession:
         """A fresh session for this peer's stage in `schedule`, its worker from the run's seed."""

@@ -15,12 +15,14 @@ from collections.abc import Callable
 
 from hivemind import DHT
 
+from peers.averaging import mean_by_visits
 from peers.checkpoint import CheckpointError, load_stage_checkpoint, load_stage_tensors
 from peers.model import ModelConfig
 from peers.paced_worker import PacedWorker
 from peers.stage import balanced_split, neighbour_blocks, stage_template
 from peers.worker import StageWorker
 from scheduler.schedule import Schedule
+from swarm.events import event
 from swarm.net.delivery import Inbound
 from swarm.peer.mailbox import Inbox
 from swarm.run_config import RunConfig
@@ -52,7 +54,7 @@ class StageSession:
 
         worker = self.worker
         sums = worker.gradient_sums()
-        own = flatten(sums).double() / max(1, worker.visits)
+        own, _ = mean_by_visits([flatten(sums).double()], [worker.visits])
         if group_size < 2:
             worker.set_mean_gradients(unflatten(own, sums), worker.visits)
             return worker.visits, 1
@@ -116,7 +118,9 @@ def restart_stage(worker: StageWorker, stage: int, schedule: Schedule, model_con
         try:
             manifest = load_stage_checkpoint(checkpoint_dir, worker)
             logger.warning("stage %d had no peer left: restored it from this peer's checkpoint of iteration %d",
-                           stage, manifest["iteration"])
+                           stage, manifest["iteration"],
+                           extra=event("stage_loaded", stage=stage, source="checkpoint",
+                                       iteration=manifest["iteration"]))
             return
         except CheckpointError as e:
             logger.info("no usable checkpoint of stage %d here (%s)", stage, e)
@@ -126,4 +130,6 @@ def restart_stage(worker: StageWorker, stage: int, schedule: Schedule, model_con
     steps = parts[0].header.weight - 1
     load_stage_tensors(worker, neighbour_blocks(worker.module, theirs), {}, steps=steps)
     logger.warning("stage %d had no peer left and no checkpoint here: initialised it from stage %d's blocks "
-                   "(from %s, step %d)", stage, source_stage, source, steps)
+                   "(from %s, step %d)", stage, source_stage, source, steps,
+                   extra=event("stage_loaded", stage=stage, source="blocks", peer=source, steps=steps,
+                               from_stage=source_stage))

@@ -16,6 +16,7 @@ from typing import Any
 
 from swarm.control.gossip import GossipClient
 from swarm.control.records import SwarmRecords
+from swarm.events import event
 from swarm.peer.schedule_follower import ScheduleFollower
 from swarm.wire import PeerRecord, PeerState
 
@@ -86,7 +87,8 @@ class Succession:
             f.candidate = self.successor(live)
             if not f.scheduler_silent() or f.candidate is None:
                 continue
-            logger.warning("scheduler %s is gone; %s takes over", f.scheduler, f.candidate)
+            logger.warning("scheduler %s is gone; %s takes over", f.scheduler, f.candidate,
+                           extra=event("scheduler_changed", previous=f.scheduler, scheduler=f.candidate))
             f.scheduler, f.scheduler_seen = f.candidate, time.monotonic()
             f.notice.set()
             if f.candidate == self.peer_id and self.role is None and self._thread is None:

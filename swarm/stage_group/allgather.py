@@ -19,6 +19,8 @@ from collections.abc import Callable
 
 import torch
 
+from peers import flat_tensors
+from peers.averaging import mean_by_visits
 from peers.worker import StageWorker
 from swarm.net.delivery import Inbound, Send
 from swarm.wire import Direction, HopHeader
@@ -27,17 +29,14 @@ logger = logging.getLogger(__name__)
 
 
 def flatten(grads: dict[str, torch.Tensor]) -> torch.Tensor:
-    """One float32 vector of `grads` in sorted-name order (every stage peer has the same names and shapes)."""
-    return torch.cat([grads[n].detach().reshape(-1).to(torch.float32) for n in sorted(grads)])
+    """`grads` as one float32 vector (`peers.flat_tensors`)."""
+    return flat_tensors.flatten(grads)
 
 
 def unflatten(flat: torch.Tensor, like: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    out, pos = {}, 0
-    for n in sorted(like):
-        k = like[n].numel()
-        out[n] = flat[pos:pos + k].view_as(like[n]).to(like[n].dtype)
-        pos += k
-    return out
+    """`flat` as tensors shaped and typed like `like`."""
+    views = flat_tensors.unflatten(flat, {n: t.shape for n, t in like.items()})
+    return {n: v.to(like[n].dtype) for n, v in views.items()}
 
 
 def average_stage_group(*, me: str, worker: StageWorker, group: list[str], run_id: str, iteration: int, epoch: int,
@@ -86,10 +85,7 @@ def average_stage_group(*, me: str, worker: StageWorker, group: list[str], run_i
     missing = [p for p in others if p not in contributions]
     if missing:
         logger.warning("stage %d averaging of iteration %d went ahead without %s", worker.stage, iteration, missing)
-    total = sum(v for _, v in contributions.values())
-    acc = torch.zeros_like(flat)
-    for peer in sorted(contributions):
-        acc += contributions[peer][0]
-    mean = acc / total if total else acc
+    order = sorted(contributions)  # every member adds in peer-id order: bit-identical means
+    mean, total = mean_by_visits([contributions[p][0] for p in order], [contributions[p][1] for p in order])
     worker.set_mean_gradients(unflatten(mean, sums), total)
     return total, len(contributions)

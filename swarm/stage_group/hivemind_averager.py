@@ -23,6 +23,7 @@ from hivemind.averaging import DecentralizedAverager
 from hivemind.compression import Float16Compression, NoCompression
 
 from swarm.constants import AVERAGING_TIMEOUT
+from swarm.events import event
 
 logger = logging.getLogger(__name__)
 
@@ -87,10 +88,12 @@ class StageAverager:
         try:
             gathered = self._averager.step(weight=float(weight), gather=float(weight), timeout=timeout)
         except Exception as e:  # hivemind raises assorted errors when a round breaks down
-            logger.warning("%s: averaging round failed: %s: %s", self.prefix, type(e).__name__, e)
+            logger.warning("%s: averaging round failed: %s: %s", self.prefix, type(e).__name__, e,
+                           extra=event("averaging_failed", group=self.prefix, why=f"{type(e).__name__}: {e}"))
             gathered = None
         if not gathered:
-            logger.warning("%s: no averaging group within %.1fs, keeping the local tensors", self.prefix, timeout)
+            logger.warning("%s: no averaging group within %.1fs, keeping the local tensors", self.prefix, timeout,
+                           extra=event("averaging_failed", group=self.prefix, why="no group"))
             return AveragingResult(averaged=False, group_size=1, total_weight=float(weight))
         with self._averager.get_tensors() as buffers, torch.no_grad():
             for buf, t in zip(buffers, tensors, strict=True):

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 import torch
 
 from peers.checkpoint import load_stage_tensors, stage_tensors
+from peers.flat_tensors import flatten, unflatten
 from peers.worker import StageWorker, WorkerError
 from swarm.net.delivery import Inbound, Send
 from swarm.wire import Direction, HopHeader
@@ -32,12 +33,9 @@ def _optimizer_template(worker: StageWorker) -> dict[str, torch.Size]:
 def state_parts(worker: StageWorker) -> tuple[torch.Tensor, torch.Tensor]:
     """(flat weights, flat optimizer moments) of `worker`, in a layout every peer of the stage shares."""
     weights, optim = stage_tensors(worker)
-    flat_w = torch.cat([weights[k].reshape(-1).to(torch.float32) for k in sorted(weights)])
-    parts = []
-    for key, shape in sorted(_optimizer_template(worker).items()):
-        t = optim.get(key)
-        parts.append(t.reshape(-1).to(torch.float32) if t is not None else torch.zeros(shape.numel()))
-    return flat_w, torch.cat(parts)
+    moments = {key: optim[key] if key in optim else torch.zeros(shape)
+               for key, shape in _optimizer_template(worker).items()}
+    return flatten(weights), flatten(moments)
 
 
 def send_state(*, me: str, worker: StageWorker, to: str, run_id: str, iteration: int, epoch: int, send: Send) -> None:
@@ -50,14 +48,10 @@ def send_state(*, me: str, worker: StageWorker, to: str, run_id: str, iteration:
 
 def unflatten_weights(flat: torch.Tensor, template: Mapping[str, torch.Size]) -> dict[str, torch.Tensor]:
     """Part 0 of a state transfer as named tensors, given the sender's stage layout (names and shapes)."""
-    if flat.dim() != 1 or flat.numel() != sum(shape.numel() for shape in template.values()):
-        raise WorkerError("state transfer sizes do not match the sending stage's model")
-    weights, pos = {}, 0
-    for k in sorted(template):
-        n = template[k].numel()
-        weights[k] = flat[pos:pos + n].view(template[k])
-        pos += n
-    return weights
+    try:
+        return unflatten(flat, template)
+    except ValueError:
+        raise WorkerError("state transfer sizes do not match the sending stage's model") from None
 
 
 def load_state(worker: StageWorker, messages: dict[int, Inbound]) -> int:
@@ -65,17 +59,13 @@ def load_state(worker: StageWorker, messages: dict[int, Inbound]) -> int:
     if set(messages) != {0, 1}:
         raise WorkerError(f"state transfer needs parts 0 and 1, got {sorted(messages)}")
     template_w = {k: v for k, v in worker.module.state_dict().items()}
-    flat_o = messages[1].tensor
-    template_o = _optimizer_template(worker)
-    if flat_o.numel() != sum(s.numel() for s in template_o.values()):
-        raise WorkerError("state transfer sizes do not match this stage's model")
+    try:
+        moments = unflatten(messages[1].tensor, _optimizer_template(worker))
+    except ValueError:
+        raise WorkerError("state transfer sizes do not match this stage's model") from None
     weights = unflatten_weights(messages[0].tensor, {k: v.shape for k, v in template_w.items()})
     weights = {k: v.to(template_w[k].dtype) for k, v in weights.items()}
-    optim, pos = {}, 0
-    for k, shape in sorted(template_o.items()):
-        n = shape.numel()
-        optim[k] = flat_o[pos:pos + n].reshape(shape if not k.endswith(".step") else ())
-        pos += n
+    optim = {k: t.reshape(()) if k.endswith(".step") else t for k, t in moments.items()}
     steps = messages[0].header.weight - 1
     load_stage_tensors(worker, weights, optim, steps=steps)
     return steps

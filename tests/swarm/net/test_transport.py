@@ -176,7 +176,7 @@ def test_many_messages_share_one_stream(local, remote):
 
 
 def test_refused_message_closes_its_stream_and_the_next_one_reopens(local, remote):
-    local._loop.call_soon_threadsafe(local._close_idle, (remote.id, HOP_PROTOCOL))  # start from no idle stream
+    local.drop_idle_streams(remote.id)  # start from no idle stream
     opened = local.stats()["streams_opened"]
     local.send(remote.id, header(local, remote), torch.zeros(4))  # leaves one idle stream
     remote.received()

@@ -1,0 +1,112 @@
+"""Typed events: what a peer or the coordinator did, as JSON lines that tests and tools read instead of log text.
+
+An event rides on a log record: ``logger.warning("...", ..., extra=event("stage_loaded", stage=2, source="peer"))``
+writes the human line as before and, where the process installed an `EventLog` (`--events FILE`), one JSON line
+``{"time": ..., "node": ..., "event": "stage_loaded", "stage": 2, "source": "peer"}``. Event names are the
+`EVENTS` below, each with the fields it carries; `event` refuses any other, so a test can rely on them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+EVENTS: dict[str, tuple[str, ...]] = {
+    # a peer's stage
+    "placed": ("stage", "epoch", "iteration"),
+    # source: "peer" (a same-stage peer's state), "handover" (the peer it replaces), "checkpoint" (its own),
+    # "blocks" (a neighbouring stage's decoder blocks, from_stage) or "own_blocks" (its old stage's, after a move)
+    "stage_loaded": ("stage", "source", "peer", "steps"),
+    "moved": ("from_stage", "to_stage", "source", "restart"),
+    "state_sent": ("stage", "to", "why"),
+    "left": ("epoch", "iteration"),
+    "param_digest": ("iteration", "stage", "digest"),
+    "averaging_failed": ("group", "why"),
+    "scheduler_changed": ("previous", "scheduler"),
+    # a peer's pipeline
+    "detoured": ("microbatch", "gone", "to", "to_stage"),
+    "microbatch_broken": ("microbatch", "attempt", "why"),
+    # what a peer refused
+    "refused_message": ("sender", "why"),
+    "dropped_message": ("sender", "microbatch", "why"),
+    "ignored_control": ("sender", "kind", "why"),
+    "ignored_record": ("signer", "kind", "why"),
+    # the scheduler
+    "replanned": ("epoch", "start_iteration", "gone", "leaving", "joining"),
+    "joiner_placed": ("peer", "stage"),
+    "shard_moved": ("shard", "source", "to"),
+    "peer_moved": ("peer", "from_stage", "to_stage", "source", "why"),
+    "stage_emptied": ("stages",),
+    "declared_gone": ("peer", "why"),
+}
+"""Event name -> its fields (an event may carry fewer, or extra context; never another name)."""
+
+EVENT_ATTR = "skippipe_event"
+
+
+def event(name: str, **fields: Any) -> dict[str, Any]:
+    """The `extra` of a log call that also records event `name` with `fields`; raises ValueError for an unknown
+    name (a typo would make the event invisible to whoever waits for it)."""
+    if name not in EVENTS:
+        raise ValueError(f"unknown event {name!r}; add it to swarm.events.EVENTS")
+    return {EVENT_ATTR: {"event": name, **fields}}
+
+
+class EventLog(logging.Handler):
+    """Appends the events of the log records it sees to `path`, one JSON object a line, flushed at once.
+
+    :param node: this process's peer id, in every line
+    """
+
+    def __init__(self, path: str | Path, node: str) -> None:
+        super().__init__(level=logging.DEBUG)
+        self.path, self.node = Path(path), node
+        self._file = self.path.open("a", buffering=1)
+        self._write = threading.Lock()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        data = getattr(record, EVENT_ATTR, None)
+        if data is None:
+            return
+        line = json.dumps({"time": round(time.time(), 3), "node": self.node, **data}, default=str)
+        with self._write:
+            self._file.write(line + "\n")
+
+    def close(self) -> None:
+        with self._write:
+            self._file.close()
+        super().close()
+
+    @classmethod
+    def install(cls, path: str | Path | None, node: str) -> EventLog | None:
+        """Record this process's events in `path` (None: nowhere) from now on."""
+        if path is None:
+            return None
+        root = logging.getLogger()
+        if root.getEffectiveLevel() > logging.INFO:  # events are INFO and up, whatever the log shows
+            for existing in root.handlers:
+                existing.setLevel(max(existing.level, root.getEffectiveLevel()))
+            root.setLevel(logging.INFO)
+        handler = cls(path, node)
+        root.addHandler(handler)
+        return handler
+
+
+def read_events(*paths: str | Path) -> list[dict[str, Any]]:
+    """The events in `paths` (missing files count as empty), oldest first; a torn last line is skipped."""
+    out = []
+    for path in paths:
+        try:
+            lines = Path(path).read_text().splitlines()
+        except FileNotFoundError:
+            continue
+        for line in lines:
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return sorted(out, key=lambda e: e.get("time", 0.0))

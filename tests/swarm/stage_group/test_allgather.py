@@ -1,0 +1,134 @@
+"""The default stage averaging (all-gather over the transport's messages), driven directly: three members of one
+stage, each in its own thread, exchange their gradient sums through in-memory mailboxes standing in for the
+transport (which its own tests cover). Every member installs the visit-weighted mean, bit-identical across the
+group; a member that never sends is left out once it is no longer worth waiting for; hostile contributions are
+dropped."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from dataclasses import replace
+
+import pytest
+import torch
+
+from peers.averaging import visit_weighted_mean
+from peers.model import ModelConfig
+from peers.optim import OptimConfig
+from peers.worker import StageWorker
+from swarm.net.delivery import Inbound
+from swarm.stage_group.allgather import average_stage_group
+from swarm.wire import HopHeader
+
+pytestmark = pytest.mark.timeout(60)
+
+MICRO = ModelConfig(vocab_size=64, dim=16, n_layers=4, n_heads=2, ffn_dim=32, max_seq_len=16)
+SPLIT = (2, 1, 1)
+GROUP = ["peer-a", "peer-b", "peer-c"]
+
+
+def trained(peer: str, visits: int, seed: int) -> StageWorker:
+    """A stage-1 worker that ran `visits` microbatches of random activations forward and backward."""
+    w = StageWorker(peer, 1, MICRO, SPLIT, OptimConfig(grad_clip=0), seed=0)
+    gen = torch.Generator().manual_seed(seed)
+    for mb in range(visits):
+        out = w.forward(mb, torch.randn(2, 8, MICRO.dim, generator=gen))
+        w.backward(mb, torch.randn(out.shape, generator=gen))
+    return w
+
+
+class Mailboxes:
+    """One inbox per member; `send` delivers at once (or drops, for a member that is `silent`)."""
+
+    def __init__(self, silent: frozenset[str] = frozenset()) -> None:
+        self.boxes = {p: queue.Queue() for p in GROUP}
+        self.silent = silent
+
+    def send_from(self, sender: str):
+        def send(peer: str, header: HopHeader, tensor: torch.Tensor) -> None:
+            if sender not in self.silent:
+                self.boxes[peer].put(Inbound(sender, header, tensor.clone()))
+        return send
+
+    def receive_for(self, peer: str):
+        def receive(timeout: float) -> list[Inbound]:
+            try:
+                first = self.boxes[peer].get(timeout=timeout)
+            except queue.Empty:
+                return []
+            out = [first]
+            while not self.boxes[peer].empty():
+                out.append(self.boxes[peer].get_nowait())
+            return out
+        return receive
+
+
+def run_group(workers: dict[str, StageWorker], boxes: Mailboxes, *, alive=lambda p: True, deadline: float = 10.0
+              ) -> dict[str, tuple[int, int]]:
+    results: dict[str, tuple[int, int]] = {}
+
+    def member(peer: str) -> None:
+        results[peer] = average_stage_group(me=peer, worker=workers[peer], group=GROUP, run_id="r", iteration=4,
+                                            epoch=2, send=boxes.send_from(peer), receive=boxes.receive_for(peer),
+                                            deadline=deadline, alive=alive)
+
+    threads = [threading.Thread(target=member, args=(p,)) for p in workers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    return results
+
+
+def declared_gone_soon(peer: str, after: float = 0.5):
+    """`alive` for a group whose member `peer` the scheduler declares gone `after` seconds in."""
+    gone = threading.Event()
+    threading.Timer(after, gone.set).start()
+    return lambda p: not (p == peer and gone.is_set())
+
+
+def test_every_member_installs_the_same_visit_weighted_mean():
+    visits = {"peer-a": 1, "peer-b": 3, "peer-c": 2}
+    workers = {p: trained(p, v, seed=i) for i, (p, v) in enumerate(visits.items())}
+    expected, total = visit_weighted_mean([workers[p].gradient_sums() for p in GROUP], [visits[p] for p in GROUP])
+    results = run_group(workers, Mailboxes())
+    assert results == dict.fromkeys(GROUP, (6, 3))
+    for p in GROUP:
+        grads = {n: q.grad for n, q in workers[p].module.named_parameters()}
+        for name, mean in expected.items():
+            torch.testing.assert_close(grads[name], mean, rtol=1e-6, atol=1e-7)
+            assert torch.equal(grads[name], {n: q.grad for n, q in workers["peer-a"].module.named_parameters()}[name])
+
+
+def test_a_silent_member_is_left_out_once_it_is_not_worth_waiting_for():
+    workers = {p: trained(p, v, seed=v) for p, v in (("peer-a", 2), ("peer-b", 1))}
+    expected, _ = visit_weighted_mean([workers[p].gradient_sums() for p in ("peer-a", "peer-b")], [2, 1])
+    results = run_group(workers, Mailboxes(), alive=declared_gone_soon("peer-c"))
+    assert results == dict.fromkeys(["peer-a", "peer-b"], (3, 2))
+    grads = dict(workers["peer-a"].module.named_parameters())
+    for name, mean in expected.items():
+        torch.testing.assert_close(grads[name].grad, mean)
+
+
+@pytest.mark.parametrize("tamper, why", [
+    (lambda h, t: (h, t[:-1]), "shape"),
+    (lambda h, t: (h, torch.full_like(t, float("inf"))), "non-finite"),
+    (lambda h, t: (replace(h, stages=(2, 2)), t), "another stage"),
+    (lambda h, t: (replace(h, epoch=1), t), "an older epoch"),
+])
+def test_a_hostile_contribution_is_dropped_and_the_honest_mean_installed(tamper, why):
+    workers = {p: trained(p, v, seed=v) for p, v in (("peer-a", 2), ("peer-b", 1), ("peer-c", 3))}
+    boxes = Mailboxes()
+    honest = boxes.send_from("peer-c")
+
+    def hostile(peer: str, header: HopHeader, tensor: torch.Tensor) -> None:
+        honest(peer, *tamper(header, tensor))
+
+    boxes.send_from = lambda sender, own=boxes.send_from: hostile if sender == "peer-c" else own(sender)
+    expected, _ = visit_weighted_mean([workers[p].gradient_sums() for p in ("peer-a", "peer-b")], [2, 1])
+    results = run_group(workers, boxes, alive=declared_gone_soon("peer-c"), deadline=5.0)
+    assert results["peer-a"] == (3, 2) and results["peer-b"] == (3, 2), why
+    grads = dict(workers["peer-b"].module.named_parameters())
+    for name, mean in expected.items():
+        torch.testing.assert_close(grads[name].grad, mean)

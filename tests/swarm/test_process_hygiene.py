@@ -1,0 +1,61 @@
+"""`kill -9` of a peer's or the coordinator's main process leaves none of its helpers alive: hivemind's DHT
+process, its p2pd, the gossip sidecar and the reaper itself all go (`swarm.net.reaper`), and the run's other
+processes are untouched."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import psutil
+import pytest
+
+from swarm.local.local_swarm import LocalSwarm
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+
+def helpers(pid: int) -> list[psutil.Process]:
+    return psutil.Process(pid).children(recursive=True)
+
+
+def alive(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def wait_for_helpers(pid: int, timeout: float = 120) -> list[psutil.Process]:
+    """The helpers of node `pid` once its DHT's p2pd, its gossip sidecar and its reaper all run."""
+    end = time.monotonic() + timeout
+    while True:
+        procs = helpers(pid)
+        cmds = [" ".join(p.cmdline()) for p in procs if alive(p)]
+        if all(any(part in c for c in cmds) for part in ("p2pd", "gossip_sidecar", "swarm.net.reaper")):
+            return procs
+        assert time.monotonic() < end, f"node {pid} never started all its helpers: {cmds}"
+        time.sleep(0.5)
+
+
+def test_kill_9_of_a_peer_and_of_the_coordinator_leaves_no_helper_behind(tmp_path):
+    config = tmp_path / "run.toml"
+    config.write_text("[run]\nrun_id = 'hygiene'\nstages = 2\nskip = 0.0\nmicrobatches = 1\niterations = 1000\n"
+                      "min_peers = 2\n[swarm]\nheartbeat = 1.0\n")
+    swarm = LocalSwarm(tmp_path / "run", 2, run_id="hygiene", coordinator_args=["--config", str(config)])
+    try:
+        swarm.start()
+        swarm.watch(1, timeout=180)  # everyone is up and training
+        for victim in (swarm.peers[0], swarm.coordinator):
+            left = wait_for_helpers(victim.pid)
+            bystanders = [p for p in helpers(swarm.peers[1].pid) if alive(p)]
+            os.kill(victim.pid, signal.SIGKILL)
+            victim.wait(timeout=10)
+            end = time.monotonic() + 20
+            while any(alive(p) for p in left) and time.monotonic() < end:
+                time.sleep(0.2)
+            assert not [p.cmdline() for p in left if alive(p)], "helpers outlived their node"
+            assert all(alive(p) for p in bystanders), "another peer's helpers were touched"
+    finally:
+        swarm.stop()
