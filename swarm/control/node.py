@@ -61,6 +61,11 @@ class Node:
         self.records = SwarmRecords(self.dht, self.identity, self.run_id)
         return self.records
 
+    def watch_helpers(self) -> None:
+        """The node started something more (a p2p client of its own, say): the reaper looks again at once."""
+        if self.reaper is not None:
+            self.reaper.watch()
+
     def start_gossip(self, *, bootstrap: Iterable[str] = (), log_path: str | None = None) -> GossipInfo:
         """Start the gossip sidecar, connected to `bootstrap` and subscribed to the run's topics."""
         self.gossip = GossipClient(on_message=self._on_message)

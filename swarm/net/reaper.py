@@ -242,6 +242,9 @@ class _Watchdog:
         self.scan_interval = scan_interval
         self.grace = grace
         self.snapshot: dict[int, psutil.Process] = {}  # pid -> process as scanned (psutil keeps its create time)
+        self.parent_sockets: set[str] = set()
+        """Unix sockets the parent itself had open at the last scan (a p2p client's, say): a parent killed with
+        SIGKILL leaves their files behind."""
 
     def parent_alive(self) -> bool:
         return os.getppid() == self.parent_pid
@@ -254,6 +257,7 @@ class _Watchdog:
         except psutil.Error:
             return
         self.snapshot = {p.pid: p for p in children if p.pid != self.me}
+        self.parent_sockets = unix_socket_paths(self.parent_pid)
 
     def reply(self, line: bytes) -> None:
         with contextlib.suppress(OSError):
@@ -312,6 +316,9 @@ class _Watchdog:
         victims = {pid: p for pid, p in victims.items() if pid not in (self.me, self.parent_pid) and _alive(p)}
         if not victims:
             logger.debug("%s: no helpers left", why)
+            if not clean:
+                for path in sorted(self.parent_sockets):
+                    self.unlink_if_dead(path)
             return
         names = {pid: _cmdline(p) for pid, p in victims.items()}
         self_exiting = [p for pid, p in victims.items() if any(h in names[pid] for h in SELF_EXITING)]
@@ -319,7 +326,7 @@ class _Watchdog:
         if clean:  # those leave with their client, the parent
             victims = {p.pid: p for p in others}
             self_exiting = []
-        sockets = set().union(*(unix_socket_paths(pid) for pid in victims))
+        sockets = set().union(*(unix_socket_paths(pid) for pid in victims), set() if clean else self.parent_sockets)
         if others:
             log = logger.info if clean else logger.warning
             log("%s: stopping %s", why, ", ".join(f"{p.pid} ({names[p.pid][:60]})" for p in others))

@@ -4,13 +4,15 @@ A message is ``[u32 header length][msgpack HopHeader][raw tensor bytes]``, answe
 [utf-8 reason]`` (status 0 = accepted). Unary p2pd calls refuse messages over 4 MiB and protobuf streaming copies
 every chunk, so tensors go over raw streams, in 1 MiB writes.
 
-Streams are reused: opening one costs ~1.8 ms (a request to p2pd, a new yamux stream, a unix socket on each side),
-more than a whole 1 KiB message takes on an open one. So a sender keeps a few idle streams per receiver and sends
-its next message on one of them. A stream carries one message at a time (it is checked out for the whole
-exchange, so messages never interleave) and concurrent sends to one peer use several streams. A stream that
-failed, timed out or carried a refused message is closed, never reused; when a reused stream turns out to be dead
-before any reply (the receiver restarted, or closed it as idle), the message goes once more on a new stream.
-Probes use the same streams, so a measured link costs what a message pays.
+Each kind of traffic has a protocol of its own (`CHANNELS`): pipeline hops (forwards and backwards), a stage group's
+gradient exchange, and stage state transfers; each with its own streams, bounded queue and consumer, and each
+refuses the other kinds' messages. Streams are reused: opening one costs ~1.8 ms (a request to p2pd, a new yamux
+stream, a unix socket on each side), more than a whole 1 KiB message takes on an open one. So a sender keeps a few
+idle streams per receiver and protocol and sends its next message on one of them. A stream carries one message at a
+time (it is checked out for the whole exchange, so messages never interleave) and concurrent sends to one peer use
+several streams. A stream that failed, timed out or carried a refused message is closed, never reused; when a reused
+stream turns out to be dead before any reply (the receiver restarted, or closed it as idle), the message goes once
+more on a new stream. Probes use the same streams, so a measured link costs what a message pays.
 
 The receiver serves the messages of a stream one after another and checks each as if it came alone: the header
 (schema, limits, that it is the addressed hop, the run) before allocating the tensor's buffer, and it acknowledges
@@ -30,11 +32,12 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import dataclasses
+import functools
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Literal
 
 import torch
 from hivemind import DHT
@@ -54,12 +57,26 @@ from swarm.constants import (
 )
 from swarm.events import event
 from swarm.net.idle_streams import IdleStream, IdleStreams
-from swarm.wire import HopHeader, WireError, decode_tensor, encode_tensor, torch_dtype
+from swarm.wire import Direction, HopHeader, WireError, decode_tensor, encode_tensor, torch_dtype
 
 logger = logging.getLogger(__name__)
 
-HOP_PROTOCOL = "skippipe.hop.v1"
+Channel = Literal["hop", "average", "state"]
+
+HOP_PROTOCOL = "skippipe.hop.v2"
+"""Pipeline messages: forwards and backwards."""
+AVERAGE_PROTOCOL = "skippipe.average.v1"
+"""A stage group member's gradient sums for the group's all-gather."""
+STATE_PROTOCOL = "skippipe.state.v1"
+"""A stage's weights and optimizer state for a peer joining or moving to it."""
 PROBE_PROTOCOL = "skippipe.probe.v1"
+CHANNELS: dict[Channel, tuple[str, frozenset[Direction]]] = {
+    "hop": (HOP_PROTOCOL, frozenset({Direction.FORWARD, Direction.BACKWARD})),
+    "average": (AVERAGE_PROTOCOL, frozenset({Direction.AVERAGE})),
+    "state": (STATE_PROTOCOL, frozenset({Direction.STATE})),
+}
+"""Each kind of traffic has a protocol of its own (and so streams, a bounded queue and a consumer of its own: a
+flood of one kind never holds up another) and carries only its own directions."""
 _OK, _REFUSED = 0, 1
 _ONE_WRITE_BYTES = 64 * 1024
 """Messages up to this size go out in a single write (one syscall, one p2pd frame)."""
@@ -67,7 +84,12 @@ HANDLER_REMOVAL_TIMEOUT = 2.0
 """Seconds the daemon gets to drop a stream handler at shutdown; the client is closed either way."""
 
 OnReceive = Callable[[str, HopHeader, torch.Tensor], None]
-"""``on_receive(sender_peer_id, header, tensor)``, called in one worker thread, one message at a time."""
+"""``on_receive(sender_peer_id, header, tensor)``, called in one worker thread per channel, one message at a time."""
+
+
+def channel_of(direction: Direction) -> Channel:
+    """The channel that carries messages of `direction`."""
+    return next(name for name, (_, directions) in CHANNELS.items() if direction in directions)
 
 
 class TransportError(RuntimeError):
@@ -82,7 +104,8 @@ class Transport:
     """Sends and receives ``(HopHeader, tensor)`` messages through the p2pd of a running DHT.
 
     :param dht: the peer's started DHT; its p2pd (and so its peer id) is shared
-    :param on_receive: consumer of accepted messages; it may block (compute), senders then wait
+    :param on_receive: consumer of accepted messages, one per channel ("hop", "average", "state") or one for all;
+      it may block (compute), senders of that channel then wait
     :param max_tensor_bytes: largest tensor accepted; larger ones are refused before allocating
     :param queue_size: accepted messages waiting for ``on_receive``; when full, inbound streams wait
     :param run_id: if set, refuse messages of other runs
@@ -92,12 +115,17 @@ class Transport:
       written (and each probe's reply after it is read), so that a local swarm pays a WAN's latencies
     """
 
-    def __init__(self, dht: DHT, on_receive: OnReceive, *, max_tensor_bytes: int = MAX_TENSOR_BYTES,
-                 queue_size: int = INBOUND_QUEUE_SIZE, run_id: str | None = None, recv_timeout: float = RECV_TIMEOUT,
-                 start_timeout: float = CONNECT_TIMEOUT, link_delay: Callable[[str], float] | None = None):
+    def __init__(self, dht: DHT, on_receive: OnReceive | Mapping[Channel, OnReceive], *,
+                 max_tensor_bytes: int = MAX_TENSOR_BYTES, queue_size: int = INBOUND_QUEUE_SIZE,
+                 run_id: str | None = None, recv_timeout: float = RECV_TIMEOUT, start_timeout: float = CONNECT_TIMEOUT,
+                 link_delay: Callable[[str], float] | None = None):
         if queue_size < 1:
             raise ValueError(f"queue_size must be >= 1, got {queue_size}")
-        self.on_receive, self.max_tensor_bytes, self.queue_size = on_receive, max_tensor_bytes, queue_size
+        handlers = on_receive if isinstance(on_receive, Mapping) else dict.fromkeys(CHANNELS, on_receive)
+        if set(handlers) != set(CHANNELS):
+            raise ValueError(f"on_receive needs a consumer for each of {sorted(CHANNELS)}, got {sorted(handlers)}")
+        self.on_receive: dict[Channel, OnReceive] = dict(handlers)
+        self.max_tensor_bytes, self.queue_size = max_tensor_bytes, queue_size
         self.run_id, self.recv_timeout, self.link_delay = run_id, recv_timeout, link_delay
         self._stats = {"received": 0, "refused": 0, "sent": 0, "bytes_received": 0, "bytes_sent": 0,
                        "streams_opened": 0, "streams_accepted": 0}
@@ -105,7 +133,8 @@ class Transport:
         self._inbound: set[asyncio.StreamWriter] = set()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="skippipe-transport", daemon=True)
-        self._consumer_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="skippipe-consumer")
+        self._consumer_pools = {name: concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"skippipe-{name}")
+                                for name in CHANNELS}
         self._thread.start()
         try:
             self._run(self._start(dht), start_timeout)
@@ -114,13 +143,14 @@ class Transport:
             raise
 
     async def _start(self, dht: DHT) -> None:
-        self._queue: asyncio.Queue = asyncio.Queue(self.queue_size)
-        self._slots = asyncio.Semaphore(self.queue_size)  # bounds tensors being read (allocated) at once
+        self._queues = {name: asyncio.Queue(self.queue_size) for name in CHANNELS}
+        self._slots = {name: asyncio.Semaphore(self.queue_size) for name in CHANNELS}  # tensors being read at once
         self._p2p: P2P = await dht.replicate_p2p()
         self.peer_id: str = self._p2p.peer_id.to_base58()
-        await self._p2p.add_binary_stream_handler(HOP_PROTOCOL, self._handle_hop)
+        for name, (protocol, _) in CHANNELS.items():
+            await self._p2p.add_binary_stream_handler(protocol, functools.partial(self._handle_hop, name))
         await self._p2p.add_binary_stream_handler(PROBE_PROTOCOL, self._handle_probe)
-        self._consumer = asyncio.create_task(self._consume())
+        self._consumers = [asyncio.create_task(self._consume(name)) for name in CHANNELS]
 
     # ---- public API --------------------------------------------------------------------------------------------
     def send(self, peer_id: str, header: HopHeader, tensor: torch.Tensor, *, wire_dtype: str | None = None,
@@ -142,7 +172,7 @@ class Transport:
         """Close the idle streams to `peer_id` (one that left, or whose side may have timed them out)."""
 
         async def drop() -> None:
-            for protocol in (HOP_PROTOCOL, PROBE_PROTOCOL):
+            for protocol in (*(p for p, _ in CHANNELS.values()), PROBE_PROTOCOL):
                 self._idle.close((peer_id, protocol))
 
         self._run(drop(), CONNECT_TIMEOUT)
@@ -165,7 +195,8 @@ class Transport:
     def _stop_loop(self) -> None:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=5)
-        self._consumer_pool.shutdown(wait=False, cancel_futures=True)
+        for pool in self._consumer_pools.values():
+            pool.shutdown(wait=False, cancel_futures=True)
 
     async def _shutdown(self) -> None:
         self._idle.close_all()
@@ -173,12 +204,13 @@ class Transport:
             writer.close()
         await asyncio.sleep(0)
         try:
-            for name in (HOP_PROTOCOL, PROBE_PROTOCOL):
+            for name in (*(p for p, _ in CHANNELS.values()), PROBE_PROTOCOL):
                 try:
                     await asyncio.wait_for(self._p2p.remove_binary_stream_handler(name), HANDLER_REMOVAL_TIMEOUT)
                 except Exception as e:  # the daemon may already be gone with its DHT, or not answer
                     logger.debug("removing handler %s: %s", name, e)
-            self._consumer.cancel()
+            for consumer in self._consumers:
+                consumer.cancel()
         finally:  # whatever happened above: close the client, which also removes its unix socket file
             await self._p2p.shutdown()
 
@@ -210,7 +242,7 @@ class Transport:
                     await writer.drain()
             await writer.drain()
 
-        status, reason = await self._exchange(peer_id, HOP_PROTOCOL, write)
+        status, reason = await self._exchange(peer_id, CHANNELS[channel_of(header.direction)][0], write)
         if status != _OK:
             raise TransportError(f"{peer_id} refused the message: {reason}")
         self._stats["sent"] += 1
@@ -273,13 +305,14 @@ class Transport:
         return head[0], reason.decode("utf-8", "replace")
 
     # ---- receiving ---------------------------------------------------------------------------------------------
-    async def _handle_hop(self, info: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _handle_hop(self, channel: Channel, info: Any, reader: asyncio.StreamReader,
+                          writer: asyncio.StreamWriter) -> None:
         sender = info.peer_id.to_base58()
         self._stats["streams_accepted"] += 1
         self._inbound.add(writer)
         try:
             while (size := await self._next_message(reader, sender, "message")) is not None:
-                if not await self._receive_hop(sender, size, reader, writer):
+                if not await self._receive_hop(channel, sender, size, reader, writer):
                     break
         finally:
             self._inbound.discard(writer)
@@ -313,18 +346,20 @@ class Transport:
             self._stats["refused"] += 1
         logger.warning("dropped a %s from %s: stream ended or stalled (%s)", what, sender, type(e).__name__)
 
-    async def _receive_hop(self, sender: str, size: int, reader: asyncio.StreamReader,
+    async def _receive_hop(self, channel: Channel, sender: str, size: int, reader: asyncio.StreamReader,
                            writer: asyncio.StreamWriter) -> bool:
-        """Read, check and queue one message; reply. True when the stream may carry another message."""
+        """Read, check and queue one message of `channel`; reply. True when the stream may carry another message."""
         try:
             header = await self._read_header(reader, size)
-            async with self._slots:  # only now, with the size known and checked, allocate the buffer
+            if header.direction not in CHANNELS[channel][1]:
+                raise WireError(f"a {header.direction.name} message on the {channel} protocol")
+            async with self._slots[channel]:  # only now, with the size known and checked, allocate the buffer
                 buffer = bytearray(header.descriptor.nbytes)
                 await self._read_into(reader, buffer)
                 tensor = decode_tensor(header.descriptor, buffer, max_bytes=self.max_tensor_bytes)
                 if header.restore_dtype:
                     tensor = tensor.to(torch_dtype(header.restore_dtype))
-                await self._queue.put((sender, header, tensor))  # waits while the consumer is behind
+                await self._queues[channel].put((sender, header, tensor))  # waits while the consumer is behind
             self._stats["received"] += 1
             self._stats["bytes_received"] += len(buffer)
             return await self._reply(writer, _OK, "")
@@ -372,12 +407,13 @@ class Transport:
             return False
         return True
 
-    async def _consume(self) -> None:
+    async def _consume(self, channel: Channel) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            sender, header, tensor = await self._queue.get()
+            sender, header, tensor = await self._queues[channel].get()
             try:
-                await loop.run_in_executor(self._consumer_pool, self.on_receive, sender, header, tensor)
+                await loop.run_in_executor(self._consumer_pools[channel], self.on_receive[channel], sender, header,
+                                           tensor)
             except Exception:
                 logger.exception("on_receive failed for microbatch %d from %s", header.microbatch, sender)
 

@@ -111,7 +111,7 @@ class IterationRunner:
         else:
             visits, heard = average_stage_group(me=self.peer_id, worker=worker, group=group, run_id=self.run_id,
                                                 iteration=iteration, epoch=schedule.epoch, send=self.outbox.send,
-                                                receive=lambda t: self.inbox.receive("avg", t),
+                                                receive=lambda t: self.inbox.receive("average", t),
                                                 deadline=self.averaging_deadline, alive=self._worth_waiting_for,
                                                 hold=self.inbox.hold)
         t2 = time.perf_counter()

@@ -1,9 +1,11 @@
 """`Inbox` and `Outbox`: the peer's messages between the transport and its main loop, bounded both ways.
 
-The transport hands accepted messages to `Inbox.put` from its consumer thread; the main loop (the only user of
-the worker) takes them with `receive`, sorted by iteration and kind. Both ends are bounded: a full inbox makes the
-transport's consumer wait, and then the senders, so a slow stage slows the stages sending to it instead of growing
-a queue. `Outbox.send` hands a message to a few sender threads and waits while too many are pending.
+The transport hands each accepted message to `Inbox.put` from the consumer thread of the channel it came on
+(pipeline hops, averaging, stage state: `swarm.net.transport.CHANNELS`); the main loop (the only user of the worker)
+takes them with `receive`, by kind and iteration. Both ends are bounded: a full inbox of a kind makes that channel's
+consumer wait, and then its senders, so a slow stage slows the stages sending to it instead of growing a queue, and
+a flood of one kind never holds up another. `Outbox.send` hands a message to a few sender threads and waits while
+too many are pending.
 """
 
 from __future__ import annotations
@@ -29,14 +31,15 @@ from swarm.wire import Direction, HopHeader
 
 logger = logging.getLogger(__name__)
 
-Kind = Literal["hop", "avg", "state"]
+Kind = Literal["hop", "average", "state"]
+"""The transport's channels (`swarm.net.transport.Channel`)."""
 MAX_ITERATIONS_AHEAD = 2
 """Messages for iterations further ahead than this are refused, so a flood cannot fill memory."""
 PIPELINE = (Direction.FORWARD, Direction.BACKWARD)
 
 
 class Inbox:
-    """Messages for the main loop, by (iteration, kind): pipeline hops, averaging, stage state.
+    """Messages for the main loop, by kind (pipeline hops, averaging, stage state) and iteration.
 
     The owner keeps `iteration` and `epoch` current. Messages of older iterations are dropped (except those of an
     epoch that reruns an earlier iteration, which a fresh joiner may run too), of iterations too far ahead refused,
@@ -45,7 +48,7 @@ class Inbox:
     """
 
     def __init__(self, size: int = INBOX_SIZE) -> None:
-        self._raw: queue.Queue[Inbound | Undelivered | Requeue | None] = queue.Queue(size)
+        self._raw: dict[Kind, queue.Queue] = {kind: queue.Queue(size) for kind in ("hop", "average", "state")}
         self._buckets: dict[tuple[int, Kind], list] = defaultdict(list)
         self._held: list[Inbound] = []
         self.iteration = 0
@@ -55,14 +58,15 @@ class Inbox:
         self.newest_epoch = 0
         """The newest epoch a held message was sent under."""
 
-    def put(self, item: Inbound | Undelivered | Requeue | None) -> None:
-        """Any thread: hand the main loop a message (None only wakes it). Waits while the inbox is full."""
-        self._raw.put(item)
+    def put(self, item: Inbound | Undelivered | Requeue | None, kind: Kind = "hop") -> None:
+        """Any thread: hand the main loop a message of `kind` (None only wakes it; an undelivered send and a
+        re-queue report are hop messages). Waits while that kind's inbox is full."""
+        self._raw[kind].put(item)
 
     def wake(self) -> None:
-        """Wake the main loop (a notice changed what it waits for); never waits."""
+        """Wake the main loop waiting for pipeline messages (a notice changed what it waits for); never waits."""
         try:
-            self._raw.put_nowait(None)
+            self._raw["hop"].put_nowait(None)
         except queue.Full:  # the loop has messages to wake it anyway
             pass
 
@@ -70,14 +74,15 @@ class Inbox:
         """The messages of `kind` for the current iteration (any iteration with `any_iteration`), waiting up to
         `timeout` seconds for a first one."""
         keys = lambda: [k for k in self._buckets if k[1] == kind and (any_iteration or k[0] == self.iteration)]  # noqa: E731
+        raw = self._raw[kind]
         if not any(self._buckets[k] for k in keys()) and not self._full():
             try:
-                self._file(self._raw.get(timeout=timeout))
+                self._file(raw.get(timeout=timeout))
             except queue.Empty:
                 pass
         while not self._full():
             try:
-                self._file(self._raw.get_nowait())
+                self._file(raw.get_nowait())
             except queue.Empty:
                 break
         for old in [k for k in self._buckets if k[0] < self.iteration - (1 if k[1] == "state" else 0) and
@@ -123,7 +128,7 @@ class Inbox:
                 self._buckets[(it, "hop")].append(m)
             return
         it = m.header.iteration
-        kind = {Direction.AVERAGE: "avg", Direction.STATE: "state"}.get(m.header.direction, "hop")
+        kind = {Direction.AVERAGE: "average", Direction.STATE: "state"}.get(m.header.direction, "hop")
         if kind == "state":
             # kept even while this peer serves the stage it is for: its sender may have adopted an epoch that moves
             # this peer first; unused, it is dropped an iteration later (`receive`)

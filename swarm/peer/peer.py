@@ -48,7 +48,7 @@ from swarm.peer.data_holder import DataHolder
 from swarm.peer.iteration_clock import IterationClock
 from swarm.peer.iteration_runner import COMMIT_TIMEOUT, IterationRunner
 from swarm.peer.link_watch import LinkWatch
-from swarm.peer.mailbox import Inbox, Outbox
+from swarm.peer.mailbox import Inbox, Kind, Outbox
 from swarm.peer.options import PeerOptions
 from swarm.peer.pipeline import IterationAborted, IterationTimeout, Requeue
 from swarm.peer.reports import Reports
@@ -58,7 +58,7 @@ from swarm.peer.stage_session import restore_source
 from swarm.peer.succession import Succession
 from swarm.peer.timeline import Timeline
 from swarm.run_config import RunConfig
-from swarm.wire import Direction, HopHeader, PeerRecord, PeerState, WireError
+from swarm.wire import HopHeader, PeerRecord, PeerState, WireError
 
 logger = logging.getLogger(__name__)
 
@@ -181,8 +181,10 @@ class Peer:
         self.config, self.model_config = RunConfig.from_spec(spec)
         self.spec = spec
         latency = dict(o.link_latency or {})
-        self._transport = Transport(node.dht, self._on_receive, run_id=o.run_id,
+        self._transport = Transport(node.dht, {"hop": self._on_hop, "average": self._receiver("average"),
+                                                "state": self._receiver("state")}, run_id=o.run_id,
                                     link_delay=(lambda p: latency.get(p, 0.0)) if latency else None)
+        node.watch_helpers()  # the transport's p2p client socket: the reaper removes it should this process be killed
         self.outbox.wire_dtype = self.config.wire_dtype
         self.follower = ScheduleFollower(records, spec.coordinator, self.config.heartbeat,
                                          newest_held=lambda: self.inbox.newest_epoch)
@@ -387,12 +389,16 @@ class Peer:
                     len(schedule.placement))
 
     # ---- messages ---------------------------------------------------------------------------------
-    def _on_receive(self, sender: str, header: HopHeader, tensor: torch.Tensor) -> None:
-        """Transport thread: hand over to the main loop (the worker is used from one thread only); waits while the
-        inbox is full, which makes the senders wait."""
-        if header.sent_at and header.direction in (Direction.FORWARD, Direction.BACKWARD):
+    def _on_hop(self, sender: str, header: HopHeader, tensor: torch.Tensor) -> None:
+        """Transport thread: a pipeline message for the main loop (the worker is used from one thread only), its
+        delay noted as jitter; waits while the inbox is full, which makes the senders wait."""
+        if header.sent_at:
             self.jitter.observe(f"{sender}/{header.direction.name}", time.time() - header.sent_at)
         self.inbox.put(Inbound(sender, header, tensor))
+
+    def _receiver(self, kind: Kind) -> Callable[[str, HopHeader, torch.Tensor], None]:
+        """The transport's consumer of channel `kind`: into the inbox of that kind."""
+        return lambda sender, header, tensor: self.inbox.put(Inbound(sender, header, tensor), kind)
 
     def _send_failed(self, peer: str, unreachable: bool) -> None:
         if self.runner is not None:

@@ -20,14 +20,18 @@ from swarm.net.reaper import unix_socket_paths
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(600)"]
 
 DHT_NODE = """
-import sys, time
+import socket, sys, tempfile, time
 import hivemind
 from swarm.net.reaper import Reaper
 reaper = Reaper.start() if sys.argv[1] == "reaper first" else None
 dht = hivemind.DHT(host_maddrs=["/ip4/127.0.0.1/tcp/0"], start=True)
+own = socket.socket(socket.AF_UNIX)  # a socket of the node itself, as a transport's p2p client listens on
+own_path = tempfile.mktemp(prefix="reaper-test-", suffix=".sock")
+own.bind(own_path)
+own.listen()
 reaper = reaper or Reaper.start()
 assert reaper.watch()
-print("ready", reaper.pid, flush=True)
+print("ready", reaper.pid, own_path, flush=True)
 time.sleep(600)
 """
 
@@ -124,7 +128,8 @@ def test_a_killed_owner_takes_its_dht_and_p2pd_along(tmp_path, order):
     node = _start(DHT_NODE, tmp_path, order)
     started = _tree(node.pid)
     try:
-        watchdog_pid = int(_line(node, tmp_path, "ready")[1])
+        _, watchdog_pid, own_socket = _line(node, tmp_path, "ready")
+        watchdog_pid = int(watchdog_pid)
         started = _tree(node.pid)
         watchdog = next(p for p in started if p.pid == watchdog_pid)
         helpers = [p for p in started[1:] if p.pid != watchdog_pid]
@@ -138,6 +143,7 @@ def test_a_killed_owner_takes_its_dht_and_p2pd_along(tmp_path, order):
         left = _wait_gone([*helpers, watchdog], 15)
         assert not left, f"still running: {[(p.pid, p.name()) for p in left]}"
         assert not [s for s in sockets if os.path.exists(s)]  # p2pd's socket too, though p2pd may have died hard
+        assert not os.path.exists(own_socket)  # and the node's own, which it could not remove itself
     finally:
         _stop(started)
         node.wait(10)

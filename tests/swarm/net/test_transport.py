@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import queue
 import threading
@@ -116,6 +117,10 @@ def test_hostile_input_refused_and_receiver_keeps_serving(local, remote):
         "float where int": framed(pack(dict(_fields(good), iteration=1.0))),
         "wrong target": framed(header(local, remote, route=(remote.id, local.peer_id)).to_msgpack()),
         "other run": framed(header(local, remote, run="other").to_msgpack()),
+        "averaging on the hop protocol": framed(dataclasses.replace(good, direction=Direction.AVERAGE).to_msgpack(),
+                                                b"\0" * 16),
+        "state on the hop protocol": framed(dataclasses.replace(good, direction=Direction.STATE).to_msgpack(),
+                                            b"\0" * 16),
     }
     for name, payload in cases.items():
         reply = raw_exchange(local, remote.id, payload)

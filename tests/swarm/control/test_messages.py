@@ -1,0 +1,98 @@
+"""The typed control messages round-trip through their msgpack payloads, and decoding trusts nothing: a wrong type,
+range, size, version or topic is one WireError naming the field; unknown fields are ignored."""
+
+from __future__ import annotations
+
+import msgpack
+import pytest
+
+from swarm.constants import MAX_SHARDS, WIRE_VERSION
+from swarm.control.gossip import GossipMessage, membership_topic, progress_topic
+from swarm.control.messages import (
+    MESSAGE_TYPES,
+    Broken,
+    Commit,
+    Done,
+    Finished,
+    Gone,
+    Join,
+    Leave,
+    ScheduleNotice,
+    Stuck,
+    Unreachable,
+    Unrecoverable,
+    as_gossip,
+    decode,
+    encode,
+    received,
+)
+from swarm.wire import WireError
+
+POSITION = {"holder": 1, "num_holders": 3, "epoch": 0, "cursor": 12}
+EXAMPLES = [
+    Join(peer="QmA"), Leave(peer="QmA"), Gone(peers=("QmB", "QmC"), iteration=4), Finished(iterations=9),
+    Finished(iterations=3, stopped=True), Stuck(peer="QmA", iteration=4, epoch=1),
+    Broken(peer="QmA", iteration=4, epoch=1, microbatch=7, attempt=1, gone="QmB", maybe_ran=True, why="late"),
+    Unrecoverable(peer="QmA", iteration=4, epoch=1, microbatch=7, why="no detour"), Unreachable(peer="QmB"),
+    ScheduleNotice(epoch=5),
+    Done(peer="QmA", iteration=4, epoch=1, loss_sum=3.5, losses=4, tokens=1024, started=10.0, finished=11.5,
+         shards={"1": POSITION}, dropped=2),
+    Commit(iteration=4, epoch=1, shards={"1": POSITION}),
+]
+
+
+@pytest.mark.parametrize("message", EXAMPLES, ids=lambda m: type(m).__name__)
+def test_every_message_round_trips_through_msgpack(message):
+    payload = msgpack.unpackb(msgpack.packb(encode(message)))
+    assert payload["type"] == type(message).__name__.lower() and payload["version"] == WIRE_VERSION
+    assert decode(message.TOPIC, payload) == message
+    assert decode(message.TOPIC, {**payload, "from_a_newer_peer": [1, 2]}) == message  # unknown fields ignored
+    assert received(as_gossip(message, "run", "QmSender"), "run") == message
+
+
+def test_every_message_type_has_an_example():
+    assert {type(m) for m in EXAMPLES} == set(MESSAGE_TYPES.values())
+
+
+@pytest.mark.parametrize("topic, payload, field", [
+    ("membership", [1, 2], "control"),
+    ("membership", {"version": WIRE_VERSION, "peer": "QmA"}, "control.type"),
+    ("membership", {"type": "shutdown", "version": WIRE_VERSION}, "control.type"),
+    ("membership", {"type": "commit", "version": WIRE_VERSION, "iteration": 1, "epoch": 0}, "control.type"),
+    ("membership", {"type": "join", "version": WIRE_VERSION + 1, "peer": "QmA"}, "join: wire version"),
+    ("membership", {"type": "join", "version": WIRE_VERSION, "peer": 7}, "join.peer"),
+    ("membership", {"type": "join", "version": WIRE_VERSION, "peer": "x" * 500}, "join.peer"),
+    ("membership", {"type": "stuck", "version": WIRE_VERSION, "peer": "QmA", "iteration": 3.0, "epoch": 0},
+     "stuck.iteration"),
+    ("membership", {"type": "stuck", "version": WIRE_VERSION, "peer": "QmA", "iteration": True, "epoch": 0},
+     "stuck.iteration"),
+    ("membership", {"type": "stuck", "version": WIRE_VERSION, "peer": "QmA", "iteration": 1, "epoch": -1},
+     "stuck.epoch"),
+    ("membership", {"type": "broken", "version": WIRE_VERSION, "peer": "QmA", "iteration": 1, "epoch": 0,
+                    "microbatch": 1, "attempt": 99, "gone": "QmB"}, "broken.attempt"),
+    ("membership", {"type": "broken", "version": WIRE_VERSION, "peer": "QmA", "iteration": 1, "epoch": 0,
+                    "microbatch": 1, "attempt": 0, "gone": "QmB", "maybe_ran": 1}, "broken.maybe_ran"),
+    ("membership", {"type": "gone", "version": WIRE_VERSION, "peers": "QmB", "iteration": 1}, "gone.peers"),
+    ("progress", {"type": "done", "version": WIRE_VERSION, "peer": "QmA", "iteration": 1, "epoch": 0,
+                  "loss_sum": float("nan"), "losses": 1, "tokens": 1, "started": 0.0, "finished": 1.0},
+     "done.loss_sum"),
+    ("progress", {"type": "commit", "version": WIRE_VERSION, "iteration": 1, "epoch": 0,
+                  "shards": {"x": POSITION}}, "commit.shards"),
+    ("progress", {"type": "commit", "version": WIRE_VERSION, "iteration": 1, "epoch": 0,
+                  "shards": {"0": {**POSITION, "cursor": -1}}}, "commit.shards[0].cursor"),
+    ("progress", {"type": "commit", "version": WIRE_VERSION, "iteration": 1, "epoch": 0,
+                  "shards": {str(k): POSITION for k in range(MAX_SHARDS + 1)}}, "commit.shards"),
+])
+def test_a_malformed_message_is_one_wire_error_naming_the_field(topic, payload, field):
+    with pytest.raises(WireError) as e:
+        decode(topic, payload)
+    assert str(e.value).startswith(field), str(e.value)
+
+
+def test_a_message_on_another_runs_topic_is_refused():
+    msg = GossipMessage(topic=membership_topic("other"), sender="QmA", seqno=1, payload=encode(Join(peer="QmA")))
+    with pytest.raises(WireError, match="not one of run"):
+        received(msg, "run")
+    commit = GossipMessage(topic=progress_topic("run"), sender="QmA", seqno=1, payload=encode(Join(peer="QmA")))
+    with pytest.raises(WireError, match="not a progress message"):
+        received(commit, "run")

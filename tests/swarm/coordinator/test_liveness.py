@@ -1,0 +1,47 @@
+"""Who the scheduler takes for alive: records seen within their lifetime, not leaving, not declared gone on
+corroborated reports; a peer declared gone that asks to be placed again is taken back."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from swarm.constants import silent_after
+from swarm.coordinator.liveness import Liveness
+from swarm.wire import PeerRecord, PeerState
+
+HEARTBEAT = 2.0
+
+
+def record(peer: str, state: PeerState = PeerState.ONLINE) -> PeerRecord:
+    return PeerRecord(peer_id=peer, stage=1, seconds_per_layer=0.1, memory_slots=3, state=state)
+
+
+def test_a_record_missing_from_one_read_counts_until_its_lifetime_is_over():
+    live = Liveness(HEARTBEAT, exclude="coordinator")
+    both = {p: (record(p), 0.5) for p in ("a", "b", "coordinator")}
+    assert set(live.update(both, 0.0)) == {"a", "b"}  # the coordinator's own record is never a member
+    only_a = {"a": (record("a"), 0.5)}
+    assert set(live.update(only_a, silent_after(HEARTBEAT) - 0.1)) == {"a", "b"}  # one read missed it
+    assert set(live.update(only_a, silent_after(HEARTBEAT) + 0.1)) == {"a"}
+    assert live.seen_for("a", 10.0) == 10.0 and live.seen_for("never", 10.0) == 0.0
+
+
+def test_a_leaving_peer_is_gone_at_once():
+    live = Liveness(HEARTBEAT)
+    live.update({"a": (record("a"), 0.5), "b": (record("b"), 0.5)}, 0.0)
+    assert set(live.update({"a": (record("a", PeerState.LEAVING), 0.5), "b": (record("b"), 0.5)}, 1.0)) == {"b"}
+
+
+def test_reports_convict_with_two_reporters_or_an_overdue_heartbeat_and_a_rejoin_is_taken_back():
+    live = Liveness(HEARTBEAT)
+    fresh = {p: (record(p), 0.5) for p in "abcd"}
+    live.update(fresh, 0.0)
+    live.report_unreachable("a", "d", 1.0)
+    assert "d" in live.live(1.0) and live.reporters("d", 1.0) == {"a"}
+    live.update({**fresh, "d": (record("d"), 2.5 * HEARTBEAT)}, 1.0)  # its heartbeat is overdue: corroborated
+    assert "d" not in live.live(1.0) and "d" in live.declared_gone
+    live.update({**fresh, "d": (dataclasses.replace(record("d"), state=PeerState.JOINING), 0.5)}, 2.0)
+    assert "d" in live.live(2.0)  # alive after all: it asks to be placed again
+    live.report_unreachable("a", "c", 3.0)
+    live.report_unreachable("b", "c", 3.0)  # two reporters: gone whatever its heartbeat says
+    assert "c" not in live.live(3.0)

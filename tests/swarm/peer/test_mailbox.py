@@ -1,0 +1,108 @@
+"""A peer's inbox sorts messages by iteration and kind, holds a newer epoch's until the peer adopts it, and is
+bounded: a full inbox makes the transport's consumer (and so the senders) wait. The outbox is bounded too, and
+hands a pipeline message it could not deliver back to the inbox."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import torch
+
+from swarm.constants import INBOX_SIZE, OUTBOX_SIZE
+from swarm.net.delivery import Inbound, Undelivered
+from swarm.peer.mailbox import MAX_ITERATIONS_AHEAD, Inbox, Outbox
+from swarm.peer.timeline import Timeline
+from swarm.wire import Direction, HopHeader
+
+
+def message(iteration: int, direction: Direction = Direction.FORWARD, epoch: int = 0, sender: str = "b",
+            microbatch: int = 0) -> Inbound:
+    header = HopHeader(run="r", iteration=iteration, microbatch=microbatch, route=("a", "b"), hop=1,
+                       direction=direction, epoch=epoch, dtype="", shape=())
+    return Inbound(sender, header, torch.zeros(1))
+
+
+def test_messages_are_sorted_by_iteration_and_kind():
+    inbox = Inbox()
+    inbox.adopt(0)
+    for m in (message(0), message(1), message(0, Direction.BACKWARD), message(MAX_ITERATIONS_AHEAD + 1)):
+        inbox.put(m)
+    inbox.put(message(0, Direction.AVERAGE), "average")
+    inbox.put(message(0, Direction.STATE), "state")
+    hops = inbox.receive("hop", 0.1)
+    assert [m.header.direction for m in hops] == [Direction.FORWARD, Direction.BACKWARD]
+    assert [m.header.direction for m in inbox.receive("average", 0.0)] == [Direction.AVERAGE]
+    assert [m.header.direction for m in inbox.receive("state", 0.0, any_iteration=True)] == [Direction.STATE]
+    inbox.iteration = 1
+    assert [m.header.iteration for m in inbox.receive("hop", 0.0)] == [1]  # the one too far ahead was refused
+    inbox.iteration = MAX_ITERATIONS_AHEAD + 1
+    assert inbox.receive("hop", 0.0) == []
+
+
+def test_a_newer_epochs_messages_are_held_until_the_peer_adopts_it_and_older_ones_are_void():
+    inbox = Inbox()
+    inbox.adopt(0)
+    inbox.iteration = 3
+    inbox.hold(message(3, epoch=1, microbatch=5))  # its sender switched first
+    inbox.put(message(4, epoch=0, microbatch=6))  # for the next iteration, under the old epoch
+    assert inbox.receive("hop", 0.1) == [] and inbox.newest_epoch == 1
+    inbox.adopt(1)
+    assert [m.header.microbatch for m in inbox.receive("hop", 0.0)] == [5]
+    inbox.iteration = 4
+    assert inbox.receive("hop", 0.0) == []  # epoch 0's message is void
+
+
+def test_a_fresh_joiner_keeps_the_messages_of_an_epoch_that_reruns_the_iteration_before():
+    inbox = Inbox()
+    inbox.adopt(0)
+    inbox.iteration = 3  # placed from iteration 3
+    inbox.put(message(2, epoch=1, microbatch=7))  # epoch 1 reruns iteration 2, with this peer
+    assert inbox.receive("hop", 0.1) == []
+    inbox.iteration = 2  # the peer goes back to the rerun's start before adopting it
+    inbox.adopt(1)
+    assert [m.header.microbatch for m in inbox.receive("hop", 0.0)] == [7]
+
+
+def test_a_full_inbox_makes_the_transport_wait_until_the_peer_catches_up_and_holds_up_no_other_kind():
+    inbox = Inbox()
+    inbox.adopt(0)
+    for i in range(INBOX_SIZE):
+        inbox.put(message(0, microbatch=i))
+    extra = threading.Thread(target=inbox.put, args=(message(0, microbatch=INBOX_SIZE),))
+    extra.start()
+    time.sleep(0.3)
+    assert extra.is_alive()  # the transport's consumer waits: its own queue fills, then the senders wait
+    inbox.wake()  # a wake-up never waits, even on a full inbox
+    inbox.put(message(0, Direction.AVERAGE), "average")  # another channel is not held up
+    assert len(inbox.receive("average", 0.1)) == 1
+    assert len(inbox.receive("hop", 0.1)) >= INBOX_SIZE
+    extra.join(timeout=5)
+    assert not extra.is_alive()
+
+
+def test_an_undelivered_pipeline_message_comes_back_and_the_outbox_is_bounded(tmp_path):
+    inbox, failed = Inbox(), []
+    inbox.adopt(0)
+    outbox = Outbox(lambda: None, inbox, Timeline(None, peer="a"), failed=lambda peer, certain: failed.append(peer))
+    try:
+        assert outbox.send("b", message(0).header, torch.zeros(4)).result(timeout=5) is False
+        (back,) = inbox.receive("hop", 1.0)
+        assert isinstance(back, Undelivered) and back.peer == "b" and failed == ["b"]
+        release, started = threading.Event(), []
+
+        def job() -> bool:
+            started.append(1)
+            return release.wait(10)
+
+        for _ in range(OUTBOX_SIZE):
+            outbox.submit(job)
+        blocked = threading.Thread(target=outbox.submit, args=(job,))
+        blocked.start()
+        time.sleep(0.3)
+        assert blocked.is_alive()  # a peer with OUTBOX_SIZE sends pending waits before queueing another
+        release.set()
+        blocked.join(timeout=10)
+        assert not blocked.is_alive()
+    finally:
+        outbox.shutdown()
