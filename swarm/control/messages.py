@@ -55,6 +55,14 @@ def _flag(d: dict, key: str, name: str) -> bool:
     return value
 
 
+def _loss(value: Any, name: str) -> float:
+    """A loss sum: any float, NaN and infinities included (a diverged step is reported as it is; the workers skip
+    non-finite steps, and the iteration must still commit)."""
+    if type(value) not in (int, float):
+        raise WireError(f"{name}: expected a number, got {type(value).__name__}")
+    return float(value)
+
+
 def read_positions(value: Any, name: str) -> dict[str, dict[str, int]]:
     """Shard positions: shard index as a decimal string -> {holder, num_holders, epoch, cursor}, all ints >= 0."""
     d = read_map(value, name)
@@ -62,7 +70,7 @@ def read_positions(value: Any, name: str) -> dict[str, dict[str, int]]:
         raise WireError(f"{name}: {len(d)} shards exceed the limit of {MAX_SHARDS}")
     out = {}
     for key, position in d.items():
-        if not key.isdecimal() or int(key) >= MAX_SHARDS:
+        if type(key) is not str or not key.isdecimal() or int(key) >= MAX_SHARDS:
             raise WireError(f"{name}: shard index {key!r:.40} is not a number below {MAX_SHARDS}")
         p = read_map(position, f"{name}[{key}]")
         out[key] = {k: read_int(p.get(k), f"{name}[{key}].{k}", 0, _MAX_ITERATION) for k in _POSITION_FIELDS}
@@ -228,7 +236,7 @@ class Done:
     @classmethod
     def _decode(cls, d: dict, name: str) -> Done:
         return cls(peer=_peer(d, name), iteration=_iteration(d, name), epoch=_epoch(d, name),
-                   loss_sum=read_float(d.get("loss_sum"), f"{name}.loss_sum"),
+                   loss_sum=_loss(d.get("loss_sum"), f"{name}.loss_sum"),
                    losses=read_int(d.get("losses"), f"{name}.losses", 0, _MAX_ITERATION),
                    tokens=read_int(d.get("tokens"), f"{name}.tokens", 0, _MAX_ITERATION),
                    started=read_float(d.get("started"), f"{name}.started", 0.0),
@@ -300,4 +308,9 @@ def decode(topic: Topic, payload: Any) -> ControlMessage:
     if cls is None or cls.TOPIC != topic:
         raise WireError(f"control.type: {kind!r:.40} is not a {topic} message")
     read_version(d, kind)
-    return cls._decode(d, kind)
+    try:
+        return cls._decode(d, kind)
+    except WireError:
+        raise
+    except (TypeError, ValueError, AttributeError) as e:  # a nested value of a shape no reader expected
+        raise WireError(f"{kind}: {type(e).__name__}: {e}") from None

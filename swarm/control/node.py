@@ -1,9 +1,10 @@
 """`Node`: what the coordinator and a peer both are on the network, started and stopped in one place.
 
 A node is a hivemind DHT (a forked process with its p2pd daemon) with the run's signed records over it, a gossip
-sidecar subscribed to the run's topics, and a heartbeat record. It starts a `Reaper` before any of them, so that
-they die with the node even when the node is killed with SIGKILL, and on `stop` takes them down in order: the
-heartbeat (its record says it leaves), gossip, then the DHT, then the reaper's last sweep.
+sidecar subscribed to the run's topics, and a heartbeat record. It acquires its process's `Reaper` before any of
+them, so that they die with the process even when it is killed with SIGKILL, and on `stop` takes them down in order:
+the heartbeat (its record says it leaves), gossip, then the DHT; the process's last node to stop releases the
+reaper, whose last sweep takes anything left.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ class Node:
 
     def start_dht(self, initial_peers: Iterable[str] = ()) -> SwarmRecords:
         """Join (or, without `initial_peers`, bootstrap) the DHT; returns the run's signed records over it."""
-        self.reaper = Reaper.start()
+        self.reaper = Reaper.acquire()
         self.dht = hivemind.DHT(initial_peers=list(initial_peers), host_maddrs=[f"/ip4/{self.host}/tcp/{self.port}"],
                                 identity_path=self.identity_path, start=True)
         self.reaper.watch()  # the DHT process and its p2pd are on the reaper's list from here
@@ -107,5 +108,5 @@ class Node:
             stop_dht(self.dht)
             self.dht = None
         if self.reaper is not None:
-            self.reaper.stop()
+            self.reaper.release()  # the process's last node stops it: it sweeps whatever is left
             self.reaper = None

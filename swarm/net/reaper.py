@@ -121,6 +121,32 @@ class Reaper:
         logger.debug("reaper watchdog started (pid %d)", proc.pid)
         return reaper
 
+    _shared: Reaper | None = None
+    _users = 0
+    _shared_lock = threading.Lock()
+
+    @classmethod
+    def acquire(cls) -> Reaper:
+        """The process's one reaper (started on first use): every node of a process shares it, since a reaper
+        sweeps all of its process's descendants when it stops. Give it back with :meth:`release`."""
+        with cls._shared_lock:
+            if cls._shared is None or cls._shared._owner != os.getpid():
+                cls._shared, cls._users = cls.start(), 0
+            cls._users += 1
+            return cls._shared
+
+    def release(self) -> None:
+        """A node of this process no longer needs the reaper; the last one's release stops it."""
+        with Reaper._shared_lock:
+            if Reaper._shared is not self:
+                self.stop()
+                return
+            Reaper._users -= 1
+            if Reaper._users > 0:
+                return
+            Reaper._shared = None
+        self.stop()
+
     @property
     def pid(self) -> int:
         """The watchdog's pid."""

@@ -4,17 +4,16 @@ The transport hands each accepted message to `Inbox.put` from the consumer threa
 (pipeline hops, averaging, stage state: `swarm.net.transport.CHANNELS`); the main loop (the only user of the worker)
 takes them with `receive`, by kind and iteration. Both ends are bounded: a full inbox of a kind makes that channel's
 consumer wait, and then its senders, so a slow stage slows the stages sending to it instead of growing a queue, and
-a flood of one kind never holds up another. `Outbox.send` hands a message to a few sender threads and waits while
-too many are pending.
+a flood of one kind never holds up another. `Outbox.send` hands a message to its kind's few sender threads and waits
+while too many are pending.
 """
 
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
@@ -33,9 +32,16 @@ logger = logging.getLogger(__name__)
 
 Kind = Literal["hop", "average", "state"]
 """The transport's channels (`swarm.net.transport.Channel`)."""
+KINDS: tuple[Kind, ...] = ("hop", "average", "state")
+MAX_SIGNALS = 4096
+"""The peer's own signals (undelivered sends, re-queue reports) waiting for its main loop."""
+MAX_HELD = 256
+"""Messages of newer epochs than the one in use, kept until the peer adopts one."""
 MAX_ITERATIONS_AHEAD = 2
 """Messages for iterations further ahead than this are refused, so a flood cannot fill memory."""
 PIPELINE = (Direction.FORWARD, Direction.BACKWARD)
+KIND_OF: dict[Direction, Kind] = {Direction.FORWARD: "hop", Direction.BACKWARD: "hop", Direction.AVERAGE: "average",
+                                  Direction.STATE: "state"}
 
 
 class Inbox:
@@ -44,13 +50,20 @@ class Inbox:
     The owner keeps `iteration` and `epoch` current. Messages of older iterations are dropped (except those of an
     epoch that reruns an earlier iteration, which a fresh joiner may run too), of iterations too far ahead refused,
     and of a newer epoch than the one in use held until the owner adopts it (`adopt`). Stage state is kept until
-    used, or an iteration old once the peer is online.
+    used, or an iteration old once the peer is online. Every `receive` sorts whatever arrived, of every kind.
+
+    Only the transport's consumers ever wait (`put`, one bound per kind); the peer's own signals (`signal`: an
+    undelivered send, a re-queue report, a wake-up) never wait, so a gossip or sender thread is never held up.
     """
 
     def __init__(self, size: int = INBOX_SIZE) -> None:
-        self._raw: dict[Kind, queue.Queue] = {kind: queue.Queue(size) for kind in ("hop", "average", "state")}
+        self.size = size
+        self._cond = threading.Condition()
+        self._raw: dict[Kind, deque] = {kind: deque() for kind in KINDS}
+        self._signals: deque = deque()
         self._buckets: dict[tuple[int, Kind], list] = defaultdict(list)
         self._held: list[Inbound] = []
+        self._closed = False
         self.iteration = 0
         self.epoch = -1
         self.online = False
@@ -58,66 +71,96 @@ class Inbox:
         self.newest_epoch = 0
         """The newest epoch a held message was sent under."""
 
-    def put(self, item: Inbound | Undelivered | Requeue | None, kind: Kind = "hop") -> None:
-        """Any thread: hand the main loop a message of `kind` (None only wakes it; an undelivered send and a
-        re-queue report are hop messages). Waits while that kind's inbox is full."""
-        self._raw[kind].put(item)
+    def put(self, item: Inbound, kind: Kind = "hop") -> None:
+        """A transport consumer's thread: hand the main loop a message of `kind`; waits while that kind has `size`
+        messages the main loop has not sorted yet (its senders then wait too). Dropped once the inbox is closed."""
+        with self._cond:
+            while len(self._raw[kind]) >= self.size and not self._closed:
+                self._cond.wait()
+            if not self._closed:
+                self._raw[kind].append(item)
+                self._cond.notify_all()
+
+    def signal(self, item: Undelivered | Requeue | None) -> None:
+        """Any thread: hand the main loop an undelivered send or a re-queue report (None only wakes it); never
+        waits (past MAX_SIGNALS unsorted ones, the newest is dropped with a warning)."""
+        with self._cond:
+            if item is not None and len(self._signals) >= MAX_SIGNALS:
+                logger.warning("dropped %s: %d signals wait for the main loop", type(item).__name__, MAX_SIGNALS)
+            elif item is not None:
+                self._signals.append(item)
+            self._cond.notify_all()
 
     def wake(self) -> None:
-        """Wake the main loop waiting for pipeline messages (a notice changed what it waits for); never waits."""
-        try:
-            self._raw["hop"].put_nowait(None)
-        except queue.Full:  # the loop has messages to wake it anyway
-            pass
+        """Wake the main loop (a notice changed what it waits for); never waits."""
+        self.signal(None)
+
+    def close(self) -> None:
+        """The peer leaves: release every waiting transport consumer; later messages are dropped."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
 
     def receive(self, kind: Kind, timeout: float, *, any_iteration: bool = False) -> list:
         """The messages of `kind` for the current iteration (any iteration with `any_iteration`), waiting up to
         `timeout` seconds for a first one."""
         keys = lambda: [k for k in self._buckets if k[1] == kind and (any_iteration or k[0] == self.iteration)]  # noqa: E731
-        raw = self._raw[kind]
-        if not any(self._buckets[k] for k in keys()) and not self._full():
-            try:
-                self._file(raw.get(timeout=timeout))
-            except queue.Empty:
-                pass
-        while not self._full():
-            try:
-                self._file(raw.get_nowait())
-            except queue.Empty:
-                break
-        for old in [k for k in self._buckets if k[0] < self.iteration - (1 if k[1] == "state" else 0) and
-                    (k[1] != "state" or self.online)]:
-            del self._buckets[old]
-        out: list = []
-        for k in keys():
-            out.extend(self._buckets.pop(k, []))
-        return out
+        end = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                self._sort()
+                if any(self._buckets[k] for k in keys()) or (left := end - time.monotonic()) <= 0:
+                    break
+                self._cond.wait(left)
+            for old in [k for k in self._buckets if k[0] < self.iteration - (1 if k[1] == "state" else 0) and
+                        (k[1] != "state" or self.online)]:
+                del self._buckets[old]
+            out: list = []
+            for k in keys():
+                out.extend(self._buckets.pop(k, []))
+            return out
 
     def hold(self, m: Inbound) -> None:
-        """Keep a message of a newer epoch than the one in use (its sender switched first) until the owner does."""
-        self._held.append(m)
-        self.newest_epoch = max(self.newest_epoch, m.header.epoch)
+        """Keep a message of a newer epoch than the one in use (its sender switched first) until the owner does;
+        past MAX_HELD such messages, the newest is dropped (a forged far-future epoch cannot pile them up)."""
+        with self._cond:
+            if len(self._held) >= MAX_HELD:
+                logger.warning("dropped a message of epoch %d from %s: %d messages of newer epochs are held already",
+                               m.header.epoch, m.sender, MAX_HELD)
+                return
+            self._held.append(m)
+            self.newest_epoch = max(self.newest_epoch, m.header.epoch)
 
     def adopt(self, epoch: int) -> None:
         """The owner runs `epoch` now: messages of older epochs are void, held ones of this epoch are filed."""
-        self.epoch = epoch
-        self._buckets = defaultdict(list, {k: kept for k, v in self._buckets.items()
-                                           if (kept := [m for m in v if k[1] == "state" or
-                                                        m.header.epoch >= epoch])})
-        held, self._held = self._held, []
-        for m in held:
-            if m.header.epoch > epoch:
-                self._held.append(m)
-            elif m.header.epoch == epoch:
-                self._file(m)
+        with self._cond:
+            self.epoch = epoch
+            self._buckets = defaultdict(list, {k: kept for k, v in self._buckets.items()
+                                               if (kept := [m for m in v if k[1] == "state" or
+                                                            m.header.epoch >= epoch])})
+            held, self._held = self._held, []
+            for m in held:
+                if m.header.epoch > epoch:
+                    self._held.append(m)
+                elif m.header.epoch == epoch:
+                    self._file(m)
 
     def drop_state(self) -> None:
-        """Forget stage state sent to this peer (it has its stage now)."""
-        for k in [k for k in self._buckets if k[1] == "state"]:
-            del self._buckets[k]
+        """Forget stage state sent to this peer (it has its stage now), also what is not sorted yet."""
+        with self._cond:
+            self._sort()
+            for k in [k for k in self._buckets if k[1] == "state"]:
+                del self._buckets[k]
 
-    def _full(self) -> bool:
-        return sum(map(len, self._buckets.values())) + len(self._held) >= MAX_BUFFERED_MESSAGES
+    def _sort(self) -> None:
+        """File the signals, then what the transport delivered, while the sorted messages stay under the bound
+        (past it the transport's consumers wait until the main loop catches up)."""
+        while self._signals:
+            self._file(self._signals.popleft())
+        for raw in self._raw.values():
+            while raw and sum(map(len, self._buckets.values())) < MAX_BUFFERED_MESSAGES:
+                self._file(raw.popleft())
+        self._cond.notify_all()
 
     def _file(self, m: Inbound | Undelivered | Requeue | None) -> None:
         if m is None:
@@ -128,7 +171,7 @@ class Inbox:
                 self._buckets[(it, "hop")].append(m)
             return
         it = m.header.iteration
-        kind = {Direction.AVERAGE: "average", Direction.STATE: "state"}.get(m.header.direction, "hop")
+        kind = KIND_OF[m.header.direction]
         if kind == "state":
             # kept even while this peer serves the stage it is for: its sender may have adopted an epoch that moves
             # this peer first; unused, it is dropped an iteration later (`receive`)
@@ -145,21 +188,25 @@ class Inbox:
 
 
 class Outbox:
-    """Sends on a few threads; a pipeline message that could not be delivered comes back to the inbox as
-    `Undelivered` (its executor detours it or reports it broken).
+    """Sends on sender threads of each kind's own (pipeline hops, averaging, stage state, and checks of a late
+    next hop with the hops), so a slow receiver of one kind never holds up the others; a pipeline message that
+    could not be delivered comes back to the inbox as `Undelivered` (its executor detours it or reports it broken).
 
     :param transport: returns the transport (None once it is shut down)
     :param wire_dtype: the run's compression of pipeline tensors (float32 = none)
     :param failed: called with (peer, unreachable) when a send fails, before the message comes back
     """
 
+    THREADS: dict[Kind, int] = {"hop": SEND_CONCURRENCY, "average": 2, "state": 1}
+
     def __init__(self, transport: Callable[[], Transport | None], inbox: Inbox, timeline: Timeline, *,
                  wire_dtype: str = "float32", failed: Callable[[str, bool], None] | None = None) -> None:
         self._transport, self._inbox, self._timeline = transport, inbox, timeline
         self.wire_dtype = wire_dtype
         self._failed = failed
-        self._pool = ThreadPoolExecutor(SEND_CONCURRENCY, thread_name_prefix="skippipe-send")
-        self._room = threading.BoundedSemaphore(OUTBOX_SIZE)
+        self._pools = {kind: ThreadPoolExecutor(n, thread_name_prefix=f"skippipe-send-{kind}")
+                       for kind, n in self.THREADS.items()}
+        self._room = {kind: threading.BoundedSemaphore(OUTBOX_SIZE) for kind in self.THREADS}
 
     def send(self, peer: str, header: HopHeader, tensor: torch.Tensor) -> Future[bool]:
         """Queue a message for `peer`; the future says whether it was delivered."""
@@ -186,26 +233,28 @@ class Outbox:
                 if self._failed is not None:
                     self._failed(peer, unreachable)
                 if header.direction in PIPELINE:
-                    self._inbox.put(Undelivered(peer, header, tensor, unreachable=unreachable))
+                    self._inbox.signal(Undelivered(peer, header, tensor, unreachable=unreachable))
                 return False
 
-        return self.submit(deliver)
+        return self.submit(deliver, KIND_OF[header.direction])
 
-    def submit(self, job: Callable[[], bool]) -> Future[bool]:
-        """Run `job` on a sender thread (waits while OUTBOX_SIZE jobs are pending)."""
-        self._room.acquire()
+    def submit(self, job: Callable[[], bool], kind: Kind = "hop") -> Future[bool]:
+        """Run `job` on a sender thread of `kind` (waits while OUTBOX_SIZE jobs of that kind are pending)."""
+        room = self._room[kind]
+        room.acquire()
 
         def run() -> bool:
             try:
                 return job()
             finally:
-                self._room.release()
+                room.release()
 
         try:
-            return self._pool.submit(run)
+            return self._pools[kind].submit(run)
         except RuntimeError:  # shut down
-            self._room.release()
+            room.release()
             raise
 
     def shutdown(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        for pool in self._pools.values():
+            pool.shutdown(wait=True, cancel_futures=True)

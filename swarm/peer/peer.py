@@ -254,6 +254,7 @@ class Peer:
         """Dropped by the scheduler (taken for dead): announce again and wait to be placed, then load the stage's
         current state from a same-stage peer. False if the run ended first."""
         self.state = PeerState.JOINING
+        self.inbox.online = False
         schedule = self.follower.wait_for_placement(self.peer_id, stop, self.options.join_timeout,
                                                     newer_than=self.schedule.epoch)
         if schedule is None:
@@ -264,6 +265,7 @@ class Peer:
     def shutdown(self) -> None:
         """Announce leaving, then stop heartbeat, gossip, transport and DHT (each only if it was started)."""
         self._halt.set()
+        self.inbox.close()  # a transport consumer waiting on a full inbox lets go
         if self.node.heartbeat is not None:
             self.state = PeerState.LEAVING
             self.node.stop_heartbeat()
@@ -422,6 +424,6 @@ class Peer:
             self.inbox.wake()
         elif isinstance(message, Broken) and self.stage == 0 and self.schedule is not None and \
                 msg.sender in self.schedule.placement:
-            self.inbox.put(Requeue(iteration=message.iteration, epoch=message.epoch, microbatch=message.microbatch,
-                                   attempt=message.attempt, gone=message.gone, why=message.why,
-                                   maybe_ran=message.maybe_ran))
+            self.inbox.signal(Requeue(iteration=message.iteration, epoch=message.epoch,
+                                      microbatch=message.microbatch, attempt=message.attempt, gone=message.gone,
+                                      why=message.why, maybe_ran=message.maybe_ran))

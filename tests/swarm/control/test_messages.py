@@ -3,6 +3,8 @@ range, size, version or topic is one WireError naming the field; unknown fields 
 
 from __future__ import annotations
 
+import math
+
 import msgpack
 import pytest
 
@@ -74,8 +76,12 @@ def test_every_message_type_has_an_example():
                     "microbatch": 1, "attempt": 0, "gone": "QmB", "maybe_ran": 1}, "broken.maybe_ran"),
     ("membership", {"type": "gone", "version": WIRE_VERSION, "peers": "QmB", "iteration": 1}, "gone.peers"),
     ("progress", {"type": "done", "version": WIRE_VERSION, "peer": "QmA", "iteration": 1, "epoch": 0,
-                  "loss_sum": float("nan"), "losses": 1, "tokens": 1, "started": 0.0, "finished": 1.0},
-     "done.loss_sum"),
+                  "loss_sum": "1.5", "losses": 1, "tokens": 1, "started": 0.0, "finished": 1.0}, "done.loss_sum"),
+    ("progress", {"type": "done", "version": WIRE_VERSION, "peer": "QmA", "iteration": 1, "epoch": 0,
+                  "loss_sum": 1.5, "losses": 1, "tokens": 1, "started": float("inf"), "finished": 1.0},
+     "done.started"),
+    ("progress", {"type": "commit", "version": WIRE_VERSION, "iteration": 1, "epoch": 0,
+                  "shards": {b"0": POSITION}}, "commit.shards"),
     ("progress", {"type": "commit", "version": WIRE_VERSION, "iteration": 1, "epoch": 0,
                   "shards": {"x": POSITION}}, "commit.shards"),
     ("progress", {"type": "commit", "version": WIRE_VERSION, "iteration": 1, "epoch": 0,
@@ -87,6 +93,12 @@ def test_a_malformed_message_is_one_wire_error_naming_the_field(topic, payload, 
     with pytest.raises(WireError) as e:
         decode(topic, payload)
     assert str(e.value).startswith(field), str(e.value)
+
+
+def test_a_diverged_loss_is_reported_as_it_is():
+    payload = encode(Done(peer="QmA", iteration=1, epoch=0, loss_sum=float("nan"), losses=1, tokens=1, started=0.0,
+                          finished=1.0))
+    assert math.isnan(decode("progress", payload).loss_sum)
 
 
 def test_a_message_on_another_runs_topic_is_refused():

@@ -22,6 +22,10 @@ def record(node: Node) -> PeerRecord:
                       control_addrs=tuple(node.gossip_info.maddrs))
 
 
+def records_of(node: Node) -> dict:
+    return node.records.fetch_peers()
+
+
 def test_two_nodes_find_each_other_and_stop_cleanly(tmp_path):
     inbox: queue.Queue = queue.Queue()
     keys = [str(tmp_path / f"{name}.key") for name in ("first", "second")]
@@ -43,6 +47,9 @@ def test_two_nodes_find_each_other_and_stop_cleanly(tmp_path):
         publish(second.gossip, "nodes", Join(peer=second.peer_id))
         msg = inbox.get(timeout=30)
         assert msg.sender == second.peer_id and received(msg, "nodes") == Join(peer=second.peer_id)
+        assert first.reaper is second.reaper  # one per process: a reaper's sweep takes all of its process's children
+        second.stop()
+        assert first.dht.is_alive() and first.peer_id in records_of(first)  # the first node is untouched
     finally:
         second.stop()
         first.stop()

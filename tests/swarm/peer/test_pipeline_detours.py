@@ -279,16 +279,18 @@ def test_a_requeue_names_the_current_attempt_of_an_injected_microbatch_and_gives
     it = Iteration(sched)
     ex = it.executors["h0"]
     ex.requeue(Requeue(iteration=0, epoch=0, microbatch=0, attempt=0, gone="a2"))  # not injected yet (a forgery)
-    assert not ex.result.requeued and len(ex._pending) == 3
-    ex._pending.clear()  # as if injected
+    assert not ex.result.requeued
+    ex.handle([])  # h0's microbatches are due at once: injected, their forwards sent
     ex.requeue(Requeue(iteration=0, epoch=0, microbatch=3, attempt=0, gone="b1"))  # h1's microbatch, not h0's
     assert not ex.result.requeued
-    ex._attempt[0] = 1  # attempt 0 was re-queued already
-    ex.requeue(Requeue(iteration=0, epoch=0, microbatch=0, attempt=0, gone="a2"))
-    assert not ex.result.requeued and not it.given_up
-    ex._attempt[0] = MAX_MICROBATCH_ATTEMPTS
+    for attempt in range(MAX_MICROBATCH_ATTEMPTS):
+        ex.requeue(Requeue(iteration=0, epoch=0, microbatch=0, attempt=attempt, gone="a2"))
+        assert ex.result.requeued[-1] == (0, attempt + 1)
+        ex.requeue(Requeue(iteration=0, epoch=0, microbatch=0, attempt=attempt, gone="a2"))  # that attempt again
+        assert len(ex.result.requeued) == attempt + 1 and not it.given_up
+        ex.handle([])  # the new attempt is injected, around a2
     ex.requeue(Requeue(iteration=0, epoch=0, microbatch=0, attempt=MAX_MICROBATCH_ATTEMPTS, gone="a2"))
-    assert not ex.result.requeued and [mb for _, mb, _ in it.given_up] == [0]
+    assert len(ex.result.requeued) == MAX_MICROBATCH_ATTEMPTS and [mb for _, mb, _ in it.given_up] == [0]
 
 
 @pytest.mark.parametrize("maybe_ran, counted", [(False, {3}), (True, {2, 3})])
