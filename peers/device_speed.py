@@ -12,6 +12,11 @@ import time
 import torch
 
 from peers.model import Block, ModelConfig, Transformer, lm_loss
+from peers.stage import balanced_split
+from scheduler.constants import LOSS_FACTOR
+
+EMULATION_MARGIN = 2.0
+"""Compute emulation pads the loss step to at least this multiple of its measured time (load varies)."""
 
 
 def measure_seconds_per_layer(model: ModelConfig, batch_size: int, seq_len: int, device: str,
@@ -45,3 +50,15 @@ def measure_loss_seconds(model: ModelConfig, batch_size: int, seq_len: int, devi
             torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
     return max(statistics.median(times[1:]), 1e-6)
+
+
+def announced_speed(model: ModelConfig, batch_size: int, seq_len: int, device: str, *, stages: int,
+                    emulate_seconds_per_layer: float | None = None) -> tuple[float, float]:
+    """(seconds per layer, seconds per loss step) a peer announces: measured here, or those of the device it
+    emulates (which does what the model says, but never less than this machine can)."""
+    loss_seconds = measure_loss_seconds(model, batch_size, seq_len, device)
+    if not emulate_seconds_per_layer:
+        return measure_seconds_per_layer(model, batch_size, seq_len, device), loss_seconds
+    first = balanced_split(model.n_layers, stages)[0]
+    return emulate_seconds_per_layer, max(LOSS_FACTOR * emulate_seconds_per_layer * first,
+                                          EMULATION_MARGIN * loss_seconds)

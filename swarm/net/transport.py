@@ -100,6 +100,28 @@ class PeerUnreachable(TransportError):
     """No stream to the peer could be opened: the message certainly did not arrive (safe to send elsewhere)."""
 
 
+async def read_reply(reader: asyncio.StreamReader, peer_id: str) -> tuple[int, str]:
+    """The receiver's (status, reason) for the message just sent; TransportError if it closed the stream first."""
+    try:
+        head = await reader.readexactly(3)
+        reason = await reader.readexactly(min(int.from_bytes(head[1:], "big"), MAX_ERROR_CHARS * 4))
+    except (asyncio.IncompleteReadError, ConnectionError) as e:
+        raise TransportError(f"{peer_id} closed the stream without a reply: {e}") from None
+    return head[0], reason.decode("utf-8", "replace")
+
+
+async def reply(writer: asyncio.StreamWriter, status: int, reason: str) -> bool:
+    """Answer the message just received (status 0 = accepted, with a reason otherwise); False if the stream is
+    gone."""
+    data = reason[:MAX_ERROR_CHARS].encode()
+    try:
+        writer.write(bytes([status]) + len(data).to_bytes(2, "big") + data)
+        await writer.drain()
+    except ConnectionError:
+        return False
+    return True
+
+
 class Transport:
     """Sends and receives ``(HopHeader, tensor)`` messages through the p2pd of a running DHT.
 
@@ -269,7 +291,7 @@ class Transport:
                     await write(stream.writer)
                 except ConnectionError:
                     pass  # the receiver may have refused and closed before reading it all: its reply says why
-                status, reason = await self._read_reply(stream.reader, peer_id)
+                status, reason = await read_reply(stream.reader, peer_id)
                 keep = status == _OK
                 return status, reason
             except TransportError:
@@ -295,14 +317,6 @@ class Transport:
         self._stats["streams_opened"] += 1
         return IdleStream(reader, writer)
 
-    @staticmethod
-    async def _read_reply(reader: asyncio.StreamReader, peer_id: str) -> tuple[int, str]:
-        try:
-            head = await reader.readexactly(3)
-            reason = await reader.readexactly(min(int.from_bytes(head[1:], "big"), MAX_ERROR_CHARS * 4))
-        except (asyncio.IncompleteReadError, ConnectionError) as e:
-            raise TransportError(f"{peer_id} closed the stream without a reply: {e}") from None
-        return head[0], reason.decode("utf-8", "replace")
 
     # ---- receiving ---------------------------------------------------------------------------------------------
     async def _handle_hop(self, channel: Channel, info: Any, reader: asyncio.StreamReader,
@@ -362,12 +376,12 @@ class Transport:
                 await self._queues[channel].put((sender, header, tensor))  # waits while the consumer is behind
             self._stats["received"] += 1
             self._stats["bytes_received"] += len(buffer)
-            return await self._reply(writer, _OK, "")
+            return await reply(writer, _OK, "")
         except WireError as e:
             self._stats["refused"] += 1
             logger.warning("refused a message from %s: %s", sender, e,
                            extra=event("refused_message", sender=sender, why=str(e)))
-            await self._reply(writer, _REFUSED, str(e))
+            await reply(writer, _REFUSED, str(e))
         except (TimeoutError, asyncio.IncompleteReadError, ConnectionError) as e:
             self._dropped(sender, "message", e)
         return False
@@ -396,16 +410,6 @@ class Transport:
                 pos += len(chunk)
                 deadline.reschedule(loop.time() + self.recv_timeout)
 
-    @staticmethod
-    async def _reply(writer: asyncio.StreamWriter, status: int, reason: str) -> bool:
-        """Send a reply; False if the stream is gone."""
-        data = reason[:MAX_ERROR_CHARS].encode()
-        try:
-            writer.write(bytes([status]) + len(data).to_bytes(2, "big") + data)
-            await writer.drain()
-        except ConnectionError:
-            return False
-        return True
 
     async def _consume(self, channel: Channel) -> None:
         loop = asyncio.get_running_loop()
@@ -463,11 +467,11 @@ class Transport:
                         raise WireError("probe stream ended early")
                     remaining -= len(chunk)
                     deadline.reschedule(loop.time() + self.recv_timeout)
-            return await self._reply(writer, _OK, "")
+            return await reply(writer, _OK, "")
         except WireError as e:
             logger.warning("refused a probe from %s: %s", sender, e,
                            extra=event("refused_message", sender=sender, why=f"probe: {e}"))
-            await self._reply(writer, _REFUSED, str(e))
+            await reply(writer, _REFUSED, str(e))
         except (TimeoutError, asyncio.IncompleteReadError, ConnectionError) as e:
             self._dropped(sender, "probe", e)
         return False

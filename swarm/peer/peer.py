@@ -29,10 +29,8 @@ import torch
 
 from peers.data import Corpus
 from peers.data_ledger import DataLedger
-from peers.device_speed import measure_loss_seconds, measure_seconds_per_layer
+from peers.device_speed import announced_speed
 from peers.holder_shards import HolderShards
-from peers.stage import balanced_split
-from scheduler.constants import LOSS_FACTOR
 from scheduler.schedule import Schedule
 from swarm.constants import DHT_TIMEOUT
 from swarm.control.gossip import GossipMessage
@@ -62,8 +60,6 @@ from swarm.wire import HopHeader, PeerRecord, PeerState, WireError
 
 logger = logging.getLogger(__name__)
 
-EMULATION_MARGIN = 2.0
-"""Compute emulation pads the loss step to at least this multiple of its measured time (load varies)."""
 DRAIN_TIMEOUT = 120.0
 """Most seconds a peer asked to stop keeps serving while it waits for a schedule without it (a graceful leave)."""
 
@@ -195,7 +191,10 @@ class Peer:
                                       checkpoint_dir=o.checkpoint_dir, log_param_digest=o.log_param_digest)
         node.start_gossip(bootstrap=spec.control_addrs, log_path=o.log_gossip)
         self._load_data()
-        self._measure_speed()
+        data = self.config.data
+        self.seconds_per_layer, self.loss_seconds = announced_speed(
+            self.model_config, data.batch_size, data.seq_len, o.device, stages=self.config.stages,
+            emulate_seconds_per_layer=o.emulate_seconds_per_layer)
         self.keeper = StageKeeper(self.peer_id, o, self.config, self.model_config, inbox=self.inbox,
                                   outbox=self.outbox, dht=lambda: node.dht, loss_seconds=self.loss_seconds)
         node.start_heartbeat(self._record, period=self.config.heartbeat)
@@ -235,20 +234,6 @@ class Peer:
             corpus = corpus.with_documents(o.data_paths)
         shards = HolderShards(corpus, DataLedger(o.ledger_path, holder=self.peer_id))
         self.data = DataHolder(shards, self.peer_id, own_data=bool(o.data_paths))
-
-    def _measure_speed(self) -> None:
-        """This device's seconds per layer and per loss step (or the emulated device's)."""
-        o = self.options
-        shape = (self.model_config, self.config.data.batch_size, self.config.data.seq_len, o.device)
-        self.loss_seconds = measure_loss_seconds(*shape)
-        if o.emulate_seconds_per_layer:
-            # the emulated device does what the model says, but never less than this machine can
-            self.seconds_per_layer = o.emulate_seconds_per_layer
-            first = balanced_split(self.model_config.n_layers, self.config.stages)[0]
-            self.loss_seconds = max(LOSS_FACTOR * self.seconds_per_layer * first,
-                                    EMULATION_MARGIN * self.loss_seconds)
-        else:
-            self.seconds_per_layer = measure_seconds_per_layer(*shape)
 
     def _rejoin(self, stop: threading.Event) -> bool:
         """Dropped by the scheduler (taken for dead): announce again and wait to be placed, then load the stage's
