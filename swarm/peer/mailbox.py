@@ -64,6 +64,7 @@ class Inbox:
         self._buckets: dict[tuple[int, Kind], list] = defaultdict(list)
         self._held: list[Inbound] = []
         self._closed = False
+        self._woken = False
         self.iteration = 0
         self.epoch = -1
         self.online = False
@@ -85,14 +86,17 @@ class Inbox:
         """Any thread: hand the main loop an undelivered send or a re-queue report (None only wakes it); never
         waits (past MAX_SIGNALS unsorted ones, the newest is dropped with a warning)."""
         with self._cond:
-            if item is not None and len(self._signals) >= MAX_SIGNALS:
+            if item is None:
+                self._woken = True
+            elif len(self._signals) >= MAX_SIGNALS:
                 logger.warning("dropped %s: %d signals wait for the main loop", type(item).__name__, MAX_SIGNALS)
-            elif item is not None:
+            else:
                 self._signals.append(item)
             self._cond.notify_all()
 
     def wake(self) -> None:
-        """Wake the main loop (a notice changed what it waits for); never waits."""
+        """Wake the main loop (a notice changed what it waits for): a `receive` waiting for pipeline messages
+        returns at once, with whatever it has; never waits."""
         self.signal(None)
 
     def close(self) -> None:
@@ -109,7 +113,8 @@ class Inbox:
         with self._cond:
             while True:
                 self._sort()
-                if any(self._buckets[k] for k in keys()) or (left := end - time.monotonic()) <= 0:
+                woken, self._woken = self._woken and kind == "hop", self._woken and kind != "hop"
+                if woken or any(self._buckets[k] for k in keys()) or (left := end - time.monotonic()) <= 0:
                     break
                 self._cond.wait(left)
             for old in [k for k in self._buckets if k[0] < self.iteration - (1 if k[1] == "state" else 0) and

@@ -106,3 +106,16 @@ def test_an_undelivered_pipeline_message_comes_back_and_the_outbox_is_bounded(tm
         assert not blocked.is_alive()
     finally:
         outbox.shutdown()
+
+
+def test_a_wake_up_ends_the_wait_for_pipeline_messages_at_once():
+    inbox = Inbox()
+    inbox.adopt(0)
+    threading.Timer(0.2, inbox.wake).start()  # e.g. the scheduler's commit came in
+    start = time.monotonic()
+    assert inbox.receive("hop", 5.0) == []
+    assert time.monotonic() - start < 2.0
+    inbox.wake()  # a wake-up is for the pipeline loop: averaging waits on
+    start = time.monotonic()
+    assert inbox.receive("average", 0.3) == [] and time.monotonic() - start >= 0.3
+    assert inbox.receive("hop", 5.0) == [] and time.monotonic() - start < 2.0  # still pending for the hop loop
