@@ -77,6 +77,7 @@ CHANNELS: dict[Channel, tuple[str, frozenset[Direction]]] = {
 }
 """Each kind of traffic has a protocol of its own (and so streams, a bounded queue and a consumer of its own: a
 flood of one kind never holds up another) and carries only its own directions."""
+PROTOCOLS = (*(protocol for protocol, _ in CHANNELS.values()), PROBE_PROTOCOL)
 _OK, _REFUSED = 0, 1
 _ONE_WRITE_BYTES = 64 * 1024
 """Messages up to this size go out in a single write (one syscall, one p2pd frame)."""
@@ -90,6 +91,14 @@ OnReceive = Callable[[str, HopHeader, torch.Tensor], None]
 def channel_of(direction: Direction) -> Channel:
     """The channel that carries messages of `direction`."""
     return next(name for name, (_, directions) in CHANNELS.items() if direction in directions)
+
+
+def consumers(on_receive: OnReceive | Mapping[Channel, OnReceive]) -> dict[Channel, OnReceive]:
+    """One consumer per channel: those given, or the one given for all."""
+    handlers = on_receive if isinstance(on_receive, Mapping) else dict.fromkeys(CHANNELS, on_receive)
+    if set(handlers) != set(CHANNELS):
+        raise ValueError(f"on_receive needs a consumer for each of {sorted(CHANNELS)}, got {sorted(handlers)}")
+    return dict(handlers)
 
 
 class TransportError(RuntimeError):
@@ -143,10 +152,7 @@ class Transport:
                  link_delay: Callable[[str], float] | None = None):
         if queue_size < 1:
             raise ValueError(f"queue_size must be >= 1, got {queue_size}")
-        handlers = on_receive if isinstance(on_receive, Mapping) else dict.fromkeys(CHANNELS, on_receive)
-        if set(handlers) != set(CHANNELS):
-            raise ValueError(f"on_receive needs a consumer for each of {sorted(CHANNELS)}, got {sorted(handlers)}")
-        self.on_receive: dict[Channel, OnReceive] = dict(handlers)
+        self.on_receive = consumers(on_receive)
         self.max_tensor_bytes, self.queue_size = max_tensor_bytes, queue_size
         self.run_id, self.recv_timeout, self.link_delay = run_id, recv_timeout, link_delay
         self._stats = {"received": 0, "refused": 0, "sent": 0, "bytes_received": 0, "bytes_sent": 0,
@@ -194,9 +200,8 @@ class Transport:
         """Close the idle streams to `peer_id` (one that left, or whose side may have timed them out)."""
 
         async def drop() -> None:
-            for protocol in (*(p for p, _ in CHANNELS.values()), PROBE_PROTOCOL):
+            for protocol in PROTOCOLS:
                 self._idle.close((peer_id, protocol))
-
         self._run(drop(), CONNECT_TIMEOUT)
 
     def stats(self) -> dict[str, int]:
@@ -226,7 +231,7 @@ class Transport:
             writer.close()
         await asyncio.sleep(0)
         try:
-            for name in (*(p for p, _ in CHANNELS.values()), PROBE_PROTOCOL):
+            for name in PROTOCOLS:
                 try:
                     await asyncio.wait_for(self._p2p.remove_binary_stream_handler(name), HANDLER_REMOVAL_TIMEOUT)
                 except Exception as e:  # the daemon may already be gone with its DHT, or not answer
