@@ -10,6 +10,7 @@
 - iteration_clock.py: IterationClock, measured iteration times and the deadlines derived from them
 - pipeline.py: PipelineExecutor, one peer's part of one iteration, driven by the messages it receives
 - hop_check.py: hop_mismatch, whether a pipeline message fits the schedule (route, detour, hop, sender)
+- awaited_backwards.py: AwaitedBackwards, forwards whose backward a peer waits for, and which are late
 - mailbox.py: Inbox and Outbox, bounded: a slow stage slows the stages sending to it
 - data_holder.py: DataHolder, a stage-0 peer's shards as the schedule assigns them
 - reports.py: Reports, what the peer tells the scheduler (done, stuck, broken, unrecoverable, unreachable)

@@ -32,7 +32,6 @@ import itertools
 import logging
 import time
 from collections.abc import Callable, Collection, Mapping
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import torch
@@ -43,6 +42,7 @@ from scheduler.schedule import Route, Schedule
 from swarm.constants import MAX_MICROBATCH_ATTEMPTS
 from swarm.events import event
 from swarm.net.delivery import Inbound, Send, Undelivered
+from swarm.peer.awaited_backwards import AwaitedBackwards
 from swarm.peer.hop_check import hop_mismatch
 from swarm.peer.timeline import Timeline
 from swarm.wire import Direction, HopHeader
@@ -116,13 +116,27 @@ def expected_backwards(schedule: Schedule, peer: str) -> int:
     return sum(r.peers.count(peer) + (r.origin == peer) for r in schedule.routes)
 
 
-class PipelineExecutor:
-    """Runs one iteration of `schedule` on this peer's `worker`.
+def requeued_route(schedule: Schedule, r: Route, report: Requeue, counted: frozenset[int], *, loss_done: bool,
+                   gone: set[str]) -> tuple[Route | None, frozenset[int]]:
+    """The route a re-queued microbatch takes around `gone` peers (None if no detour obeys the rules), and the
+    stages whose gradient holds it already: those its backward passed after the loss, from the peer that broke it
+    on (from that peer's stage too if it `maybe_ran` the backward); every stage if where it stopped is unknown."""
+    counted = set(counted)
+    if loss_done and report.gone in r.nodes[1:]:
+        hop = r.nodes.index(report.gone)
+        counted |= set(r.stages[hop - 1 if report.maybe_ran else hop:])
+    elif loss_done:
+        counted |= set(r.stages)
+    new: Route | None = r
+    for hop in range(1, len(r.nodes)):
+        if new is not None and new.nodes[hop] in gone:
+            new = detour(schedule, new, hop, gone)
+    return new, frozenset(counted)
 
-    Longer than the ~350 lines a class should keep to: it is one iteration's state machine, and its parts (the
-    order of operations, detours, re-queues, per-hop deadlines) read and update the same per-microbatch state
-    (attempts, counted stages, awaited backwards, stashes); admission is the pure `hop_mismatch`.
-    """
+
+class PipelineExecutor:
+    """Runs one iteration of `schedule` on this peer's `worker`. Admission of a message is the pure
+    `hop_mismatch`; the forwards whose backward it waits for are its `AwaitedBackwards`."""
 
     def __init__(self, *, me: str, worker: StageWorker, schedule: Schedule, run_id: str, iteration: int,
                  send: Send, batches: dict[int, torch.Tensor] | None = None,
@@ -137,11 +151,8 @@ class PipelineExecutor:
         :param broken: told of each microbatch attempt of another holder's that cannot finish (this holder's own
           it re-queues)
         :param give_up: told of each microbatch of this holder's it cannot re-queue
-        :param hop_deadlines: microbatch -> seconds after this peer sent its forward by which its backward should be
-          back (the plan's round trip, `scheduler.round_trips`, scaled to measured times); past it `overdue` is
-          told once, so that the peer checks on the next hop (a dead one holding the microbatch in its queue is
-          otherwise noticed only when its record expires)
-        """
+        :param hop_deadlines: and `overdue`: see `AwaitedBackwards` (a dead next hop holding its microbatch is
+          otherwise noticed only when its record expires)"""
         self.me, self.worker, self.schedule, self.run_id, self.iteration = me, worker, schedule, run_id, iteration
         self.timeline = timeline
         self.send = send
@@ -150,13 +161,9 @@ class PipelineExecutor:
         self.in_use: dict[int, Route] = dict(self.routes)
         """Each microbatch's route as this peer last saw it: the scheduled one, or a detour of it."""
         self.gone, self.on_broken, self.on_give_up = gone, broken, give_up
-        self.hop_deadlines, self.on_overdue = dict(hop_deadlines or {}), overdue
-        self._overdue: set[tuple[int, int]] = set()
+        self.awaited = AwaitedBackwards(hop_deadlines, overdue)
         self.unreachable: set[str] = set()
         """Peers no stream could be opened to during this iteration."""
-        self._awaiting: dict[int, tuple[str, Future[bool] | None, float]] = {}
-        """Microbatch -> the peer this one sent its forward to (its backward comes from there), that send, and when
-        (monotonic seconds)."""
         self._broken: set[tuple[int, int]] = set()
         self._attempt: dict[int, int] = {}
         """Microbatch -> its newest attempt this peer has seen (0 unless re-queued)."""
@@ -201,7 +208,7 @@ class PipelineExecutor:
                     f"iteration {self.iteration}: {self.result.backward_done}/{self.expected} backward passes after "
                     f"{deadline:.0f} s (stashed {self.worker.stashed}, {waiting} forwards waiting)")
             self._accept(receive(0.0))
-            self._check_overdue()
+            self.awaited.check_overdue(self._broken, self.iteration)
             if not self._step():
                 self._accept(receive(self._idle_wait()))
         self.result.finished = time.time()
@@ -215,7 +222,7 @@ class PipelineExecutor:
         """Process messages of this iteration; also after `run` returned, while the peer waits for the commit:
         a detour may still bring it a microbatch of a gone peer of its stage."""
         self._accept(messages)
-        self._check_overdue()
+        self.awaited.check_overdue(self._broken, self.iteration)
         while self._step():
             if self._poll is not None:
                 self._accept(self._poll(0.0))
@@ -233,10 +240,8 @@ class PipelineExecutor:
                 self.hold(m)
             else:
                 h = m.header
-                awaited = self._awaiting.get(h.microbatch)
-                if h.direction == Direction.BACKWARD and awaited is not None and awaited[0] == m.sender and \
-                        h.attempt == self._attempt.get(h.microbatch, 0):
-                    del self._awaiting[h.microbatch]  # it came back: the peer holding it is no longer in question
+                if h.direction == Direction.BACKWARD and h.attempt == self._attempt.get(h.microbatch, 0):
+                    self.awaited.returned(h.microbatch, m.sender, h.attempt)
                 first = h.direction == Direction.BACKWARD or (h.direction == Direction.FORWARD and h.hop == 0)
                 self._ready.append(((0 if first else 1, time.monotonic(), 0, next(self._arrivals)), m))
         self._check_awaited()
@@ -321,7 +326,7 @@ class PipelineExecutor:
                            counted=tuple(sorted(self._counted.get(r.microbatch, ()))))
         sent = self.send(r.nodes[hop], header, tensor)
         if direction == Direction.FORWARD:
-            self._awaiting[r.microbatch] = (r.nodes[hop], sent, time.monotonic())
+            self.awaited.sent(r.microbatch, r.nodes[hop], sent, self._attempt.get(r.microbatch, 0))
 
     def _gone_now(self) -> set[str]:
         return set(self.gone()) | self.unreachable
@@ -352,7 +357,7 @@ class PipelineExecutor:
             return
         if h.direction == Direction.FORWARD and h.hop > 0 and u.unreachable and tuple(h.route) == r.nodes:
             self.unreachable.add(u.peer)
-            self._awaiting.pop(h.microbatch, None)
+            self.awaited.forget(h.microbatch)
             self._emit(r, h.hop, Direction.FORWARD, u.tensor)  # detours around it
         else:  # a refusal or a timeout: the peer may have received it
             self._break(h.microbatch, u.peer, f"its {h.direction.name.lower()} could not be delivered to {u.peer}",
@@ -361,25 +366,9 @@ class PipelineExecutor:
     def _check_awaited(self) -> None:
         """A microbatch whose forward went to a peer now gone cannot come back: that peer held its activations."""
         gone = self._gone_now()
-        if not gone:
-            return
-        for mb, (peer, sent, _) in list(self._awaiting.items()):
-            delivered = sent is None or (sent.done() and sent.exception() is None and sent.result() is True)
-            if peer in gone and delivered and (mb, self._attempt.get(mb, 0)) not in self._broken:
+        for mb, peer, attempt in self.awaited.lost_to(gone) if gone else ():
+            if attempt == self._attempt.get(mb, 0) and (mb, attempt) not in self._broken:
                 self._break(mb, peer, f"its activations were with {peer}, which is gone")
-
-    def _check_overdue(self) -> None:
-        """Tell of backward passes late past their per-hop deadline, once each."""
-        if self.on_overdue is None or not self.hop_deadlines:
-            return
-        now = time.monotonic()
-        for mb, (peer, _, since) in list(self._awaiting.items()):
-            limit, key = self.hop_deadlines.get(mb), (mb, self._attempt.get(mb, 0))
-            if limit is not None and key not in self._overdue and key not in self._broken and now - since > limit:
-                self._overdue.add(key)
-                logger.warning("iteration %d: the backward of microbatch %d is %.1f s late from %s (deadline %.1f s)",
-                               self.iteration, mb, now - since - limit, peer, limit)
-                self.on_overdue(peer, mb)
 
     def _break(self, microbatch: int, gone: str, why: str, *, maybe_ran: bool = False) -> None:
         """The current attempt of `microbatch` cannot finish because of `gone`: its holder re-queues it (this peer,
@@ -389,7 +378,7 @@ class PipelineExecutor:
         if (microbatch, attempt) in self._broken:
             return
         self._broken.add((microbatch, attempt))
-        self._awaiting.pop(microbatch, None)
+        self.awaited.forget(microbatch)
         mine = self.routes[microbatch].origin == self.me
         if not mine:
             self.worker.drop(microbatch)
@@ -415,18 +404,8 @@ class PipelineExecutor:
         if mb not in self._owes or self.routes.get(mb) is None or self.routes[mb].origin != self.me or \
                 report.attempt != self._attempt.get(mb, 0) or any(p.microbatch == mb for p in self._pending):
             return
-        r = self.in_use[mb]
-        counted = set(self._counted.get(mb, ()))
-        if mb in self._head_counted and report.gone in r.nodes[1:]:
-            hop = r.nodes.index(report.gone)
-            counted |= set(r.stages[hop - 1 if report.maybe_ran else hop:])
-        elif mb in self._head_counted:  # where its backward stopped is unknown: count it nowhere again
-            counted |= set(r.stages)
-        gone = self._gone_now() | {report.gone}
-        new: Route | None = r
-        for hop in range(1, len(r.nodes)):
-            if new is not None and new.nodes[hop] in gone:
-                new = detour(self.schedule, new, hop, gone)
+        new, counted = requeued_route(self.schedule, self.in_use[mb], report, self._counted.get(mb, frozenset()),
+                                      loss_done=mb in self._head_counted, gone=self._gone_now() | {report.gone})
         if new is None or report.attempt + 1 > MAX_MICROBATCH_ATTEMPTS:
             why = "no detour obeys the rules" if new is None else f"{MAX_MICROBATCH_ATTEMPTS} attempts broke"
             logger.warning("iteration %d: microbatch %d cannot be re-queued (%s): the iteration must run again",
@@ -435,9 +414,9 @@ class PipelineExecutor:
                 self.on_give_up(mb, f"{report.why}; {why}")
             return
         self._attempt[mb] = report.attempt + 1
-        self._counted[mb] = frozenset(counted)
+        self._counted[mb] = counted
         self.worker.drop(mb)
-        self._awaiting.pop(mb, None)
+        self.awaited.forget(mb)
         self.in_use[mb] = new
         self._pending.insert(0, dataclasses.replace(new, inject_after=0.0))
         self.result.requeued.append((mb, report.attempt + 1))
@@ -456,7 +435,8 @@ class PipelineExecutor:
             logger.info("%s of microbatch %d's attempt %d from %s dropped: a stale attempt (this peer is at %d)",
                         h.direction.name.lower(), h.microbatch, h.attempt, m.sender, attempt)
             return
-        why = self._mismatch(m)
+        why = hop_mismatch(m, schedule=self.schedule, routes=self.routes, in_use=self.in_use, run_id=self.run_id,
+                           iteration=self.iteration, me=self.me)
         if why:
             self.result.dropped += 1
             logger.warning("dropped %s of microbatch %d from %s: %s", h.direction.name.lower(), h.microbatch,
@@ -465,7 +445,7 @@ class PipelineExecutor:
             return
         if h.attempt > attempt:  # a re-queued microbatch: what this peer holds of an earlier attempt is stale
             self._attempt[h.microbatch] = h.attempt
-            self._awaiting.pop(h.microbatch, None)
+            self.awaited.forget(h.microbatch)
             if self.worker.drop(h.microbatch):
                 logger.info("microbatch %d's attempt %d arrived: the stashed earlier attempt is dropped",
                             h.microbatch, h.attempt)
@@ -479,7 +459,7 @@ class PipelineExecutor:
             self._owes.add(h.microbatch)  # a detour made this peer stand in for a gone one, or a re-queue came back
             self.expected += 1
         if h.direction == Direction.BACKWARD:
-            self._awaiting.pop(h.microbatch, None)
+            self.awaited.forget(h.microbatch)
         try:
             if h.direction == Direction.FORWARD and h.hop == 0:
                 self._loss(r, m.tensor)
@@ -504,8 +484,3 @@ class PipelineExecutor:
             logger.warning("worker refused %s of microbatch %d from %s: %s", h.direction.name.lower(), h.microbatch,
                            m.sender, e, extra=event("dropped_message", sender=m.sender, microbatch=h.microbatch,
                                                     why=f"worker: {e}"))
-
-    def _mismatch(self, m: Inbound) -> str | None:
-        """Why a message does not fit the schedule (None when it does), see `hop_mismatch`."""
-        return hop_mismatch(m, schedule=self.schedule, routes=self.routes, in_use=self.in_use, run_id=self.run_id,
-                            iteration=self.iteration, me=self.me)
