@@ -81,6 +81,9 @@ PROTOCOLS = (*(protocol for protocol, _ in CHANNELS.values()), PROBE_PROTOCOL)
 _OK, _REFUSED = 0, 1
 _ONE_WRITE_BYTES = 64 * 1024
 """Messages up to this size go out in a single write (one syscall, one p2pd frame)."""
+REFUSAL_LINGER_BYTES = 4 << 20
+REFUSAL_LINGER_S = 2.0
+"""How much a refused sender may still write, and for how long, before the stream is closed under it."""
 HANDLER_REMOVAL_TIMEOUT = 2.0
 """Seconds the daemon gets to drop a stream handler at shutdown; the client is closed either way."""
 
@@ -129,6 +132,24 @@ async def reply(writer: asyncio.StreamWriter, status: int, reason: str) -> bool:
     except ConnectionError:
         return False
     return True
+
+
+async def refuse(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, reason: str) -> None:
+    """Refuse the message just read, with `reason`, and make sure the refusal reaches the sender.
+
+    The stream is closed afterwards, and closing a socket with unread bytes in it resets the connection, which can
+    destroy the reply before the sender reads it. So after replying, discard what the sender still writes, up to
+    REFUSAL_LINGER_BYTES and for at most REFUSAL_LINGER_S: a hostile sender buys nothing by writing on.
+    """
+    if not await reply(writer, _REFUSED, reason):
+        return
+    remaining = REFUSAL_LINGER_BYTES
+    try:
+        async with asyncio.timeout(REFUSAL_LINGER_S):
+            while remaining > 0 and (chunk := await reader.read(min(remaining, STREAM_CHUNK_BYTES))):
+                remaining -= len(chunk)
+    except (TimeoutError, ConnectionError):
+        pass
 
 
 class Transport:
@@ -386,7 +407,7 @@ class Transport:
             self._stats["refused"] += 1
             logger.warning("refused a message from %s: %s", sender, e,
                            extra=event("refused_message", sender=sender, why=str(e)))
-            await reply(writer, _REFUSED, str(e))
+            await refuse(reader, writer, str(e))
         except (TimeoutError, asyncio.IncompleteReadError, ConnectionError) as e:
             self._dropped(sender, "message", e)
         return False
@@ -476,7 +497,7 @@ class Transport:
         except WireError as e:
             logger.warning("refused a probe from %s: %s", sender, e,
                            extra=event("refused_message", sender=sender, why=f"probe: {e}"))
-            await reply(writer, _REFUSED, str(e))
+            await refuse(reader, writer, str(e))
         except (TimeoutError, asyncio.IncompleteReadError, ConnectionError) as e:
             self._dropped(sender, "probe", e)
         return False
