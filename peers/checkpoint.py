@@ -1,23 +1,35 @@
 """Checkpoints: per-stage weights and optimizer state in safetensors, everything else in JSON. No pickle.
 
-A checkpoint directory holds
+A checkpoint root holds one directory per save, `step-{iteration:08d}` (`-{n}` appended when that iteration was
+saved before), and `latest`, a one-line file naming the current one. A step directory holds
 
-- `checkpoint.json`: format version, the resolved model / optimizer / data config, the layer split,
-  iteration and optimizer step, each data holder's shard position, and the SHA-256 of every file;
+- the manifest, `checkpoint.json` for a whole model: format version, the resolved model / optimizer / data
+  config, the layer split, iteration and optimizer step, each data holder's shard position, and the SHA-256 of
+  every file (`peer.json` for one peer's checkpoint of its stage);
 - `stage-{s}.safetensors` (weights, full-model parameter names) and `stage-{s}-optimizer.safetensors`
   (AdamW moments and step counts, keyed `{param}.exp_avg` ...) for every stage;
 - `rng.safetensors` (torch's CPU generator) and `tokenizer.json` when trained on a corpus.
 
-The manifest is written last, so an interrupted save is never mistaken for a complete one, and a
-file whose hash differs from the manifest's is refused. Loading into a swarm whose model, split or
-optimizer differs is refused with the first differing field named.
+Crash safety: a save writes a fresh hidden directory, fsyncs every file and the directory, renames it to its
+step name, then replaces `latest` atomically (temp file, fsync, `os.replace`, fsync of the root). Only then are
+older step directories deleted, all but the new one and the one `latest` named before, so a crash at any point
+leaves a complete checkpoint. Loading follows `latest` (a plain step name, else refused) and falls back, with a
+warning, to the newest complete step directory when it is missing, incomplete, or a file's hash differs from
+the manifest's. A root with the manifest directly in it (the flat layout of older builds) still loads.
+Loading into a swarm whose model, split or optimizer differs is refused with the first differing field named.
+One writer per root: two processes saving into the same root may delete each other's step directories.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
+import re
+import shutil
+import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +46,17 @@ MANIFEST = "checkpoint.json"
 PEER_MANIFEST = "peer.json"
 """Manifest of one peer's own checkpoint of its stage."""
 MAX_MANIFEST_BYTES = 16 << 20
+LATEST = "latest"
+"""The pointer file in a checkpoint root: the name of the current step directory."""
+_STEP_DIR = re.compile(r"step-(\d{1,12})(?:-(\d{1,6}))?")
+_TMP_PREFIX = ".tmp-step-"
 _MOMENTS = ("exp_avg", "exp_avg_sq", "step")
+_WHOLE_FIELDS = (("iteration", int), ("steps", int), ("seed", int), ("model", dict), ("optim", dict),
+                 ("split", list), ("shards", dict), ("files", dict))
+_PEER_FIELDS = (("iteration", int), ("steps", int), ("stage", int), ("model", dict), ("split", list),
+                ("files", dict))
+
+logger = logging.getLogger(__name__)
 
 
 class CheckpointError(ValueError):
@@ -88,87 +110,222 @@ def load_stage_tensors(worker: StageWorker, weights: dict[str, torch.Tensor], op
 
 # ---- a whole in-process swarm ----------------------------------------------------------------
 def save_checkpoint(path: str | os.PathLike, swarm: Any) -> Path:
-    """Write `swarm` (an InProcessSwarm) to directory `path`; returns the manifest's path."""
-    out = Path(path)
-    out.mkdir(parents=True, exist_ok=True)
-    files: dict[str, str] = {}
-
-    def write_tensors(name: str, tensors: dict[str, torch.Tensor]) -> None:
-        tmp = out / f".{name}.tmp"
-        save_file(tensors, str(tmp), metadata={"format": str(CHECKPOINT_FORMAT)})
-        os.replace(tmp, out / name)
-        files[name] = _sha256(out / name)
-
+    """Write `swarm` (an InProcessSwarm) as a new step directory of checkpoint root `path` and point `latest` at
+    it; returns the manifest's path. An interruption leaves the previous checkpoint in place."""
     steps = {w.steps for w in swarm.workers.values()}
     if len(steps) != 1:
         raise CheckpointError(f"workers disagree on the optimizer step ({sorted(steps)}); save between iterations")
-    for s in range(swarm.schedule.num_stages):
-        worker = swarm.stage_workers(s)[0]  # peers of a stage hold equal weights and moments
-        weights, optim = stage_tensors(worker)
-        write_tensors(f"stage-{s}.safetensors", weights)
-        write_tensors(f"stage-{s}-optimizer.safetensors", optim)
-    write_tensors("rng.safetensors", {"torch_cpu": torch.get_rng_state()})
-    data = None
-    if swarm.corpus is not None:
-        (out / "tokenizer.json").write_text(swarm.corpus.tokenizer.to_str())
-        files["tokenizer.json"] = _sha256(out / "tokenizer.json")
-        data = swarm.corpus.config.to_dict()
-        data["paths"] = [str(Path(p).resolve()) for p in data["paths"]]
-    first = next(iter(swarm.workers.values()))
-    manifest = {
-        "format": CHECKPOINT_FORMAT,
-        "iteration": swarm.iteration,
-        "steps": steps.pop(),
-        "seed": swarm.seed,
-        "dtype": str(first.dtype).removeprefix("torch."),
-        "model": swarm.model_config.to_dict(),
-        "optim": swarm.optim_config.to_dict(),
-        "split": list(swarm.split),
-        "data": data,
-        "shards": {peer: shard.state_dict() for peer, shard in swarm.shards.items()},
-        "schedule": swarm.schedule.to_dict(),
-        "files": files,
-    }
-    tmp = out / f".{MANIFEST}.tmp"
-    tmp.write_text(json.dumps(manifest, indent=1))
-    os.replace(tmp, out / MANIFEST)
-    return out / MANIFEST
+
+    def write(out: Path) -> None:
+        files: dict[str, str] = {}
+        for s in range(swarm.schedule.num_stages):
+            worker = swarm.stage_workers(s)[0]  # peers of a stage hold equal weights and moments
+            weights, optim = stage_tensors(worker)
+            files.update(_write_tensors(out, f"stage-{s}.safetensors", weights))
+            files.update(_write_tensors(out, f"stage-{s}-optimizer.safetensors", optim))
+        files.update(_write_tensors(out, "rng.safetensors", {"torch_cpu": torch.get_rng_state()}))
+        data = None
+        if swarm.corpus is not None:
+            files["tokenizer.json"] = _write_bytes(out / "tokenizer.json", swarm.corpus.tokenizer.to_str().encode())
+            data = swarm.corpus.config.to_dict()
+            data["paths"] = [str(Path(p).resolve()) for p in data["paths"]]
+        first = next(iter(swarm.workers.values()))
+        manifest = {
+            "format": CHECKPOINT_FORMAT,
+            "iteration": swarm.iteration,
+            "steps": next(iter(steps)),
+            "seed": swarm.seed,
+            "dtype": str(first.dtype).removeprefix("torch."),
+            "model": swarm.model_config.to_dict(),
+            "optim": swarm.optim_config.to_dict(),
+            "split": list(swarm.split),
+            "data": data,
+            "shards": {peer: shard.state_dict() for peer, shard in swarm.shards.items()},
+            "schedule": swarm.schedule.to_dict(),
+            "files": files,
+        }
+        _write_bytes(out / MANIFEST, json.dumps(manifest, indent=1).encode())
+
+    return _save_step(Path(path), swarm.iteration, MANIFEST, write)
 
 
 def save_stage_checkpoint(path: str | os.PathLike, worker: StageWorker, *, iteration: int, seed: int,
                           shard: Any = None, extra: dict[str, Any] | None = None) -> Path:
-    """One peer's own checkpoint (its stage's weights and optimizer, its data position), in the same layout as
-    `save_checkpoint` for that stage, so stage files from several peers can be gathered into a whole one."""
-    out = Path(path)
-    out.mkdir(parents=True, exist_ok=True)
+    """One peer's own checkpoint (its stage's weights and optimizer, its data position) as a new step directory
+    of root `path`, in the same layout as `save_checkpoint` for that stage, so stage files from several peers can
+    be gathered into a whole one; returns the manifest's path. An interruption leaves the previous one in place."""
     weights, optim = stage_tensors(worker)
-    files = {}
-    for name, tensors in ((f"stage-{worker.stage}.safetensors", weights),
-                          (f"stage-{worker.stage}-optimizer.safetensors", optim)):
-        tmp = out / f".{name}.tmp"
-        save_file(tensors, str(tmp), metadata={"format": str(CHECKPOINT_FORMAT)})
-        os.replace(tmp, out / name)
-        files[name] = _sha256(out / name)
-    manifest = {
-        "format": CHECKPOINT_FORMAT, "stage": worker.stage, "iteration": iteration, "steps": worker.steps,
-        "seed": seed, "model": worker.config.to_dict(), "optim": worker.optim_config.to_dict(),
-        "split": list(worker.split), "shard": shard.state_dict() if shard is not None else None,
-        "files": files, **(extra or {}),
-    }
-    tmp = out / f".{PEER_MANIFEST}.tmp"
-    tmp.write_text(json.dumps(manifest, indent=1))
-    os.replace(tmp, out / PEER_MANIFEST)
-    return out / PEER_MANIFEST
+
+    def write(out: Path) -> None:
+        files: dict[str, str] = {}
+        files.update(_write_tensors(out, f"stage-{worker.stage}.safetensors", weights))
+        files.update(_write_tensors(out, f"stage-{worker.stage}-optimizer.safetensors", optim))
+        manifest = {
+            "format": CHECKPOINT_FORMAT, "stage": worker.stage, "iteration": iteration, "steps": worker.steps,
+            "seed": seed, "model": worker.config.to_dict(), "optim": worker.optim_config.to_dict(),
+            "split": list(worker.split), "shard": shard.state_dict() if shard is not None else None,
+            "files": files, **(extra or {}),
+        }
+        _write_bytes(out / PEER_MANIFEST, json.dumps(manifest, indent=1).encode())
+
+    return _save_step(Path(path), iteration, PEER_MANIFEST, write)
+
+
+# ---- step directories and the `latest` pointer -----------------------------------------------
+def _save_step(root: Path, iteration: int, manifest_name: str, write: Callable[[Path], None]) -> Path:
+    """Run `write` into a fresh hidden directory of `root`, make it durable, switch `latest` to it, prune."""
+    root.mkdir(parents=True, exist_ok=True)
+    for stale in root.glob(f"{_TMP_PREFIX}*"):  # left by a save that crashed
+        shutil.rmtree(stale, ignore_errors=True)
+    previous = _previous_step(root, manifest_name)
+    tmp = root / f"{_TMP_PREFIX}{uuid.uuid4().hex}"
+    tmp.mkdir()
+    try:
+        write(tmp)
+        _fsync_dir(tmp)
+        name = _free_step_name(root, iteration)
+        os.rename(tmp, root / name)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _fsync_dir(root)
+    pointer = root / f".{LATEST}.tmp"
+    _write_bytes(pointer, f"{name}\n".encode())
+    os.replace(pointer, root / LATEST)
+    _fsync_dir(root)
+    for d in _step_dirs(root):
+        if d.name not in (name, previous):
+            shutil.rmtree(d, ignore_errors=True)
+    return root / name / manifest_name
+
+
+def _write_tensors(out: Path, name: str, tensors: dict[str, torch.Tensor]) -> dict[str, str]:
+    save_file(tensors, str(out / name), metadata={"format": str(CHECKPOINT_FORMAT)})
+    _fsync_file(out / name)
+    return {name: _sha256(out / name)}
+
+
+def _write_bytes(path: Path, data: bytes) -> str:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    return hashlib.sha256(data).hexdigest()
+
+
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    """Make a directory's entries (renames, new files) durable; a no-op where directories cannot be opened."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _step_key(name: str) -> tuple[int, int] | None:
+    m = _STEP_DIR.fullmatch(name)
+    return (int(m.group(1)), int(m.group(2) or 0)) if m else None
+
+
+def _step_dirs(root: Path) -> list[Path]:
+    """The step directories of `root`, newest first (real directories only, never a link out of the root)."""
+    found = [d for d in root.iterdir() if _step_key(d.name) is not None and d.is_dir() and not d.is_symlink()] \
+        if root.is_dir() else []
+    return sorted(found, key=lambda d: _step_key(d.name), reverse=True)
+
+
+def _free_step_name(root: Path, iteration: int) -> str:
+    name, n = f"step-{iteration:08d}", 0
+    while os.path.lexists(root / name):
+        n += 1
+        name = f"step-{iteration:08d}-{n}"
+    return name
+
+
+def _read_latest(root: Path) -> str | None:
+    """The step name in `root/latest`, or None (with a warning) when it is absent, unreadable or not a plain
+    step name: its content is untrusted, so nothing like `../elsewhere` or an absolute path is ever followed."""
+    pointer = root / LATEST
+    if not pointer.is_file():
+        if os.path.lexists(pointer):
+            logger.warning("checkpoint pointer %s is not a regular file: ignored", pointer)
+        return None
+    raw, name = b"", None
+    try:
+        with open(pointer, "rb") as f:
+            raw = f.read(64)
+        name = raw.decode("ascii").strip()
+    except (OSError, UnicodeDecodeError):
+        pass
+    if name is None or _step_key(name) is None:
+        logger.warning("checkpoint pointer %s holds %r, not a step directory name: ignored", pointer, raw[:32])
+        return None
+    return name
+
+
+def _previous_step(root: Path, manifest_name: str) -> str | None:
+    """The step directory a new save must keep: the one `latest` names, else the newest with a manifest."""
+    name = _read_latest(root) if os.path.lexists(root / LATEST) else None
+    if name is not None and (root / name / manifest_name).is_file() and not (root / name).is_symlink():
+        return name
+    return next((d.name for d in _step_dirs(root) if (d / manifest_name).is_file()), None)
+
+
+def has_checkpoint(path: str | os.PathLike, name: str = MANIFEST) -> bool:
+    """Whether root `path` holds something that claims to be a checkpoint (loading it may still be refused)."""
+    root = Path(path)
+    return os.path.lexists(root / LATEST) or bool(_step_dirs(root)) or (root / name).is_file()
+
+
+def resolve_checkpoint(path: str | os.PathLike, name: str = MANIFEST,
+                       fields: tuple[tuple[str, type], ...] = ()) -> tuple[Path, dict[str, Any]]:
+    """(directory, checked manifest) of the checkpoint that root `path` holds: the step directory `latest`
+    names, else the newest complete one, else `path` itself in the flat layout of older builds.
+
+    :param name: the manifest file (`checkpoint.json` for a whole model, `peer.json` for one peer's stage)
+    :param fields: the fields it must have (default: those of the kind of checkpoint `name` says)
+    :raises CheckpointError: nothing complete is there; the message says why the newest candidate was refused
+    """
+    root = Path(path)
+    steps = _step_dirs(root)
+    if not steps and not os.path.lexists(root / LATEST):
+        return root, _check_manifest(root, name, fields)
+    latest = _read_latest(root)
+    candidates = ([root / latest] if latest is not None else []) + [d for d in steps if d.name != latest]
+    first_error: CheckpointError | None = None
+    for d in candidates:
+        try:
+            if d.is_symlink():
+                raise CheckpointError(f"{d} is a link, not a step directory")
+            manifest = _check_manifest(d, name, fields)
+        except CheckpointError as e:
+            logger.warning("checkpoint %s refused: %s", d, e)
+            first_error = first_error or e
+            continue
+        if d.name != latest:
+            logger.warning("checkpoint root %s: %s is not usable, loading %s instead", root, latest or LATEST, d.name)
+        return d, manifest
+    if first_error is None:
+        raise CheckpointError(f"{root} is not a checkpoint directory (no step directory with a {name})")
+    raise CheckpointError(f"{first_error}; no earlier complete checkpoint in {root}")
 
 
 def read_manifest(path: str | os.PathLike, name: str = MANIFEST,
                   fields: tuple[tuple[str, type], ...] = ()) -> dict[str, Any]:
-    """The checked manifest of checkpoint directory `path`: format, fields, every file's hash.
+    """The checked manifest of the checkpoint that root `path` holds (see `resolve_checkpoint`)."""
+    return resolve_checkpoint(path, name, fields)[1]
 
-    :param name: the manifest file (`checkpoint.json` for a whole model, `peer.json` for one peer's stage)
-    :param fields: the fields it must have (default: those of a whole-model checkpoint)
-    """
-    root = Path(path)
+
+def _check_manifest(root: Path, name: str, fields: tuple[tuple[str, type], ...]) -> dict[str, Any]:
+    """The manifest of step directory `root`, its format, fields and every file's hash checked."""
     mf = root / name
     if not mf.is_file():
         raise CheckpointError(f"{root} is not a checkpoint directory (no {name})")
@@ -182,14 +339,13 @@ def read_manifest(path: str | os.PathLike, name: str = MANIFEST,
         found = manifest.get("format") if isinstance(manifest, dict) else "?"
         raise CheckpointError(f"{mf}: checkpoint format {found} is not supported (this build reads format "
                               f"{CHECKPOINT_FORMAT})")
-    for key, kind in fields or (("iteration", int), ("steps", int), ("seed", int), ("model", dict), ("optim", dict),
-                                ("split", list), ("shards", dict), ("files", dict)):
+    for key, kind in fields or (_PEER_FIELDS if name == PEER_MANIFEST else _WHOLE_FIELDS):
         if not isinstance(manifest.get(key), kind) or isinstance(manifest.get(key), bool):
             raise CheckpointError(f"{mf}: field {key!r} is missing or not a {kind.__name__}")
-    for name, digest in manifest["files"].items():
-        if not isinstance(name, str) or "/" in name or "\\" in name or name.startswith("."):
-            raise CheckpointError(f"{mf}: bad file name {name!r}")
-        f = root / name
+    for file, digest in manifest["files"].items():
+        if not isinstance(file, str) or "/" in file or "\\" in file or file.startswith("."):
+            raise CheckpointError(f"{mf}: bad file name {file!r}")
+        f = root / file
         if not f.is_file():
             raise CheckpointError(f"checkpoint file {f} is missing")
         if _sha256(f) != digest:
@@ -207,9 +363,9 @@ def _load_tensors(root: Path, name: str, manifest: dict[str, Any]) -> dict[str, 
 
 
 def load_checkpoint(path: str | os.PathLike, swarm: Any) -> dict[str, Any]:
-    """Restore `swarm` (weights, optimizer, step, data positions, RNG) for an exact resume; returns the manifest."""
-    root = Path(path)
-    manifest = read_manifest(root)
+    """Restore `swarm` (weights, optimizer, step, data positions, RNG) from checkpoint root `path` for an exact
+    resume; returns the manifest."""
+    root, manifest = resolve_checkpoint(path)
     _expect_equal("model", manifest["model"], swarm.model_config.to_dict())
     _expect_equal("optim", manifest["optim"], swarm.optim_config.to_dict())
     _expect_equal("split", manifest["split"], list(swarm.split))
@@ -240,11 +396,9 @@ def load_checkpoint(path: str | os.PathLike, swarm: Any) -> dict[str, Any]:
 
 
 def load_stage_checkpoint(path: str | os.PathLike, worker: StageWorker) -> dict[str, Any]:
-    """Restore `worker` from a peer's own checkpoint of the same stage (`save_stage_checkpoint`); returns its
-    manifest. Raises CheckpointError when it is missing, corrupted, or of another stage, model or split."""
-    root = Path(path)
-    manifest = read_manifest(root, PEER_MANIFEST, (("iteration", int), ("steps", int), ("stage", int),
-                                                   ("model", dict), ("split", list), ("files", dict)))
+    """Restore `worker` from a peer's own checkpoint of the same stage (`save_stage_checkpoint`, root `path`);
+    returns its manifest. Raises CheckpointError when it is missing, corrupted, or of another stage, model or split."""
+    root, manifest = resolve_checkpoint(path, PEER_MANIFEST)
     _expect_equal("stage", manifest["stage"], worker.stage)
     _expect_equal("model", manifest["model"], worker.config.to_dict())
     _expect_equal("split", manifest["split"], list(worker.split))
@@ -255,9 +409,8 @@ def load_stage_checkpoint(path: str | os.PathLike, worker: StageWorker) -> dict[
 
 
 def load_model(path: str | os.PathLike, device: str = "cpu") -> tuple[Transformer, dict[str, Any]]:
-    """The whole model from a checkpoint (for evaluation), and the checked manifest."""
-    root = Path(path)
-    manifest = read_manifest(root)
+    """The whole model from checkpoint root `path` (for evaluation), and the checked manifest."""
+    root, manifest = resolve_checkpoint(path)
     try:
         cfg = ModelConfig.from_dict(manifest["model"])
         OptimConfig.from_dict(manifest["optim"])

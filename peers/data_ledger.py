@@ -5,15 +5,21 @@ windows of one microbatch, with a status: `pending` when drawn, then `processed`
 commits, or `requeued` when the iteration is abandoned (a data holder died) and its samples are drawn again. A
 microbatch its holder ran again within the iteration (a relay holding its activations died) is noted `retried`:
 its samples are not drawn again, and still count as processed once, at the commit.
-The file is appended and flushed as it goes, so a restarted holder (or an auditor) can read it back.
+The file is appended and flushed as it goes, so a restarted holder (or an auditor) can read it back; the
+`processed` and `requeued` lines, the ones that settle a draw's fate, are fsynced too. A crash can tear only the
+last line: `read_ledger` skips it with a warning, and a ledger reopened for appending cuts it off first.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import os
 from collections import Counter
 from pathlib import Path
 from typing import Any
+
+logger = logging.getLogger(__name__)
 
 
 class DataLedger:
@@ -25,6 +31,8 @@ class DataLedger:
         self.entries: list[dict[str, Any]] = []
         if self.path:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            _cut_torn_tail(self.path)
+        self._dir_synced = False
 
     def draw(self, *, iteration: int, epoch: int, shard: int, data_epoch: int, microbatch: int,
              windows: list[int]) -> None:
@@ -34,26 +42,92 @@ class DataLedger:
 
     def commit(self, iteration: int) -> None:
         """Every sample drawn for `iteration` is processed (the iteration's gradients were applied)."""
-        self._log({"event": "processed", "iteration": iteration})
+        self._log({"event": "processed", "iteration": iteration}, durable=True)
 
     def requeue(self, iteration: int) -> None:
         """The draws of `iteration` were abandoned; their samples will be drawn again."""
-        self._log({"event": "requeued", "iteration": iteration})
+        self._log({"event": "requeued", "iteration": iteration}, durable=True)
 
     def retry(self, iteration: int, microbatch: int, attempt: int) -> None:
         """`microbatch` of `iteration` ran again (`attempt`) after a peer on its path died: same samples."""
         self._log({"event": "retried", "iteration": iteration, "microbatch": microbatch, "attempt": attempt})
 
-    def _log(self, entry: dict[str, Any]) -> None:
+    def _log(self, entry: dict[str, Any], durable: bool = False) -> None:
+        """Append `entry`; with `durable`, return only once it (and every line before it) is on disk."""
         entry = {"holder": self.holder, **entry}
         self.entries.append(entry)
         if self.path:
             with self.path.open("a") as f:
                 f.write(json.dumps(entry) + "\n")
+                f.flush()
+                if durable:
+                    os.fsync(f.fileno())
+            if durable and not self._dir_synced:  # the file's own directory entry, once
+                _fsync_dir(self.path.parent)
+                self._dir_synced = True
 
 
 def read_ledger(path: str | Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    """The entries of a ledger file, in order.
+
+    A last line that does not parse is what a crash mid-append leaves: it is skipped with a warning. Any other
+    bad line cannot come from a crash (lines before the last were complete when the next was appended), so it is
+    an error rather than a silent loss of the draws it recorded.
+
+    :raises ValueError: a line is not a JSON object (the last one: parses, but not to an object); the message
+      names its line number
+    """
+    lines = Path(path).read_bytes().split(b"\n")
+    last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
+    entries = []
+    for i, line in enumerate(lines[:last + 1]):
+        if not line.strip():
+            continue
+        entry = _parse(line)
+        if entry is None and i == last:
+            logger.warning("ledger %s: torn last line %d skipped (%d bytes)", path, i + 1, len(line))
+            break
+        if not isinstance(entry, dict):
+            raise ValueError(f"ledger {path}: line {i + 1} is not a JSON object")
+        entries.append(entry)
+    return entries
+
+
+def _parse(line: bytes) -> Any:
+    """The JSON value of `line`, or None when it does not parse (a JSON `null` is no entry either)."""
+    try:
+        return json.loads(line.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return None
+
+
+def _cut_torn_tail(path: Path) -> None:
+    """Cut a torn last line (unterminated or unparseable) off `path`, so the next append starts a clean line."""
+    if not path.is_file():
+        return
+    data = path.read_bytes()
+    if not data:
+        return
+    body = data[:-1] if data.endswith(b"\n") else data
+    start = body.rfind(b"\n") + 1
+    if data.endswith(b"\n") and (not body[start:].strip() or _parse(body[start:]) is not None):
+        return
+    logger.warning("ledger %s: cutting off a torn last line (%d bytes)", path, len(data) - start)
+    with path.open("r+b") as f:
+        f.truncate(start)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def sample_status(entries: list[dict[str, Any]], commits: set[tuple[int, int]] | None = None

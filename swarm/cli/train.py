@@ -60,7 +60,7 @@ def inprocess(flavor: str, num_peers: int, num_stages: int, skip: float, iterati
     """Plan a swarm with the scheduler and train it in this process (no network)."""
     import torch
 
-    from peers.checkpoint import CheckpointError, load_checkpoint, read_manifest
+    from peers.checkpoint import CheckpointError, has_checkpoint, load_checkpoint, resolve_checkpoint
     from peers.data import Corpus, DataConfig
     from peers.inprocess import InProcessSwarm
     from peers.model import FLAVORS
@@ -85,16 +85,17 @@ def inprocess(flavor: str, num_peers: int, num_stages: int, skip: float, iterati
         schedule = plan_for_profile(profile, num_peers=num_peers, num_stages=num_stages, skip=skip,
                                     microbatches_per_holder=microbatches, seed=seed, num_layers=cfg.n_layers)
         optim = OptimConfig(lr=lr, warmup_steps=max(1, iterations // 20), total_steps=iterations)
-        resume = checkpoint is not None and (checkpoint / "checkpoint.json").is_file()
+        resume = checkpoint is not None and has_checkpoint(checkpoint)
         if resume:
+            step_dir, manifest = resolve_checkpoint(checkpoint)  # the manifest and the weights of the same save
             # an exact resume keeps the learning-rate schedule it was started with, whatever --iterations is now
-            saved = OptimConfig.from_dict(read_manifest(checkpoint)["optim"])
+            saved = OptimConfig.from_dict(manifest["optim"])
             if dataclasses.replace(saved, warmup_steps=optim.warmup_steps, total_steps=iterations) == optim:
                 optim = saved
         trainer = InProcessSwarm(schedule, cfg, optim, corpus=corpus, device=device, precision=precision, seed=seed)
         if resume:
-            load_checkpoint(checkpoint, trainer)
-            click.echo(f"resumed from {checkpoint} at iteration {trainer.iteration} (learning rate decays over "
+            load_checkpoint(step_dir, trainer)
+            click.echo(f"resumed from {step_dir} at iteration {trainer.iteration} (learning rate decays over "
                        f"{optim.total_steps} steps)", err=True)
     except (ValueError, ScheduleError, CheckpointError) as e:
         raise click.ClickException(str(e)) from None
@@ -138,15 +139,16 @@ def inprocess(flavor: str, num_peers: int, num_stages: int, skip: float, iterati
 @click.option("--json", "as_json", is_flag=True, help='Print {"perplexity": P, "perplexity_omitted": Q, ...}.')
 def eval_command(checkpoint_dir: Path, omit: float, batches: int | None, seed: int, as_json: bool) -> None:
     """Validation perplexity of a checkpoint: the whole model, and with --omit of its stages left out."""
-    from peers.checkpoint import CheckpointError, load_model
+    from peers.checkpoint import CheckpointError, load_model, resolve_checkpoint
     from peers.data import Corpus, DataConfig
     from peers.evaluate import evaluate
 
     try:
-        model, manifest = load_model(checkpoint_dir)
+        step_dir = resolve_checkpoint(checkpoint_dir)[0]  # the tokenizer of the same save as the weights
+        model, manifest = load_model(step_dir)
         if not isinstance(manifest.get("data"), dict):
             raise CheckpointError(f"{checkpoint_dir} records no data config to take the validation split from")
-        data = DataConfig.from_dict({**manifest["data"], "tokenizer": str(checkpoint_dir / "tokenizer.json")})
+        data = DataConfig.from_dict({**manifest["data"], "tokenizer": str(step_dir / "tokenizer.json")})
         corpus = Corpus.build(data)
         result = evaluate(model, corpus.validation_batches(batches), manifest["split"], omit=omit, seed=seed)
     except (ValueError, CheckpointError) as e:
