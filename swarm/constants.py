@@ -51,6 +51,9 @@ WIRE_DTYPES = ("float32", "float16", "bfloat16", "float64", "int64", "int32", "i
 """Tensor dtypes accepted on the wire, by torch name."""
 COMPRESSION_DTYPES = ("float16", "bfloat16")
 """Dtypes a floating tensor may be cast to for the wire (halves the bytes of float32)."""
+RESTORE_DTYPES = ("float32", "float16", "bfloat16")
+"""Dtypes a receiver casts a compressed tensor back to (`HopHeader.restore_dtype`): at most twice its wire bytes,
+never float64 or from an integer, so a header cannot make a receiver inflate a tensor beyond what compression saved."""
 
 # ---- addresses --------------------------------------------------------------------------------------------------
 DEFAULT_PORT = 0
@@ -97,6 +100,10 @@ SCHEDULE_TTL = 3600.0
 """Lifetime of the stored current schedule (late joiners read it)."""
 MAX_RECORD_LIFETIME = 7 * 24 * 3600.0
 """Records claiming to live longer than this are refused (a bounded expiry limits replay of old records)."""
+MAX_HEARTBEAT = 60.0
+"""Slowest heartbeat a run may choose."""
+MAX_PEER_RECORD_LIFETIME = record_lifetime(MAX_HEARTBEAT)
+"""Peer records claiming to live longer than this are refused: a dead peer's record must not outlive it for long."""
 
 # ---- transport and probing --------------------------------------------------------------------------------------
 INBOUND_QUEUE_SIZE = 4
@@ -109,6 +116,23 @@ MAX_BUFFERED_MESSAGES = 1024
 messages from its inbox until it catches up (far above what one iteration brings)."""
 OUTBOX_SIZE = 64
 """Messages a peer has handed to its sender threads and not yet sent; a peer that would exceed it waits."""
+MIN_TRANSFER_RATE = 64 * 1024
+"""Bytes per second an inbound tensor must arrive at on average, after a grace of the receive timeout: a message
+of n bytes is dropped once it has taken longer than recv_timeout + n / MIN_TRANSFER_RATE (its total deadline), and
+earlier if it falls behind that pace, so a header claiming a huge tensor cannot hold a receive slot by trickling
+(512 kbit/s: a volunteer's slow uplink, shared by a few messages, still passes)."""
+MAX_PENDING_BYTES_PER_SENDER = 2 * MAX_TENSOR_BYTES
+"""Tensor bytes one sender may have allocated on a receiver, per channel, and not yet consumed (read, queued, cast
+back): past it that sender's next message waits, before its buffer is allocated. A message larger than this on
+its own is admitted when the sender has nothing pending."""
+MAX_INBOUND_STREAMS_PER_SENDER = 32
+"""Streams one peer may hold open to a receiver at once, all protocols together (an honest one keeps
+SEND_CONCURRENCY idle per protocol); further ones are closed at once."""
+STATE_EXPECT_SECONDS = 120.0
+"""How long a peer named as the source of a stage state transfer may send it (the joiner's wait for its state)."""
+STATE_ADMISSION_WAIT = 30.0
+"""How long a STATE message from a peer not (yet) named as a source waits, before its buffer is allocated, for the
+receiver to name it (its sender may adopt the schedule that names it a moment before the receiver does)."""
 STREAM_CHUNK_BYTES = 1 << 20
 PROBE_PING_BYTES = 1024
 PROBE_GOODPUT_BYTES = 4 * 1024 * 1024

@@ -113,6 +113,9 @@ def start(config_path, run_id, iterations, min_peers, stages, skip, seed, microb
 
 @click.command("join")
 @click.option("--initial-peers", multiple=True, required=True, help="multiaddr of a peer or the coordinator")
+@click.option("--coordinator", default=None,
+              help="peer id of the run's coordinator, the only run spec signer trusted (default: the peer id in the "
+                   "first --initial-peers address)")
 @click.option("--run", "run_id", default="skippipe", show_default=True, help="run id to join")
 @click.option("--device", default="cpu", show_default=True, help="torch device (cpu, cuda, cuda:1)")
 @click.option("--precision", type=click.Choice(["auto", "fp32", "bf16", "fp16"]), default="auto", show_default=True,
@@ -145,17 +148,21 @@ def start(config_path, run_id, iterations, min_peers, stages, skip, seed, microb
               help="compute emulation: seconds per layer of the device to emulate (operations are padded to it)")
 @click.option("--emulate-latency", "latency_file", type=click.Path(exists=True, dir_okay=False), default=None,
               help="link emulation: JSON file of one-way latencies to peers, added by the transport")
-def join(initial_peers, run_id, device, precision, stage, data_paths, identity, host, port, iteration_deadline,
-         log_file, log_level, log_param_digest, events, metrics_path, ledger, checkpoint_dir, probe_sample, trace_path,
-         emulate_speed, latency_file) -> None:
+def join(initial_peers, coordinator, run_id, device, precision, stage, data_paths, identity, host, port,
+         iteration_deadline, log_file, log_level, log_param_digest, events, metrics_path, ledger, checkpoint_dir,
+         probe_sample, trace_path, emulate_speed, latency_file) -> None:
     """Join a run: measure, announce, get placed, train; Ctrl+C leaves cleanly."""
     from swarm.coordinator.scheduler_role import SchedulerRole
-    from swarm.peer.options import PeerOptions
+    from swarm.peer.options import PeerOptions, trusted_coordinator
     from swarm.peer.peer import Peer
 
     _logging(log_file, log_level, events=events, identity=identity)
     if stage != "auto" and not stage.isdigit():
         _fail(f"--stage must be a stage number or auto, got {stage!r}")
+    try:
+        coordinator = trusted_coordinator(tuple(initial_peers), coordinator)
+    except ValueError as e:
+        _fail(str(e))
     if device.startswith("cuda"):
         import torch
 
@@ -170,7 +177,8 @@ def join(initial_peers, run_id, device, precision, stage, data_paths, identity, 
         except ValueError as e:
             _fail(str(e))
     Path(identity).parent.mkdir(parents=True, exist_ok=True)
-    options = PeerOptions(initial_peers=tuple(initial_peers), identity_path=identity, run_id=run_id, host=host,
+    options = PeerOptions(initial_peers=tuple(initial_peers), identity_path=identity, coordinator=coordinator,
+                          run_id=run_id, host=host,
                           port=port, stage=None if stage == "auto" else int(stage), data_paths=tuple(data_paths),
                           device=device, precision=precision, iteration_deadline=iteration_deadline,
                           log_gossip=(log_file + ".gossip") if log_file else None,

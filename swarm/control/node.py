@@ -23,6 +23,7 @@ from swarm.control.gossip import (
     progress_topic,
     schedule_topic,
 )
+from swarm.control.record_validator import RunRecordValidator
 from swarm.control.records import Heartbeat, SwarmRecords
 from swarm.net.dht_shutdown import stop_dht
 from swarm.net.identity import load_identity
@@ -54,10 +55,13 @@ class Node:
         self.heartbeat: Heartbeat | None = None
 
     def start_dht(self, initial_peers: Iterable[str] = ()) -> SwarmRecords:
-        """Join (or, without `initial_peers`, bootstrap) the DHT; returns the run's signed records over it."""
+        """Join (or, without `initial_peers`, bootstrap) the DHT; returns the run's signed records over it.
+
+        The DHT validates the run's records as it stores and relays them (`RunRecordValidator`)."""
         self.reaper = Reaper.acquire()
         self.dht = hivemind.DHT(initial_peers=list(initial_peers), host_maddrs=[f"/ip4/{self.host}/tcp/{self.port}"],
-                                identity_path=self.identity_path, start=True)
+                                identity_path=self.identity_path, start=True,
+                                record_validators=[RunRecordValidator(self.run_id)])
         self.reaper.watch()  # the DHT process and its p2pd are on the reaper's list from here
         self.records = SwarmRecords(self.dht, self.identity, self.run_id)
         return self.records

@@ -27,25 +27,16 @@ from hivemind.utils import get_dht_time
 from swarm.constants import (
     DHT_TIMEOUT,
     HEARTBEAT_PERIOD,
-    MAX_RECORD_BYTES,
-    MAX_RECORD_LIFETIME,
-    MAX_SCHEDULE_BYTES,
     PEER_RECORD_TTL,
     RUN_SPEC_TTL,
     SCHEDULE_TTL,
 )
+from swarm.control.record_validator import LIFETIME_LIMITS, open_record, record_key
 from swarm.events import event
-from swarm.net.identity import Identity, peer_id_from_public_key, verify
+from swarm.net.identity import Identity
 from swarm.wire import PeerRecord, PeerState, RunSpec, ScheduleMsg, SignedRecord, WireError
 
 logger = logging.getLogger(__name__)
-
-_KINDS = {"run": RunSpec, "peer": PeerRecord, "schedule": ScheduleMsg}
-
-
-def record_key(run_id: str, kind: str) -> str:
-    """The DHT key of a run's records of one kind ("run", "peer", "schedule")."""
-    return f"skippipe/{run_id}/{kind}"
 
 
 class SwarmRecords:
@@ -69,26 +60,16 @@ class SwarmRecords:
             raise ValueError("the run spec must name this peer as coordinator and this run's id")
         return self._store("run", spec.to_msgpack(), ttl, timeout)
 
-    def fetch_run_spec(self, *, coordinator: str | None = None, timeout: float = DHT_TIMEOUT) -> RunSpec | None:
-        """The run spec signed by ``coordinator`` (by any peer naming itself coordinator if None), or None."""
-        specs = self._fetch("run", timeout)
-        return self._pick_run_spec(specs, coordinator)
-
-    async def _fetch_run_spec(self, *, coordinator: str | None = None, timeout: float = DHT_TIMEOUT) -> RunSpec | None:
-        return self._pick_run_spec(await self._fetch_async("run", timeout), coordinator)
-
-    def _pick_run_spec(self, specs: dict[str, tuple[Any, float]], coordinator: str | None) -> RunSpec | None:
-        valid = {}
-        for signer, (spec, expires) in specs.items():
-            if spec.coordinator != signer or spec.run_id != self.run_id:
-                logger.warning("run spec signed by %s names coordinator %s, run %s: ignored", signer,
-                               spec.coordinator, spec.run_id)
-            elif coordinator is None or signer == coordinator:
-                valid[signer] = (spec, expires)
-        if len(valid) > 1:
-            logger.warning("%d peers publish a run spec for run %s; pass coordinator= to choose (taking the newest)",
-                           len(valid), self.run_id)
-        return max(valid.values(), key=lambda v: v[1])[0] if valid else None
+    def fetch_run_spec(self, *, coordinator: str, timeout: float = DHT_TIMEOUT) -> RunSpec | None:
+        """The run spec signed by ``coordinator``, or None. Nobody else's is even parsed: a joiner names the
+        coordinator it trusts (the peer id of its bootstrap address, or one it was told), never the newest spec."""
+        specs = self._fetch("run", timeout, signers={coordinator})
+        spec = specs[coordinator][0] if coordinator in specs else None
+        if spec is not None and (spec.coordinator != coordinator or spec.run_id != self.run_id):
+            logger.warning("run spec signed by %s names coordinator %s, run %s: ignored", coordinator,
+                           spec.coordinator, spec.run_id)
+            return None
+        return spec
 
     # ---- peer records --------------------------------------------------------------------------------------------
     def publish_peer(self, record: PeerRecord, *, ttl: float = PEER_RECORD_TTL, timeout: float = DHT_TIMEOUT) -> bool:
@@ -134,27 +115,19 @@ class SwarmRecords:
 
     def fetch_schedule(self, *, signers: Collection[str], timeout: float = DHT_TIMEOUT) -> ScheduleMsg | None:
         """The newest schedule epoch signed by one of ``signers`` (the coordinator / elected scheduler), or None."""
-        return self._pick_schedule(self._fetch("schedule", timeout), signers)
+        return self._pick_schedule(self._fetch("schedule", timeout, signers=signers))
 
     async def _fetch_schedule(self, *, signers: Collection[str], timeout: float = DHT_TIMEOUT) -> ScheduleMsg | None:
-        return self._pick_schedule(await self._fetch_async("schedule", timeout), signers)
+        return self._pick_schedule(await self._fetch_async("schedule", timeout, signers=signers))
 
     @staticmethod
-    def _pick_schedule(msgs: dict[str, tuple[Any, float]], signers: Collection[str]) -> ScheduleMsg | None:
-        trusted = []
-        for signer, (msg, _) in msgs.items():
-            if signer in signers:
-                trusted.append(msg)
-            else:
-                logger.warning("schedule epoch %d signed by %s, who is not a scheduler: ignored", msg.epoch, signer,
-                               extra=event("ignored_record", signer=signer, kind="schedule",
-                                           why="not a scheduler"))
-        return max(trusted, key=lambda m: m.epoch) if trusted else None
+    def _pick_schedule(msgs: dict[str, tuple[Any, float]]) -> ScheduleMsg | None:
+        return max((msg for msg, _ in msgs.values()), key=lambda m: m.epoch, default=None)
 
     # ---- storage ---------------------------------------------------------------------------------------------------
     def _envelope(self, kind: str, body: bytes, ttl: float) -> tuple[bytes, float]:
-        if not 0 < ttl <= MAX_RECORD_LIFETIME:
-            raise ValueError(f"ttl must be in (0, {MAX_RECORD_LIFETIME}] seconds, got {ttl}")
+        if not 0 < ttl <= LIFETIME_LIMITS[kind]:
+            raise ValueError(f"a {kind} record's ttl must be in (0, {LIFETIME_LIMITS[kind]}] seconds, got {ttl}")
         with self._lock:  # the DHT refuses a value that expires before the one it holds: never go backwards
             expires = max(get_dht_time() + ttl, self._last_expiry.get(kind, 0.0) + 1e-3)
             self._last_expiry[kind] = expires
@@ -165,10 +138,17 @@ class SwarmRecords:
         return record.to_msgpack(), expires
 
     def _store(self, kind: str, body: bytes, ttl: float, timeout: float) -> bool:
+        """True once the record is stored. hivemind reports the answer of the last replica it asked, which a single
+        hostile replica can make False; so a False is checked by reading the record back from the DHT."""
         value, expires = self._envelope(kind, body, ttl)
-        future = self.dht.store(record_key(self.run_id, kind), value, expiration_time=expires,
-                                subkey=self.identity.peer_id, return_future=True)
-        return bool(future.result(timeout=timeout))
+        key = record_key(self.run_id, kind)
+        future = self.dht.store(key, value, expiration_time=expires, subkey=self.identity.peer_id,
+                                return_future=True)
+        if future.result(timeout=timeout):
+            return True
+        found = self.dht.get(key, latest=True, return_future=True).result(timeout=timeout)
+        item = found.value.get(self.identity.peer_id) if found is not None and isinstance(found.value, dict) else None
+        return item is not None and item.value == value
 
     async def _store_async(self, kind: str, body: bytes, ttl: float, timeout: float) -> bool:
         value, expires = self._envelope(kind, body, ttl)
@@ -176,16 +156,19 @@ class SwarmRecords:
                                 subkey=self.identity.peer_id, return_future=True)
         return bool(await asyncio.wait_for(future, timeout))
 
-    def _fetch(self, kind: str, timeout: float) -> dict[str, tuple[Any, float]]:
+    def _fetch(self, kind: str, timeout: float, *, signers: Collection[str] | None = None
+               ) -> dict[str, tuple[Any, float]]:
         future = self.dht.get(record_key(self.run_id, kind), latest=True, return_future=True)
-        return self._validate(kind, future.result(timeout=timeout))
+        return self._validate(kind, future.result(timeout=timeout), signers)
 
-    async def _fetch_async(self, kind: str, timeout: float) -> dict[str, tuple[Any, float]]:
+    async def _fetch_async(self, kind: str, timeout: float, *, signers: Collection[str] | None = None
+                           ) -> dict[str, tuple[Any, float]]:
         future = self.dht.get(record_key(self.run_id, kind), latest=True, return_future=True)
-        return self._validate(kind, await asyncio.wait_for(future, timeout))
+        return self._validate(kind, await asyncio.wait_for(future, timeout), signers)
 
-    def _validate(self, kind: str, found: Any) -> dict[str, tuple[Any, float]]:
-        """Signer peer id -> (decoded record, signed expiry) for every valid entry; the rest logged and dropped."""
+    def _validate(self, kind: str, found: Any, signers: Collection[str] | None) -> dict[str, tuple[Any, float]]:
+        """Signer peer id -> (decoded record, signed expiry) for every valid entry (of `signers` only, if given);
+        the rest logged and dropped. Other signers' records are dropped before anything of them is parsed."""
         if found is None:
             return {}
         key = record_key(self.run_id, kind)
@@ -195,38 +178,11 @@ class SwarmRecords:
         now, out = get_dht_time(), {}
         for subkey, item in found.value.items():
             try:
-                out[subkey] = self._open(kind, subkey, item.value, now)
+                out[subkey] = open_record(kind, self.run_id, subkey, item.value, now, signers=signers)
             except WireError as e:
                 logger.warning("%s[%.60r]: %s: ignored", key, subkey, e,
                                extra=event("ignored_record", signer=str(subkey)[:60], kind=kind, why=str(e)))
         return out
-
-    def _open(self, kind: str, subkey: Any, value: Any, now: float) -> tuple[Any, float]:
-        if type(subkey) is not str:
-            raise WireError("subkey is not a peer id")
-        max_bytes = MAX_SCHEDULE_BYTES if kind == "schedule" else MAX_RECORD_BYTES
-        if type(value) is not bytes:
-            raise WireError(f"value is {type(value).__name__}, not bytes")
-        record = SignedRecord.from_msgpack(value, max_bytes=max_bytes)
-        if record.kind != kind:
-            raise WireError(f"record of kind {record.kind!r} under the {kind} key")
-        try:
-            signer = peer_id_from_public_key(record.public_key)
-        except ValueError as e:
-            raise WireError(f"bad public key: {e}") from None
-        if signer != subkey:
-            raise WireError(f"signed by {signer}, not by the subkey's owner")
-        if not verify(record.public_key, SignedRecord.signed_bytes(kind, self.run_id, subkey, record.expires,
-                                                                   record.body), record.signature):
-            raise WireError("bad signature")
-        if record.expires <= now:
-            raise WireError(f"expired {now - record.expires:.1f}s ago (replayed?)")
-        if record.expires > now + MAX_RECORD_LIFETIME:
-            raise WireError("expiry too far in the future")
-        cls = _KINDS[kind]
-        body = cls.from_msgpack(record.body) if kind != "schedule" else cls.from_msgpack(record.body,
-                                                                                          max_bytes=max_bytes)
-        return body, record.expires
 
 
 class Heartbeat:

@@ -27,6 +27,9 @@ logger = logging.getLogger(__name__)
 
 _KEY_TYPE_RSA = 0
 _RSA_KEY_BITS = 2048
+MIN_RSA_BITS, MAX_RSA_BITS, RSA_EXPONENT = 2048, 4096, 65537
+"""The only RSA keys accepted: weaker ones are forgeable, larger moduli or exponents make every verification slow
+(a public exponent of 2^1000 costs ~50x the work of 65537), which a stranger could use to stall a reader."""
 _MAX_KEY_FILE_BYTES = 16 * 1024
 _MAX_PUBLIC_KEY_BYTES = 4096
 _PSS = padding.PSS(mgf=padding.MGF1(hashes.SHA256()), salt_length=padding.PSS.MAX_LENGTH)
@@ -100,6 +103,10 @@ def load_identity(path: str) -> Identity:
         raise IdentityError(f"{path}: not a DER private key: {e}") from None
     if not isinstance(key, rsa.RSAPrivateKey):
         raise IdentityError(f"{path}: not an RSA private key")
+    try:
+        check_key_strength(key.public_key())
+    except IdentityError as e:
+        raise IdentityError(f"{path}: {e}") from None
     return Identity(path=path, peer_id=_peer_id_of(key.public_key()), _key=key)
 
 
@@ -138,7 +145,16 @@ def _load_public_key(public_key: bytes) -> rsa.RSAPublicKey:
         raise IdentityError(f"not an OpenSSH public key: {e}") from None
     if not isinstance(key, rsa.RSAPublicKey):
         raise IdentityError("not an RSA public key")
+    check_key_strength(key)
     return key
+
+
+def check_key_strength(key: rsa.RSAPublicKey) -> None:
+    """Raise :class:`IdentityError` unless `key` has MIN_RSA_BITS..MAX_RSA_BITS bits and exponent RSA_EXPONENT."""
+    if not MIN_RSA_BITS <= key.key_size <= MAX_RSA_BITS:
+        raise IdentityError(f"RSA key of {key.key_size} bits; only {MIN_RSA_BITS} to {MAX_RSA_BITS} are accepted")
+    if key.public_numbers().e != RSA_EXPONENT:
+        raise IdentityError(f"RSA public exponent must be {RSA_EXPONENT}")
 
 
 def _peer_id_of(public_key: rsa.RSAPublicKey) -> str:

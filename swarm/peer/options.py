@@ -5,7 +5,29 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from swarm.constants import LOOPBACK_HOST, PROBE_SAMPLE_SIZE
+from swarm.constants import LOOPBACK_HOST, MAX_ID_CHARS, PROBE_SAMPLE_SIZE
+
+_B58 = frozenset("123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz")
+
+
+def trusted_coordinator(initial_peers: tuple[str, ...], coordinator: str | None = None) -> str:
+    """The peer id whose run spec (and so schedules, commits, hyperparameters) a joiner trusts: `coordinator` if
+    given, else the ``/p2p/`` peer id of the first bootstrap address. Raises ValueError if neither names one.
+
+    A joiner never takes "the newest run spec in the DHT": anyone can publish one.
+    """
+    if coordinator is None:
+        for address in initial_peers:
+            parts = address.split("/")
+            if "p2p" in parts[:-1]:
+                coordinator = parts[parts.index("p2p") + 1]
+                break
+        else:
+            raise ValueError("no --initial-peers address names a peer id (.../p2p/Qm...): pass --coordinator ID, "
+                             "the coordinator's peer id, so that this peer knows whose run spec to trust")
+    if not coordinator or len(coordinator) > MAX_ID_CHARS or not set(coordinator) <= _B58:
+        raise ValueError(f"{coordinator[:MAX_ID_CHARS]!r} is not a peer id (base58, like Qm...)")
+    return coordinator
 
 
 @dataclass(frozen=True)
@@ -16,6 +38,9 @@ class PeerOptions:
     """Multiaddrs of any peers (or the coordinator) already in the run."""
     identity_path: str
     """Key file; created on first run. One key, one peer id, in the DHT, the transport and gossip."""
+    coordinator: str | None = None
+    """Peer id of the run's coordinator, the only signer of a run spec this peer trusts (None: the peer id of the
+    first `initial_peers` address, see `trusted_coordinator`)."""
     run_id: str = "skippipe"
     host: str = LOOPBACK_HOST
     port: int = 0

@@ -47,7 +47,7 @@ from swarm.peer.iteration_clock import IterationClock
 from swarm.peer.iteration_runner import COMMIT_TIMEOUT, IterationRunner
 from swarm.peer.link_watch import LinkWatch
 from swarm.peer.mailbox import Inbox, Kind, Outbox
-from swarm.peer.options import PeerOptions
+from swarm.peer.options import PeerOptions, trusted_coordinator
 from swarm.peer.pipeline import IterationAborted, IterationTimeout, Requeue
 from swarm.peer.reports import Reports
 from swarm.peer.schedule_follower import ScheduleFollower
@@ -163,16 +163,18 @@ class Peer:
 
     def _join(self, stop: threading.Event) -> None:
         o, node = self.options, self.node
+        coordinator = trusted_coordinator(o.initial_peers, o.coordinator)
         records = node.start_dht(o.initial_peers)
         spec = None
         deadline = time.monotonic() + o.join_timeout
         while spec is None and not stop.is_set() and time.monotonic() < deadline:
-            spec = records.fetch_run_spec(timeout=DHT_TIMEOUT)
+            spec = records.fetch_run_spec(coordinator=coordinator, timeout=DHT_TIMEOUT)
             if spec is None:
                 time.sleep(0.5)
         if spec is None:
             if not stop.is_set():
-                raise TimeoutError(f"no run spec for run {o.run_id!r} found through {list(o.initial_peers)}")
+                raise TimeoutError(f"no run spec for run {o.run_id!r} signed by {coordinator} found through "
+                                   f"{list(o.initial_peers)} (if that is not the coordinator, pass --coordinator)")
             return
         self.config, self.model_config = RunConfig.from_spec(spec)
         self.spec = spec

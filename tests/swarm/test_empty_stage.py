@@ -11,6 +11,7 @@ from collections import Counter
 
 import pytest
 
+from peers.checkpoint import PEER_MANIFEST, has_checkpoint
 from peers.data_ledger import read_ledger, sample_status
 from swarm.local.local_swarm import LocalSwarm
 from swarm.net.identity import ensure_identity
@@ -57,7 +58,7 @@ def test_a_stage_without_peers_is_skipped_then_restored(tmp_path):
     try:
         swarm.start()
         swarm.watch(5, timeout=180)
-        assert (run_dir / "checkpoint-04" / "peer.json").exists()
+        assert has_checkpoint(run_dir / "checkpoint-04", PEER_MANIFEST)
         swarm.kill(swarm.peers[4])  # stage 2's only peer
         # until the scheduler notices, forwards to it are detoured in flight to the stage the paths skipped
         skipping = wait_schedule(swarm, lambda s: s["rules"]["unserved"] == [2])

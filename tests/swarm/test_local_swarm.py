@@ -17,6 +17,7 @@ import pytest
 import torch
 from hivemind.utils import get_dht_time
 
+from peers.checkpoint import PEER_MANIFEST, resolve_checkpoint
 from swarm.control.records import record_key
 from swarm.local.local_swarm import LocalSwarm
 from swarm.net.dht_shutdown import stop_dht
@@ -122,15 +123,15 @@ def test_local_swarm_trains_refuses_hostile_input_and_keeps_stages_identical(run
         intruder.transport.send(relay, fake, torch.zeros(8, 64, 128))
         # 4. a forged peer record (signed by us, claiming another peer) and garbage under our own subkey
         forged = PeerRecord(peer_id=relay, stage=1, seconds_per_layer=1e-9, memory_slots=99)
-        assert intruder.records._store("peer", forged.to_msgpack(), ttl=60, timeout=10)
-        assert intruder.dht.store(record_key(RUN, "peer"), b"\xc1garbage", expiration_time=get_dht_time() + 60,
-                                  subkey="QmGarbage")
+        intruder.records._store("peer", forged.to_msgpack(), ttl=60, timeout=10)  # honest nodes refuse to store
+        intruder.dht.store(record_key(RUN, "peer"), b"\xc1garbage", expiration_time=get_dht_time() + 60,
+                           subkey="QmGarbage")
         # 5. a schedule signed by someone who is not the run's scheduler, announced on gossip too
         bogus = dict(schedule, epoch=99)
         intruder.records.publish_schedule(ScheduleMsg(epoch=99, schedule=bogus))
         coordinator = json.loads((run.run_dir / "coordinator.json").read_text())
         gossip.start(intruder.key, bootstrap=[])
-        spec = intruder.records.fetch_run_spec()
+        spec = intruder.records.fetch_run_spec(coordinator=coordinator["coordinator"])
         for addr in spec.control_addrs:
             gossip.connect(addr)
         gossip.subscribe(schedule_topic(RUN))
@@ -179,9 +180,9 @@ def test_local_swarm_trains_refuses_hostile_input_and_keeps_stages_identical(run
     from safetensors.torch import load_file
 
     for i in range(PEERS):
-        manifest = json.loads((run.run_dir / f"ckpt-{i}" / "peer.json").read_text())
+        directory, manifest = resolve_checkpoint(run.run_dir / f"ckpt-{i}", PEER_MANIFEST)
         assert manifest["iteration"] == ITERATIONS and manifest["steps"] == ITERATIONS
-        weights = load_file(str(run.run_dir / f"ckpt-{i}" / f"stage-{manifest['stage']}.safetensors"))
+        weights = load_file(str(directory / f"stage-{manifest['stage']}.safetensors"))
         assert weights and all(torch.isfinite(t).all() for t in weights.values())
     (run.run_dir / "checked").write_text("ok")
 
@@ -229,9 +230,8 @@ def test_hivemind_averaging_keeps_stage_groups_in_agreement(tmp_path):
     assert not swarm.events("averaging_failed"), swarm.events("averaging_failed")
     by_stage: dict[int, list[dict[str, torch.Tensor]]] = defaultdict(list)
     for i in range(5):
-        manifest = json.loads((tmp_path / f"ckpt-{i}" / "peer.json").read_text())
-        by_stage[manifest["stage"]].append(load_file(str(tmp_path / f"ckpt-{i}" / f"stage-{manifest['stage']}"
-                                                                                  ".safetensors")))
+        directory, manifest = resolve_checkpoint(tmp_path / f"ckpt-{i}", PEER_MANIFEST)
+        by_stage[manifest["stage"]].append(load_file(str(directory / f"stage-{manifest['stage']}.safetensors")))
     groups = [g for g in by_stage.values() if len(g) > 1]
     assert groups
     for group in groups:
