@@ -8,7 +8,8 @@ The code is organized as follows:
 - worker.py: `StageWorker`, forward/backward of one stage for microbatches in any order, gradient accounting, step
 - paced_worker.py: `PacedWorker`, a worker that takes as long as a device of a stated speed (compute emulation)
 - device_speed.py: what a peer measures of its device at join time (seconds per layer, the loss step)
-- averaging.py: same-stage gradient averaging weighted by the microbatches each peer processed
+- averaging.py: same-stage gradient averaging weighted by the microbatches each peer processed, robust to a liar
+- robust_mean.py: CenteredClip and the check against the stage's gradient history (pure functions)
 - tokenizer.py: a local tokenizer.json, or a byte-level BPE trained once on the corpus and cached
 - data.py: `DataConfig`, `Corpus` (local text/jsonl or the bundled pydoc corpus, validation split), `Shard`
 - data_ledger.py: `DataLedger`, a data holder's record of every sample drawn, processed, retried or requeued

@@ -35,6 +35,9 @@ EVENTS: dict[str, tuple[str, ...]] = {
     "dropped_message": ("sender", "microbatch", "why"),
     "ignored_control": ("sender", "kind", "why"),
     "ignored_record": ("signer", "kind", "why"),
+    # why: "refused: ..." (left out of the stage mean), "weight cut: ..." or "clipped by CenteredClip"
+    "gradient_refused": ("stage", "iteration", "sender", "why"),
+    "state_refused": ("stage", "sender", "why"),
     # the scheduler
     "replanned": ("epoch", "start_iteration", "gone", "leaving", "joining"),
     "joiner_placed": ("peer", "stage"),

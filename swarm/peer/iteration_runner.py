@@ -112,8 +112,8 @@ class IterationRunner:
             visits, heard = average_stage_group(me=self.peer_id, worker=worker, group=group, run_id=self.run_id,
                                                 iteration=iteration, epoch=schedule.epoch, send=self.outbox.send,
                                                 receive=lambda t: self.inbox.receive("average", t),
-                                                deadline=self.averaging_deadline, alive=self._worth_waiting_for,
-                                                hold=self.inbox.hold)
+                                                deadline=self.averaging_deadline, scheduled=schedule.visits(),
+                                                alive=self._worth_waiting_for, hold=self.inbox.hold)
         t2 = time.perf_counter()
         self.timeline.record("average", time.time() - (t2 - t1), time.time(), iteration=iteration)
         stats = worker.step()

@@ -1,6 +1,9 @@
 """What the peers of one stage do together: average their gradients, and equip a newcomer.
 
-- allgather.py: exact visit-weighted gradient averaging of a stage group over the transport (the default)
+- allgather.py: visit-weighted gradient averaging of a stage group over the transport, robust to a faulty member
+  (the default)
 - hivemind_averager.py: StageAverager, per-stage DecentralizedAverager rounds weighted by microbatches processed
-- state_transfer.py: a stage's weights and optimizer state handed to a joining or moving peer
+  (not Byzantine-robust)
+- state_transfer.py: a stage's weights and optimizer state handed to a joining or moving peer, taken by a joiner once
+  two veterans agree on it
 """

@@ -1,11 +1,14 @@
-"""Stage-group gradient averaging by all-gather over the tensor transport.
+"""Stage-group gradient averaging by all-gather over the tensor transport, robust to a faulty member.
 
 Every peer of a stage sends its summed gradients (flattened) and its visit count to the others, then each
-computes sum(sums) / sum(visits) over the group, adding in peer-id order, so that every member installs
-bit-identical gradients and, after the optimizer step, holds bit-identical parameters. For the small stage
-groups of a pipeline (a handful of peers) this costs one round trip;
+combines the group's contributions with `peers.averaging.stage_mean`, in peer-id order, so that every member
+installs bit-identical gradients and, after the optimizer step, holds bit-identical parameters. Nobody's word is
+taken: a claimed visit count counts at most what the schedule gave that member (`visit_bounds`), a gradient far
+larger than the stage's recent ones is refused, and with three members or more CenteredClip bounds what any one of
+them can do to the mean. Every refusal is logged with a `gradient_refused` event. For the small stage groups of a
+pipeline (a handful of peers) this costs one round trip;
 `swarm.stage_group.hivemind_averager.StageAverager` (hivemind's DecentralizedAverager, butterfly all-reduce) is
-the choice for large groups and large models.
+the choice for large groups and large models, but it is not Byzantine-robust.
 
 A member that does not deliver before the deadline is left out of this round (logged): the others still
 step, weighted by the visits they did receive.
@@ -15,13 +18,14 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import torch
 
 from peers import flat_tensors
-from peers.averaging import mean_by_visits
+from peers.averaging import Aggregation, history_norm, stage_mean, visit_bounds
 from peers.worker import StageWorker
+from swarm.events import event
 from swarm.net.delivery import Inbound, Send
 from swarm.wire import Direction, HopHeader
 
@@ -41,16 +45,24 @@ def unflatten(flat: torch.Tensor, like: dict[str, torch.Tensor]) -> dict[str, to
 
 def average_stage_group(*, me: str, worker: StageWorker, group: list[str], run_id: str, iteration: int, epoch: int,
                         send: Send, receive: Callable[[float], list[Inbound]], deadline: float,
+                        scheduled: Mapping[str, int], aggregation: Aggregation = "centered_clip",
                         alive: Callable[[str], bool] = lambda peer: True,
                         hold: Callable[[Inbound], None] | None = None) -> tuple[int, int]:
-    """Install the stage group's visit-weighted mean gradient on `worker`.
+    """Install the stage group's robust visit-weighted mean gradient on `worker`.
 
     :param group: peer ids serving this stage (this peer included)
     :param receive: this iteration's AVERAGE messages, waiting up to the timeout for the first
+    :param scheduled: visits the iteration's schedule gives each peer (`Schedule.visits()`): bounds the weights
+    :param aggregation: "centered_clip" (tolerates one faulty member of three or more) or "mean"
     :param alive: whether a member is still worth waiting for (False once the scheduler dropped it)
     :param hold: takes messages of a newer schedule epoch for later
     :returns: (total visits averaged, members heard from, this peer included)
     """
+    def refuse(sender: str, why: str) -> None:
+        logger.warning("stage %d averaging of iteration %d, gradients of %s: %s", worker.stage, iteration, sender,
+                       why, extra=event("gradient_refused", stage=worker.stage, iteration=iteration, sender=sender,
+                                        why=why))
+
     sums = worker.gradient_sums()
     flat = flatten(sums)
     contributions: dict[str, tuple[torch.Tensor, int]] = {me: (flat, worker.visits)}
@@ -71,13 +83,12 @@ def average_stage_group(*, me: str, worker: StageWorker, group: list[str], run_i
                     logger.warning("dropped gradients from %s: schedule epoch %d, this round is epoch %d", m.sender,
                                    h.epoch, epoch)
             elif m.sender not in others or h.route != (m.sender, me):
-                logger.warning("dropped gradients from %s: not a member of stage %d's group", m.sender, worker.stage)
+                refuse(m.sender, f"refused: not a member of stage {worker.stage}'s group")
             elif h.stages and h.stages[0] != worker.stage:
-                logger.warning("dropped gradients from %s: stage %d, this group is stage %d", m.sender, h.stages[0],
-                               worker.stage)
+                refuse(m.sender, f"refused: stage {h.stages[0]}, this group is stage {worker.stage}")
             elif m.tensor.shape != flat.shape or m.tensor.dtype != flat.dtype or not torch.isfinite(m.tensor).all():
-                logger.warning("dropped gradients from %s: %s %s, expected finite %s %s", m.sender,
-                               tuple(m.tensor.shape), m.tensor.dtype, tuple(flat.shape), flat.dtype)
+                refuse(m.sender, f"refused: {tuple(m.tensor.shape)} {m.tensor.dtype}, expected finite "
+                       f"{tuple(flat.shape)} {flat.dtype}")
             elif m.sender in contributions:
                 logger.warning("dropped duplicate gradients from %s", m.sender)
             else:
@@ -85,7 +96,11 @@ def average_stage_group(*, me: str, worker: StageWorker, group: list[str], run_i
     missing = [p for p in others if p not in contributions]
     if missing:
         logger.warning("stage %d averaging of iteration %d went ahead without %s", worker.stage, iteration, missing)
-    order = sorted(contributions)  # every member adds in peer-id order: bit-identical means
-    mean, total = mean_by_visits([contributions[p][0] for p in order], [contributions[p][1] for p in order])
-    worker.set_mean_gradients(unflatten(mean, sums), total)
-    return total, len(contributions)
+    order = sorted(contributions)  # every member combines in peer-id order: bit-identical means
+    bounds = visit_bounds(scheduled, group, order)
+    result = stage_mean([contributions[p][0] for p in order], [contributions[p][1] for p in order],
+                        bounds=[bounds[p] for p in order], reference=history_norm(worker), aggregation=aggregation)
+    for i, why in sorted(result.refused.items()):
+        refuse(order[i], why)
+    worker.set_mean_gradients(unflatten(result.mean, sums), result.visits)
+    return result.visits, len(contributions)

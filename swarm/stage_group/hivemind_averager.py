@@ -5,6 +5,11 @@ brings the mean gradient over the microbatches it processed and their count as i
 mean over every microbatch the group processed, however unevenly they were spread: the reference divided by the
 group size instead. A round has a deadline; a peer that finds no partner before it keeps its own gradient.
 
+Not Byzantine-robust: hivemind's all-reduce takes every member's tensors and weight as sent, so one member can
+drag the mean anywhere (or stop the group stepping with one huge value). Runs with volunteers they do not trust use
+the default all-gather (`swarm.stage_group.allgather`), which bounds weights by the schedule, refuses gradients far
+outside the stage's history and combines the rest with CenteredClip.
+
 Process rules (hivemind's): the averager is an ``mp.Process`` of its own, so it cannot be created inside a daemon
 process, and inside a spawned child it needs ``multiprocessing.set_start_method("fork", force=True)`` first.
 Compression is none or float16: hivemind's 8-bit quantizers break on numpy >= 2.4.

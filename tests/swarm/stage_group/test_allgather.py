@@ -64,14 +64,16 @@ class Mailboxes:
         return receive
 
 
-def run_group(workers: dict[str, StageWorker], boxes: Mailboxes, *, alive=lambda p: True, deadline: float = 10.0
-              ) -> dict[str, tuple[int, int]]:
+def run_group(workers: dict[str, StageWorker], boxes: Mailboxes, *, alive=lambda p: True, deadline: float = 10.0,
+              scheduled: dict[str, int] | None = None) -> dict[str, tuple[int, int]]:
+    """Every member of `workers` averages in its own thread; `scheduled` defaults to the visits each made."""
     results: dict[str, tuple[int, int]] = {}
+    scheduled = scheduled if scheduled is not None else {p: w.visits for p, w in workers.items()}
 
     def member(peer: str) -> None:
         results[peer] = average_stage_group(me=peer, worker=workers[peer], group=GROUP, run_id="r", iteration=4,
                                             epoch=2, send=boxes.send_from(peer), receive=boxes.receive_for(peer),
-                                            deadline=deadline, alive=alive)
+                                            deadline=deadline, scheduled=scheduled, alive=alive)
 
     threads = [threading.Thread(target=member, args=(p,)) for p in workers]
     for t in threads:
