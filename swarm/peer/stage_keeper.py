@@ -4,7 +4,8 @@ It holds the peer's `StageSession` and moves it through the schedule's placement
 from the run's seed, or from a same-stage peer's state for a joiner, or a restarted stage's), a move to another
 stage (a new session, its state from the peer the schedule names), equipping the newcomers of its own stage, and
 the hand-over of a stage whose last peer leaves. Stage state travels as two STATE messages through the peer's
-inbox and outbox (`swarm.stage_group.state_transfer`).
+inbox and outbox (`swarm.stage_group.state_transfer`); a joiner loads a state whose digest two veterans of its stage
+agree on, where it has two.
 """
 
 from __future__ import annotations
@@ -26,7 +27,13 @@ from swarm.peer.mailbox import Inbox, Outbox
 from swarm.peer.options import PeerOptions
 from swarm.peer.stage_session import StageSession, new_worker, receive_state, restart_stage, restore_source
 from swarm.run_config import RunConfig
-from swarm.stage_group.state_transfer import load_state, send_state
+from swarm.stage_group.state_transfer import (
+    load_state,
+    receive_agreed_state,
+    send_digest,
+    send_state,
+    state_senders,
+)
 from swarm.wire import PeerState
 
 logger = logging.getLogger(__name__)
@@ -75,7 +82,11 @@ class StageKeeper:
         if iteration > 0 and joiner:
             source = restore_source(schedule, self.peer_id)
             if source is None:
-                steps = load_state(self.worker, self._receive_state(schedule, None, STATE_TIMEOUT))
+                senders = state_senders(schedule, self.stage)
+                parts = receive_agreed_state(self.worker, lambda t: self.inbox.receive("state", t, any_iteration=True),
+                                             senders=senders, needed=min(len(senders), self._voices()),
+                                             timeout=STATE_TIMEOUT)
+                steps = load_state(self.worker, parts)
                 logger.info("loaded stage %d's state (step %d) from a same-stage peer", self.stage, steps,
                             extra=event("stage_loaded", stage=self.stage, source="peer", steps=steps))
             else:
@@ -121,8 +132,13 @@ class StageKeeper:
         handover = schedule.meta.get("handover")
         handover = handover if isinstance(handover, dict) else {}
         newcomers = [p for p in schedule.stage_peers(self.stage) if p in joiners]
-        veterans = [p for p in schedule.stage_peers(self.stage) if p not in joiners and p in old.placement]
-        receivers = newcomers if veterans and veterans[0] == self.peer_id else []
+        veterans = [p for p in state_senders(schedule, self.stage) if p in old.placement]
+        voices = self._voices()
+        if voices > 1 and self.peer_id in veterans[voices:]:  # vouches for the state the first veterans send
+            for peer in newcomers:
+                send_digest(me=self.peer_id, worker=self.worker, to=peer, run_id=self.options.run_id,
+                            iteration=iteration, epoch=schedule.epoch, send=self.outbox.send)
+        receivers = newcomers if self.peer_id in veterans[:voices] else []
         receivers += [p for p, src in handover.items() if src == self.peer_id and p in schedule.placement
                       and p not in receivers]
         receivers += [p for p in schedule.placement if p != self.peer_id and p not in receivers
@@ -162,6 +178,11 @@ class StageKeeper:
                             precision=precision, emulate_seconds_per_layer=o.emulate_seconds_per_layer,
                             loss_seconds=self.loss_seconds)
         return StageSession(self.stage, worker, run_id=o.run_id, dht=self._dht)
+
+    def _voices(self) -> int:
+        """Veterans whose digests a joiner needs to agree: two, unless hivemind's averager keeps the members' states
+        equal only up to rounding."""
+        return 1 if self.config.averaging == "hivemind" else 2
 
     def _receive_state(self, schedule: Schedule, source: str | None, timeout: float) -> dict[int, Inbound]:
         return receive_state(self.inbox, schedule, self.stage, source, timeout)

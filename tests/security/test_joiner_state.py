@@ -1,0 +1,156 @@
+"""A joiner's stage state from hostile veterans (issue #17). Before, a joiner loaded whatever the first same-stage
+sender's two STATE messages held: NaN weights, a step count of -1. Now `load_state` refuses non-finite state and
+impossible counts before touching the worker, and `receive_agreed_state` takes a state only once two veterans vouch
+for its digest (when the stage has two), so one faulty veteran of three cannot poison a joiner."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+
+import pytest
+import torch
+
+from peers.checkpoint import stage_tensors
+from peers.model import ModelConfig
+from peers.optim import OptimConfig
+from peers.worker import StageWorker, WorkerError
+from scheduler.path_rules import PathRules
+from scheduler.schedule import Schedule
+from swarm.events import EVENT_ATTR
+from swarm.net.delivery import Inbound
+from swarm.stage_group.state_transfer import (
+    load_state,
+    receive_agreed_state,
+    send_digest,
+    send_state,
+    state_senders,
+)
+from swarm.wire import HopHeader
+
+pytestmark = pytest.mark.timeout(60)
+
+MICRO = ModelConfig(vocab_size=64, dim=16, n_layers=4, n_heads=2, ffn_dim=32, max_seq_len=16)
+SPLIT = (2, 1, 1)
+
+
+def worker(peer: str, seed: int = 0) -> StageWorker:
+    return StageWorker(peer, 1, MICRO, SPLIT, OptimConfig(grad_clip=0), seed=seed)
+
+
+def stepped(peer: str, steps: int = 2) -> StageWorker:
+    """A stage-1 worker after `steps` optimizer steps; every call gives bit-identical state (a stage group's)."""
+    w = worker(peer)
+    gen = torch.Generator().manual_seed(1)
+    for step in range(steps):
+        out = w.forward(step, torch.randn(2, 8, MICRO.dim, generator=gen))
+        w.backward(step, torch.randn(out.shape, generator=gen))
+        w.set_mean_gradients(w.gradient_sums(), w.visits)
+        w.step()
+    return w
+
+
+def sent(sender: StageWorker, *, digest_only: bool = False, to: str = "joiner") -> list[Inbound]:
+    """What `sender` sends a joiner: its state (parts 0 and 1), or its digest (part 2)."""
+    out: list[Inbound] = []
+
+    def send(peer: str, header: HopHeader, tensor: torch.Tensor) -> None:
+        out.append(Inbound(sender.peer_id, header, tensor.clone()))
+
+    (send_digest if digest_only else send_state)(me=sender.peer_id, worker=sender, to=to, run_id="r", iteration=5,
+                                                 epoch=1, send=send)
+    return out
+
+
+def poisoned(messages: list[Inbound], part: int, value: float, count: int = 7) -> list[Inbound]:
+    """`messages` with the first `count` values of `part` set to `value` (count 0: all)."""
+    out = []
+    for m in messages:
+        t = m.tensor.clone()
+        if m.header.microbatch == part:
+            t[:count or t.numel()] = value
+        out.append(Inbound(m.sender, m.header, t))
+    return out
+
+
+def inbox(*batches: list[Inbound]):
+    """`receive` handing out `batches` one call at a time, then nothing."""
+    pending = list(batches)
+    return lambda timeout: pending.pop(0) if pending else []
+
+
+def weights(w: StageWorker) -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in w.module.state_dict().items()}
+
+
+@pytest.mark.parametrize("part, value, count, why", [(0, float("nan"), 7, "not finite"),
+                                                     (1, float("inf"), 7, "not finite"), (1, -1.0, 0, "negative")])
+def test_non_finite_or_negative_state_is_refused_before_anything_is_loaded(part, value, count, why):
+    joiner = worker("joiner", seed=5)
+    before = weights(joiner)
+    messages = {m.header.microbatch: m for m in poisoned(sent(stepped("vet")), part, value, count)}
+    with pytest.raises(WorkerError, match=why):
+        load_state(joiner, messages)
+    assert all(torch.equal(v, before[k]) for k, v in joiner.module.state_dict().items())
+    assert joiner.steps == 0
+
+
+def test_a_negative_step_count_is_refused():
+    messages = {m.header.microbatch: Inbound(m.sender, replace(m.header, weight=0), m.tensor)
+                for m in sent(stepped("vet"))}
+    with pytest.raises(WorkerError, match="not negative"):
+        load_state(worker("joiner"), messages)
+
+
+def test_one_faulty_veteran_of_three_is_outvoted(caplog):
+    honest_a, liar, honest_b = stepped("vet-a"), stepped("vet-b"), stepped("vet-c")
+    joiner = worker("joiner", seed=5)
+    receive = inbox(poisoned(sent(liar), 0, 123.0), sent(honest_a), sent(honest_b, digest_only=True))
+    with caplog.at_level(logging.WARNING):
+        parts = receive_agreed_state(joiner, receive, senders=["vet-a", "vet-b", "vet-c"], needed=2, timeout=5.0)
+    assert {p: m.sender for p, m in parts.items()} == {0: "vet-a", 1: "vet-a"}
+    assert load_state(joiner, parts) == 2
+    for mine, theirs in zip(stage_tensors(joiner), stage_tensors(honest_a), strict=True):
+        assert all(torch.equal(mine[k].reshape(-1), theirs[k].reshape(-1).to(mine[k].dtype)) for k in mine)
+    events = [getattr(r, EVENT_ATTR) for r in caplog.records if hasattr(r, EVENT_ATTR)]
+    assert any(e["event"] == "state_refused" and e["sender"] == "vet-b" for e in events)
+
+
+def test_a_nan_state_is_refused_and_the_agreed_one_taken():
+    honest_a, liar, honest_b = stepped("vet-a"), stepped("vet-b"), stepped("vet-c")
+    receive = inbox(poisoned(sent(liar), 0, float("nan")), sent(honest_b, digest_only=True), sent(honest_a))
+    parts = receive_agreed_state(worker("joiner"), receive, senders=["vet-a", "vet-b", "vet-c"], needed=2,
+                                 timeout=5.0)
+    assert parts[0].sender == "vet-a"
+
+
+def test_two_veterans_that_disagree_stop_the_join_instead_of_poisoning_it():
+    receive = inbox(sent(stepped("vet-a")), poisoned(sent(stepped("vet-b")), 0, 123.0))
+    with pytest.raises(TimeoutError, match="agree"):
+        receive_agreed_state(worker("joiner"), receive, senders=["vet-a", "vet-b"], needed=2, timeout=1.0)
+
+
+def test_two_veterans_on_different_hardware_agree_up_to_rounding():
+    """A GPU and a CPU member round AdamW's step differently: their states differ in the last place, not beyond."""
+    gpu = sent(stepped("vet-a"))
+    cpu = [Inbound("vet-b", m.header, m.tensor * (1 + 1e-7) if m.header.microbatch == 0 else m.tensor)
+           for m in sent(stepped("vet-b"))]
+    parts = receive_agreed_state(worker("joiner"), inbox(gpu, cpu), senders=["vet-a", "vet-b"], needed=2,
+                                 timeout=5.0)
+    assert parts[0].sender == "vet-a"
+
+
+def test_state_from_a_peer_that_is_not_a_veteran_is_refused():
+    receive = inbox(sent(stepped("stranger")))
+    with pytest.raises(TimeoutError):
+        receive_agreed_state(worker("joiner"), receive, senders=["vet-a"], needed=1, timeout=1.0)
+    parts = receive_agreed_state(worker("joiner"), inbox(sent(stepped("vet-a"))), senders=["vet-a"], needed=1,
+                                 timeout=5.0)
+    assert parts[0].sender == "vet-a"
+
+
+def test_the_senders_are_the_stages_veterans_not_its_joiners_or_movers():
+    placement = {"h": 0, "a": 1, "b": 1, "j": 1, "m": 1, "z": 1, "x": 2}
+    schedule = Schedule(epoch=3, rules=PathRules(3, 3), placement=placement, memory=dict.fromkeys(placement, 2),
+                        routes=(), meta={"joiners": ["j"], "handover": {"m": "q"}, "restore": {"z": "x"}})
+    assert state_senders(schedule, 1) == ["a", "b"]
