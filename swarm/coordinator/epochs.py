@@ -39,3 +39,13 @@ class EpochHistory:
     def ever_held(self, peer: str) -> bool:
         """Whether `peer` was a data holder in any epoch (whose reports may still come in)."""
         return any(peer in s.data_holders for s in self.all)
+
+    def shards_of(self, peer: str, epoch: int) -> set[str]:
+        """The data shards (indices as strings) epoch `epoch` gave holder `peer` (none if it knows no such epoch)."""
+        for s in self.all:
+            if s.epoch == epoch:
+                specs = s.meta.get("shards", {}).get(peer)
+                if specs is None:
+                    specs = [s.data_holders.index(peer)] if peer in s.data_holders else []
+                return {str(int(k)) for k in specs}
+        return set()

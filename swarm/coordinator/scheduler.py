@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from scheduler.schedule import Schedule
 from swarm.control.messages import (
@@ -34,6 +34,7 @@ from swarm.coordinator.commit_tracker import CommitTracker, iteration_metrics
 from swarm.coordinator.epochs import EpochHistory
 from swarm.coordinator.liveness import Liveness
 from swarm.coordinator.replanner import Replanner
+from swarm.coordinator.restart_reports import RestartReports
 from swarm.coordinator.shard_assignment import shard_drawers
 from swarm.events import event
 from swarm.net.link_probe import links_complete, unmeasured_links
@@ -100,6 +101,7 @@ class Scheduler:
         self.first_schedule = first_schedule
         self.ends_run_on_stop = ends_run_on_stop
         self._restarted: set[tuple[int, int]] = set()
+        self._restart_reports = RestartReports()
         self._count, self._settled_since = -1, 0.0
 
     @property
@@ -130,6 +132,7 @@ class Scheduler:
                 (self.config.profile or links_complete(peers) or settled >= LINK_WAIT_SECONDS):
             first = self._first_plan(peers, settled)
             if first is not None:
+                self._restart_reports.progress(now)  # the first iteration's clock starts
                 return self._publish(first)
         return []
 
@@ -140,6 +143,7 @@ class Scheduler:
         self.epochs = EpochHistory(schedules)
         self.completed = completed
         self.commits = CommitTracker(self.schedule.meta.get("shard_positions", {}))
+        self._restart_reports.progress(now)
         peers = self.liveness.update(records, now)
         return self._replan({p: r for p, r in peers.items() if p in self.schedule.placement}, start=completed)
 
@@ -223,7 +227,7 @@ class Scheduler:
         elif isinstance(message, Unreachable):
             self._note_unreachable(sender, message.peer, now)
         elif isinstance(message, Done):
-            return self._note_done(sender, message)
+            return self._note_done(sender, message, now)
         return []
 
     def _note_unreachable(self, sender: str, target: str, now: float) -> None:
@@ -235,15 +239,14 @@ class Scheduler:
         self.liveness.report_unreachable(sender, target, now)
 
     def _note_broken(self, sender: str, report: Broken, now: float) -> None:
-        """A microbatch of the iteration in progress broke at a scheduled peer (its holder re-queues it): the peer
-        it names, if the same reporter found it unreachable, is taken for gone now, so that the next epoch and the
-        other peers' detours leave it out."""
+        """A microbatch of the iteration in progress broke at a scheduled peer (its holder re-queues it). The
+        reporter's word is one report that the peer is unreachable: the peer is taken for gone once that is
+        corroborated (`UnreachableReports`: a second reporter, or its own heartbeat overdue), never on one word."""
         schedule, suspect = self.schedule, report.gone
         if schedule is None or sender not in schedule.placement or suspect not in schedule.placement or \
                 suspect in self.liveness.declared_gone or report.iteration != self.completed:
             return
-        if sender in self.liveness.reporters(suspect, now):  # it could not reach it either
-            self.liveness.declare_gone(suspect, "reported unreachable while a microbatch broke")
+        self.liveness.report_unreachable(sender, suspect, now)
 
     def _restart_iteration(self, sender: str, report: Stuck | Unrecoverable, now: float) -> list[Action]:
         """A scheduled peer reports the iteration in progress unable to finish: stuck past its deadline (a message
@@ -255,26 +258,43 @@ class Scheduler:
         key = (report.iteration, report.epoch)
         if sender not in running.placement or report.epoch != running.epoch or key in self._restarted:
             return []
+        live = self.liveness.live(now)
+        dead = sorted(p for p in running.placement if p not in live)
+        why = f"{dead[0]} of its epoch is gone" if dead else \
+            self._restart_reports.believed(sender, report.iteration, report.epoch, now)
+        if why is None:
+            logger.info("iteration %d reported %s by %s alone, too early to believe", report.iteration,
+                        type(report).__name__.lower(), sender)
+            return []
         self._restarted.add(key)
-        if isinstance(report, Unrecoverable):
-            # a peer that held activations died: whoever is reported unreachable is gone now, or the rerun waits on it
-            for suspect in [q for q in self.schedule.placement if self.liveness.reporters(q, now)]:
-                self.liveness.declare_gone(suspect, "reported unreachable while a microbatch broke")
-        peers = {q: r for q, r in self.liveness.live(now).items() if q in self.schedule.placement}
-        logger.warning("iteration %d is %s at %s under epoch %d: running it again under a new epoch",
+        self._restart_reports.progress(now)
+        # peers reported unreachable are left out only once that is corroborated (see `_note_broken`)
+        peers = {q: r for q, r in live.items() if q in self.schedule.placement}
+        logger.warning("iteration %d is %s at %s under epoch %d (%s): running it again under a new epoch",
                        report.iteration, "stuck" if isinstance(report, Stuck) else "unrecoverable", sender,
-                       report.epoch)
+                       report.epoch, why)
         return self._replan(peers, start=self.completed)
 
-    def _note_done(self, sender: str, report: Done) -> list[Action]:
-        """A data holder finished its part of an iteration: commit the iteration once all of its epoch's have."""
+    def _note_done(self, sender: str, report: Done, now: float) -> list[Action]:
+        """A data holder finished its part of an iteration: commit the iteration once all of its epoch's have.
+        A holder reports the positions of the shards its epoch gave it, and no others."""
         if self.schedule is None:
             return []
         if not self.epochs.ever_held(sender):
             logger.warning("ignored a progress report from %s: not a data holder of the schedule", sender)
             return []
-        self.commits.add(sender, report)
         running = self.epochs.in_force(self.completed)
+        holder = self.liveness.records.get(sender)
+        own = self.epochs.shards_of(sender, report.epoch)
+        if holder is not None and holder.data_holder:  # it draws from its own documents: no shard of the run moves
+            report = replace(report, shards={})
+        elif not set(report.shards) <= own:
+            foreign = sorted(set(report.shards) - own)
+            logger.warning("ignored a progress report from %s: it reports shards %s, which are not its own",
+                           sender, foreign[:5], extra=event("ignored_control", sender=sender, kind="Done",
+                                                            why=f"shards {foreign[:5]} are not its own"))
+            return []
+        self.commits.add(sender, report)
         committed = self.commits.try_commit(self.completed, running)
         if committed is None:
             return []
@@ -283,6 +303,7 @@ class Scheduler:
         record = iteration_metrics(self.completed, reports, epoch=running.epoch, peers_online=self.peers_online,
                                    records=records)
         self.completed += 1
+        self._restart_reports.progress(now, record["iteration_seconds"])
         return [Announce(commit), RecordIteration(record)]
 
     def closing(self, stopped: bool) -> Finished | None:

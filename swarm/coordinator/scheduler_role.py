@@ -115,7 +115,11 @@ class SchedulerRole:
                 logger.warning("ignored a control message from %s: %s", msg.sender, e,
                                extra=event("ignored_control", sender=msg.sender, kind="malformed", why=str(e)))
             else:
-                self._carry_out(self.scheduler.handle(msg.sender, message, time.monotonic()))
+                try:
+                    self._carry_out(self.scheduler.handle(msg.sender, message, time.monotonic()))
+                except Exception:  # one message must never take the scheduler down: logged and dropped
+                    logger.exception("dropped a %s from %s: handling it failed", type(message).__name__,
+                                     msg.sender)
             try:
                 msg = self._inbox.get_nowait()
             except queue.Empty:

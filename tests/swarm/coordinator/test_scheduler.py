@@ -11,6 +11,7 @@ import pytest
 
 from scheduler.schedule import Schedule, validate
 from swarm.control.messages import Broken, Commit, Done, Finished, Gone, Stuck, Unreachable, Unrecoverable
+from swarm.coordinator.restart_reports import MIN_STUCK_SECONDS
 from swarm.coordinator.scheduler import (
     LINK_WAIT_SECONDS,
     SETTLE_SECONDS,
@@ -67,12 +68,15 @@ def test_an_iteration_commits_once_every_holder_of_its_epoch_reported_it(records
                                      started=10.0, finished=11.0), 3.0) == []
     assert s.handle(first[0], Done(peer=last, iteration=0, epoch=0, loss_sum=1.0, losses=2, tokens=100,
                                    started=10.0, finished=11.0), 3.0) == []  # in another holder's name
+    mine, theirs = str(schedule.meta["shards"][last][0]), str(schedule.meta["shards"][first[0]][0])
+    position = {"holder": 0, "num_holders": 3, "epoch": 0, "cursor": 8}
+    # a holder reports the position of its own shards only: moving another holder's is refused
+    assert s.handle(last, Done(peer=last, iteration=0, epoch=0, loss_sum=1.0, losses=2, tokens=100, started=10.5,
+                               finished=12.0, shards={theirs: position}), 3.0) == []
     actions = s.handle(last, Done(peer=last, iteration=0, epoch=0, loss_sum=1.0, losses=2, tokens=100,
-                                  started=10.5, finished=12.0,
-                                  shards={"0": {"holder": 0, "num_holders": 3, "epoch": 0, "cursor": 8}}), 3.0)
+                                  started=10.5, finished=12.0, shards={mine: position}), 3.0)
     (commit_msg,) = notices(actions)
-    assert commit_msg == Commit(iteration=0, epoch=0, shards={"0": {"holder": 0, "num_holders": 3, "epoch": 0,
-                                                                    "cursor": 8}})
+    assert commit_msg == Commit(iteration=0, epoch=0, shards={mine: position})
     (line,) = [a.record for a in actions if isinstance(a, RecordIteration)]
     holders = len(schedule.data_holders)
     assert line["iteration"] == 1 and line["loss"] == pytest.approx(0.5) and line["iteration_seconds"] == 2.0
@@ -104,23 +108,30 @@ def test_a_gone_relay_replans_from_the_next_iteration_and_a_gone_holder_from_thi
     assert again.meta["start_iteration"] == 3  # a holder's microbatches cannot finish without it
 
 
-def test_a_stuck_report_restarts_the_iteration_once_under_a_new_epoch(records):
+def test_a_stuck_report_restarts_the_iteration_once_corroborated_under_a_new_epoch(records):
     s = make_scheduler("skippipe")
     first = planned(s, records)
-    commit(s, 3)
-    member = next(iter(first.placement))
+    commit(s, 3)  # committed at t=0; iterations take 1 s
+    member, other = list(first.placement)[:2]
 
-    def stuck(sender: str, iteration: int, epoch: int) -> list[Schedule]:
-        return published(s.handle(sender, Stuck(peer=sender, iteration=iteration, epoch=epoch), 5.0))
+    def stuck(sender: str, iteration: int, epoch: int, now: float = 5.0) -> list[Schedule]:
+        return published(s.handle(sender, Stuck(peer=sender, iteration=iteration, epoch=epoch), now))
 
     assert stuck("stranger", 3, 0) == []  # not a peer of the schedule
     assert stuck(member, 2, 0) == []  # an iteration already committed
-    (restart,) = stuck(member, 3, 0)
-    assert stuck(member, 3, 0) == []  # reported twice (or by several peers): one restart
+    assert stuck(member, 3, 0) == [] and stuck(member, 3, 0) == []  # one peer alone, 5 s in: not believed yet
+    (restart,) = stuck(other, 3, 0)  # a second peer reports it: corroborated
+    assert stuck(other, 3, 0) == [] and stuck(member, 3, 0) == []  # one restart
     assert restart.epoch == 1 and restart.meta["start_iteration"] == 3
     assert restart.placement == first.placement  # the same peers, nobody moved
-    (again,) = stuck(member, 3, 1)  # still stuck under the new epoch: restarted again
+    # still stuck under the new epoch: a lone report is believed once the iteration has run far too long...
+    assert stuck(member, 3, 1, now=6.0) == []
+    late = 5.0 + MIN_STUCK_SECONDS + 1
+    assert published(s.observe(fresh(records), late)) == []  # everyone is still there
+    (again,) = stuck(member, 3, 1, now=late)
     assert again.epoch == 2
+    # ...but the same peer alone is not believed again for a while
+    assert published(s.observe(fresh(records), 100.0)) == [] and stuck(member, 3, 2, now=100.0) == []
 
 
 def test_corroborated_unreachable_reports_declare_a_peer_gone_before_its_record_expires(records):
@@ -185,19 +196,19 @@ def test_a_run_that_reached_its_last_iteration_is_finished(records):
     assert s.done and s.closing(stopped=False) == Finished(iterations=2)
 
 
-def test_a_broken_microbatch_convicts_the_peer_reported_unreachable_and_a_rerun_leaves_it_out(records):
+def test_a_broken_microbatch_convicts_a_peer_on_corroborated_reports_and_a_rerun_leaves_it_out(records):
     s = make_scheduler("skippipe")
     first = planned(s, records)
     commit(s, 3)
-    relay, reporter = [p for p, st in first.placement.items() if st != 0][:2]
-    now = 3.0  # every heartbeat still looks fresh: one report alone would not convict it
+    relay, reporter, second = [p for p, st in first.placement.items() if st != 0][:3]
+    now = 3.0  # every heartbeat still looks fresh
     s.handle(reporter, Unreachable(peer=relay), now)
-    assert relay in s.liveness.update(fresh(records), now)
-    # the microbatch it broke is re-queued by its holder; the relay is taken for gone at once
     actions = s.handle(reporter, Broken(peer=reporter, iteration=3, epoch=0, microbatch=2, attempt=0, gone=relay),
                        now)
-    assert relay not in s.liveness.live(now) and not published(actions)
-    # a holder that could not re-queue one asks for the iteration again: without the relay
+    assert relay in s.liveness.live(now) and not published(actions)  # one peer's word convicts nobody
+    s.handle(second, Broken(peer=second, iteration=3, epoch=0, microbatch=5, attempt=0, gone=relay), now)
+    assert relay not in s.liveness.live(now)  # a second reporter: taken for gone
+    # a holder that could not re-queue one asks for the iteration again: believed (a peer of its epoch is gone)
     (rerun,) = published(s.handle(reporter, Unrecoverable(peer=reporter, iteration=3, epoch=0, microbatch=2), now))
     assert rerun.meta["start_iteration"] == 3 and relay not in rerun.placement
 

@@ -1,0 +1,53 @@
+"""`RestartReports`: when the peers' reports that an iteration cannot finish are believed, and a rerun is started.
+
+A 'stuck' or 'unrecoverable' report makes the scheduler abandon the iteration in progress and run it again under a
+new epoch. Believed blindly, one peer could report every iteration and none would ever complete (50 reports, 50
+restarts). So a report counts only when it is corroborated: by a second scheduled peer reporting the same
+iteration and epoch, or by the scheduler's own clock, when the iteration has been running for much longer than
+iterations take. A peer whose lone report was believed is not believed alone again for a few committed iterations.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+STUCK_FACTOR = 3.0
+"""A lone report is believed once the iteration has run this many times the last iteration's duration..."""
+MIN_STUCK_SECONDS = 10.0
+"""...and at least this many seconds (iterations of the tiny model take well under a second)."""
+LONE_REPORT_COOLDOWN = 5
+"""Committed iterations before a peer's lone report is believed again."""
+
+
+@dataclass
+class RestartReports:
+    """The reports of the iteration in progress and the scheduler's clock of it. `now` is monotonic seconds."""
+
+    progress_at: float = 0.0
+    """When the iteration in progress became the one in progress (the last commit, or a (re)start)."""
+    iteration_seconds: float = 0.0
+    """How long the last committed iteration took."""
+    _reporters: dict[tuple[int, int], set[str]] = field(default_factory=dict)
+    _lone_at: dict[str, int] = field(default_factory=dict)
+    """Peer -> the iteration whose restart its lone report caused."""
+
+    def progress(self, now: float, iteration_seconds: float | None = None) -> None:
+        """An iteration was committed (with its duration), or one was (re)started: its clock starts now."""
+        self.progress_at = now
+        if iteration_seconds is not None:
+            self.iteration_seconds = iteration_seconds
+        self._reporters.clear()
+
+    def believed(self, reporter: str, iteration: int, epoch: int, now: float) -> str | None:
+        """Why `reporter`'s report about (iteration, epoch) is believed, or None while it is not (yet)."""
+        reporters = self._reporters.setdefault((iteration, epoch), set())
+        reporters.add(reporter)
+        if len(reporters) >= 2:
+            return f"reported by {len(reporters)} peers"
+        overdue = max(MIN_STUCK_SECONDS, STUCK_FACTOR * self.iteration_seconds)
+        running = now - self.progress_at
+        last = self._lone_at.get(reporter)
+        if running >= overdue and (last is None or iteration - last >= LONE_REPORT_COOLDOWN):
+            self._lone_at[reporter] = iteration
+            return f"running for {running:.0f} s, more than {overdue:.0f} s"
+        return None
