@@ -35,6 +35,7 @@ from swarm.constants import (
     MAX_STRING_CHARS,
     MAX_TENSOR_BYTES,
     MAX_TENSOR_NDIM,
+    RESTORE_DTYPES,
     WIRE_DTYPES,
     WIRE_VERSION,
 )
@@ -242,6 +243,20 @@ def decode_tensor(desc: TensorDescriptor, data: bytes | bytearray | memoryview, 
     return torch.frombuffer(buffer, dtype=dtype).reshape(desc.shape)
 
 
+def check_restore(wire_dtype: str, restore_dtype: str) -> None:
+    """Raise :class:`WireError` unless casting a `wire_dtype` tensor to `restore_dtype` only undoes wire compression.
+
+    The sender names the dtype it computed in (``HopHeader.restore_dtype``) and the receiver casts back to it, so
+    an unchecked name would let 64 MiB of uint8 become a 512 MiB float64 tensor after every size check. Allowed:
+    from a compression dtype (float16, bfloat16) to another float of ``RESTORE_DTYPES`` (at most twice the bytes).
+    """
+    if wire_dtype not in COMPRESSION_DTYPES:
+        raise WireError(f"restore_dtype {restore_dtype!r:.40}: a {wire_dtype} tensor was not compressed for the wire")
+    if restore_dtype not in RESTORE_DTYPES or restore_dtype == wire_dtype:
+        raise WireError(f"restore_dtype {restore_dtype!r:.40}: a {wire_dtype} tensor casts back only to one of "
+                        f"{', '.join(d for d in RESTORE_DTYPES if d != wire_dtype)}")
+
+
 def torch_dtype(name: str) -> torch.dtype:
     """The torch dtype of a wire dtype name; raises :class:`WireError` for names not allowed on the wire."""
     if name not in _TORCH_DTYPES:
@@ -279,7 +294,7 @@ class HopHeader:
     stages: tuple[int, ...] = ()
     """Stage served at each hop of ``route`` (empty = not sent)."""
     restore_dtype: str = ""
-    """dtype the sender computed in, when it cast the tensor for the wire; empty = none."""
+    """dtype the sender computed in, when it cast the tensor for the wire; empty = none (see `check_restore`)."""
     weight: int = 0
     """AVERAGE messages: microbatches behind the gradient sum (its weight in the group mean)."""
     sent_at: float = 0.0
@@ -339,9 +354,9 @@ class HopHeader:
             raise WireError(f"header.stages: {len(stages)} stages for a route of {len(route)} peers")
         direction = read_int(d.get("direction"), "header.direction", 0, len(Direction) - 1)
         restore = read_str(d.get("restore_dtype", ""), "header.restore_dtype", 16, allow_empty=True)
-        if restore:
-            torch_dtype(restore)
         desc = TensorDescriptor._from_fields(d, "header", max_tensor_bytes)
+        if restore:
+            check_restore(desc.dtype, restore)
         return cls(
             run=read_str(d.get("run"), "header.run"),
             iteration=read_int(d.get("iteration"), "header.iteration", 0),

@@ -2,6 +2,9 @@
 
 - identity.py: one RSA key file per peer (same peer id in p2pd and the gossip sidecar), sign / verify
 - transport.py: Transport, activations and gradients over hivemind p2pd binary streams, with backpressure
+- channels.py: the transport's kinds of traffic (hop, average, state), one protocol each, and its probe protocol
+- receiver.py: Receiver, the transport's receiving side: every inbound message checked before its buffer exists
+- receive_limits.py: who may send what (Admitted, Expects, StateGate) and SenderLimits (streams, pending bytes, pace)
 - idle_streams.py: IdleStreams, the open streams a sender reuses per receiver
 - delivery.py: Inbound and Undelivered (what the transport hands up), Send (how loops hand it messages)
 - link_probe.py: LinkProber, latency and goodput to sampled peers (EWMA), the links map of a PeerRecord

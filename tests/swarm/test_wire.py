@@ -152,6 +152,21 @@ def test_header_tensor_limit_is_the_receivers():
         HopHeader.from_msgpack(data, max_tensor_bytes=1 << 20)
 
 
+@pytest.mark.parametrize("wire, restore, ok", [
+    ("bfloat16", "float32", True), ("float16", "float32", True), ("float16", "bfloat16", True),
+    ("uint8", "float64", False), ("float16", "float64", False), ("int8", "float32", False),
+    ("float32", "float16", False), ("bfloat16", "bfloat16", False), ("float32", "float32", False),
+])
+def test_restore_dtype_only_undoes_wire_compression(wire, restore, ok):
+    """A cast back may only undo float16/bfloat16 compression: at most twice the checked bytes, never float64."""
+    data = header(dtype=wire, restore_dtype=restore).to_msgpack()
+    if ok:
+        assert HopHeader.from_msgpack(data).restore_dtype == restore
+    else:
+        with pytest.raises(WireError, match="restore_dtype"):
+            HopHeader.from_msgpack(data)
+
+
 def test_mis_sized_tensor_bytes_rejected():
     desc = TensorDescriptor(dtype="float32", shape=(4, 4))
     with pytest.raises(WireError, match="needs 64 bytes, got 60"):
