@@ -8,7 +8,7 @@ from scheduler.constants import MAX_PEERS, MAX_STAGES
 
 SEND_CONCURRENCY = 4
 """Messages a peer sends at once (its sender threads); the transport keeps as many idle streams per receiver."""
-WIRE_VERSION = 3
+WIRE_VERSION = 4
 """Version of every wire record; decoders refuse records of another version."""
 
 # ---- sizes checked before anything is allocated ---------------------------------------------------------------

@@ -103,34 +103,38 @@ class Leave:
 
 @dataclass(frozen=True)
 class Gone:
-    """The scheduler takes `peers` for gone while `iteration` runs: forwards are detoured around them."""
+    """The scheduler takes `peers` for gone while `iteration` runs under `epoch`: forwards are detoured around
+    them. The epoch says what it belongs to: replayed once a later epoch runs (a peer came back), it is ignored."""
 
     TOPIC: ClassVar[Topic] = "membership"
     peers: tuple[str, ...]
     iteration: int
+    epoch: int
 
     def _fields(self) -> dict[str, Any]:
-        return {"peers": list(self.peers), "iteration": self.iteration}
+        return {"peers": list(self.peers), "iteration": self.iteration, "epoch": self.epoch}
 
     @classmethod
     def _decode(cls, d: dict, name: str) -> Gone:
         peers = read_list(d.get("peers"), f"{name}.peers", MAX_PEERS)
         return cls(peers=tuple(read_str(p, f"{name}.peers[{i}]") for i, p in enumerate(peers)),
-                   iteration=_iteration(d, name))
+                   iteration=_iteration(d, name), epoch=_epoch(d, name))
 
 
 @dataclass(frozen=True)
 class Finished:
-    """The run is over after `iterations` (its last one, or its operator `stopped` it): peers leave at once."""
+    """The run is over after `iterations` under `epoch` (its last one, or its operator `stopped` it): peers leave
+    at once. Replayed later (iterations fewer than were committed since, an older epoch), it is ignored."""
 
     TOPIC: ClassVar[Topic] = "membership"
     iterations: int
+    epoch: int
     stopped: bool = False
 
     @classmethod
     def _decode(cls, d: dict, name: str) -> Finished:
         return cls(iterations=read_int(d.get("iterations"), f"{name}.iterations", 0, _MAX_ITERATION),
-                   stopped=_flag(d, "stopped", name))
+                   epoch=_epoch(d, name), stopped=_flag(d, "stopped", name))
 
 
 @dataclass(frozen=True)

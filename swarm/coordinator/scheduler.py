@@ -179,7 +179,8 @@ class Scheduler:
                    and (r.links or self.liveness.seen_for(p, now) >= JOIN_PROBE_SECONDS)]
         if not gone and not joining and not draining:
             return []
-        actions: list[Action] = [Announce(Gone(peers=tuple(gone), iteration=self.completed))] if gone else []
+        actions: list[Action] = [Announce(Gone(peers=tuple(gone), iteration=self.completed,
+                                                          epoch=self.schedule.epoch))] if gone else []
         # a holder's draws of the iteration in progress are ledgered against the positions of the last commit:
         # without it, or when a joiner is to take over a shard another holder carries, that iteration runs again
         # (a draining holder is not announced gone: nothing is detoured)
@@ -310,8 +311,9 @@ class Scheduler:
         """What to tell the peers as this scheduler stops: the run is over if it reached its last iteration, or if
         its operator stopped the coordinator. A scheduler that dies without a word is replaced instead, and so is
         a peer holding the role that leaves: its run goes on."""
+        epoch = self.schedule.epoch if self.schedule is not None else 0
         if self.done:
-            return Finished(iterations=self.completed)
+            return Finished(iterations=self.completed, epoch=epoch)
         if stopped and self.ends_run_on_stop:
-            return Finished(iterations=self.completed, stopped=True)
+            return Finished(iterations=self.completed, epoch=epoch, stopped=True)
         return None

@@ -37,6 +37,9 @@ MAX_SIGNALS = 4096
 """The peer's own signals (undelivered sends, re-queue reports) waiting for its main loop."""
 MAX_HELD = 256
 """Messages of newer epochs than the one in use, kept until the peer adopts one."""
+MAX_EPOCHS_AHEAD = 8
+"""Messages of an epoch further ahead of the one in use are dropped: epochs come one at a time (a peer that adopted
+the next few first is plausible, a forged far-future epoch is not)."""
 MAX_ITERATIONS_AHEAD = 2
 """Messages for iterations further ahead than this are refused, so a flood cannot fill memory."""
 PIPELINE = (Direction.FORWARD, Direction.BACKWARD)
@@ -127,8 +130,13 @@ class Inbox:
 
     def hold(self, m: Inbound) -> None:
         """Keep a message of a newer epoch than the one in use (its sender switched first) until the owner does;
-        past MAX_HELD such messages, the newest is dropped (a forged far-future epoch cannot pile them up)."""
+        past MAX_HELD such messages, the newest is dropped, and so is one more than MAX_EPOCHS_AHEAD epochs ahead (a
+        forged far-future epoch cannot pile them up, nor make this peer poll for an epoch that will not come)."""
         with self._cond:
+            if self.epoch >= 0 and m.header.epoch > self.epoch + MAX_EPOCHS_AHEAD:
+                logger.warning("dropped a message of epoch %d from %s: this peer runs epoch %d", m.header.epoch,
+                               m.sender, self.epoch)
+                return
             if len(self._held) >= MAX_HELD:
                 logger.warning("dropped a message of epoch %d from %s: %d messages of newer epochs are held already",
                                m.header.epoch, m.sender, MAX_HELD)

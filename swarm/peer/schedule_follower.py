@@ -92,6 +92,11 @@ class ScheduleFollower:
             self._announced_epoch = max(self._announced_epoch, message.epoch)
             self.notice.set()
             return False
+        stale = self._stale(message)
+        if stale:
+            logger.warning("ignored a %s from %s: %s", type(message).__name__, sender, stale,
+                           extra=event("ignored_control", sender=sender, kind=type(message).__name__, why=stale))
+            return False
         if isinstance(message, Gone):
             self.gone = self.gone | frozenset(message.peers)
         elif isinstance(message, Finished):
@@ -103,6 +108,16 @@ class ScheduleFollower:
                 self.committed_positions = (message.iteration, message.shards)
             self._commits.add((message.iteration, message.epoch))
         return True
+
+    def _stale(self, message: ControlMessage) -> str | None:
+        """Why a 'gone' or 'finished' belongs to the past (a replay), or None."""
+        epoch = self.schedule.epoch if self.schedule is not None else 0
+        if isinstance(message, (Gone, Finished)) and message.epoch < epoch:
+            return f"it belongs to epoch {message.epoch}, this peer runs epoch {epoch}"
+        if isinstance(message, Finished) and message.iterations <= self.committed_positions[0]:
+            return f"it ends the run after {message.iterations} iterations, {self.committed_positions[0] + 1} are " \
+                   "committed"
+        return None
 
     # ---- commits --------------------------------------------------------------------------------------------------
     def is_committed(self, iteration: int, epoch: int) -> bool:

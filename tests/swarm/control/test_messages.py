@@ -32,8 +32,9 @@ from swarm.wire import WireError
 
 POSITION = {"holder": 1, "num_holders": 3, "epoch": 0, "cursor": 12}
 EXAMPLES = [
-    Join(peer="QmA"), Leave(peer="QmA"), Gone(peers=("QmB", "QmC"), iteration=4), Finished(iterations=9),
-    Finished(iterations=3, stopped=True), Stuck(peer="QmA", iteration=4, epoch=1),
+    Join(peer="QmA"), Leave(peer="QmA"), Gone(peers=("QmB", "QmC"), iteration=4, epoch=2),
+    Finished(iterations=9, epoch=1),
+    Finished(iterations=3, epoch=0, stopped=True), Stuck(peer="QmA", iteration=4, epoch=1),
     Broken(peer="QmA", iteration=4, epoch=1, microbatch=7, attempt=1, gone="QmB", maybe_ran=True, why="late"),
     Unrecoverable(peer="QmA", iteration=4, epoch=1, microbatch=7, why="no detour"), Unreachable(peer="QmB"),
     ScheduleNotice(epoch=5),

@@ -94,7 +94,7 @@ def test_a_gone_relay_replans_from_the_next_iteration_and_a_gone_holder_from_thi
     # the iteration in progress goes on with detours around the relay; peers are told it is gone
     (new,) = published(actions)
     assert new.meta["start_iteration"] == 4 and relay not in new.placement
-    assert Gone(peers=(relay,), iteration=3) in notices(actions)
+    assert Gone(peers=(relay,), iteration=3, epoch=0) in notices(actions)
     # a microbatch it held cannot finish: its holder re-queues it, the iteration goes on
     member = next(p for p in live if p in first.placement)
     assert published(s.handle(member, Broken(peer=member, iteration=3, epoch=0, microbatch=1, attempt=0,
@@ -185,7 +185,7 @@ def test_a_stopped_coordinator_tells_the_peers_the_run_is_over_but_a_leaving_sch
         ends_run_on_stop):
     s = make_scheduler("skippipe", ends_run_on_stop=ends_run_on_stop)
     assert s.closing(stopped=False) is None
-    assert s.closing(stopped=True) == (Finished(iterations=0, stopped=True) if ends_run_on_stop else None)
+    assert s.closing(stopped=True) == (Finished(iterations=0, epoch=0, stopped=True) if ends_run_on_stop else None)
 
 
 def test_a_run_that_reached_its_last_iteration_is_finished(records):
@@ -193,7 +193,7 @@ def test_a_run_that_reached_its_last_iteration_is_finished(records):
     s = Scheduler(config, make_replanner().model, "coordinator", ends_run_on_stop=False)
     planned(s, records)
     commit(s, 2)
-    assert s.done and s.closing(stopped=False) == Finished(iterations=2)
+    assert s.done and s.closing(stopped=False) == Finished(iterations=2, epoch=0)
 
 
 def test_a_broken_microbatch_convicts_a_peer_on_corroborated_reports_and_a_rerun_leaves_it_out(records):

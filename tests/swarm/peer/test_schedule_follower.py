@@ -16,7 +16,7 @@ def follower() -> ScheduleFollower:
 
 def test_only_the_scheduler_is_followed(caplog):
     f = follower()
-    for message in (ScheduleNotice(epoch=9), Gone(peers=("x",), iteration=1), Finished(iterations=3),
+    for message in (ScheduleNotice(epoch=9), Gone(peers=("x",), iteration=1, epoch=0), Finished(iterations=3, epoch=0),
                     Commit(iteration=1, epoch=0)):
         assert not f.on_message("stranger", message)
     assert not f.notice.is_set() and not f.finished.is_set() and not f.gone and not f.is_committed(1, 0)
@@ -25,15 +25,17 @@ def test_only_the_scheduler_is_followed(caplog):
     assert not f.on_message("coord", Join(peer="coord"))  # not a scheduler's message: nothing to follow
     f.on_message("coord", ScheduleNotice(epoch=2))
     assert f.notice.is_set()
-    assert f.on_message("coord", Gone(peers=("x",), iteration=1)) and f.on_message("coord", Gone(peers=("y",),
-                                                                                                   iteration=1))
+    assert f.on_message("coord", Gone(peers=("x",), iteration=1, epoch=0))
+    assert f.on_message("coord", Gone(peers=("y",), iteration=1, epoch=0))
     assert f.gone == {"x", "y"}
     assert f.on_message("coord", Commit(iteration=4, epoch=1, shards={"0": {"holder": 0, "num_holders": 1,
                                                                              "epoch": 0, "cursor": 3}}))
     assert f.is_committed(4, 1) and f.committed_positions[0] == 4
     f.forget_commits_before(5)
     assert not f.is_committed(4, 1)
-    assert f.on_message("coord", Finished(iterations=5)) and f.finished.is_set()
+    assert not f.on_message("coord", Finished(iterations=3, epoch=1))  # replayed: 5 iterations are committed
+    assert not f.finished.is_set()
+    assert f.on_message("coord", Finished(iterations=5, epoch=1)) and f.finished.is_set()
 
 
 def test_the_successor_is_trusted_once_the_scheduler_missed_a_heartbeat():
