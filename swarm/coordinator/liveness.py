@@ -55,6 +55,10 @@ class Liveness:
                 if p not in self._leaving and p not in self.declared_gone and p != self.exclude
                 and now - self._last_seen[p] <= grace}
 
+    def first_seen(self, peer: str) -> float:
+        """When `peer`'s record was first seen (infinity if never)."""
+        return self._first_seen.get(peer, float("inf"))
+
     def seen_for(self, peer: str, now: float) -> float:
         """Seconds since `peer`'s record was first seen (0 if never)."""
         return now - self._first_seen.get(peer, now)

@@ -2,8 +2,9 @@
 
 Every heartbeat the watch reads the peers' records, keeps gossip links to a few other peers' sidecars (so the
 control plane survives the coordinator), and checks that the scheduler's record is still there. Once it has been
-missing for longer than a record lives, the smallest live peer id of the schedule becomes the scheduler; that
-peer starts the role (built by the factory the peer was given) in a thread of its own.
+missing for longer than a record lives, the first live peer of the succession list in the scheduler's newest
+(signed) schedule becomes the scheduler; that peer starts the role (built by the factory the peer was given) in a
+thread of its own.
 """
 
 from __future__ import annotations
@@ -64,10 +65,15 @@ class Succession:
                 logger.debug("gossip link to %s failed: %s", p, e)
 
     def successor(self, records: dict[str, PeerRecord]) -> str | None:
-        """The deterministic successor of a dead scheduler: the smallest live peer id of the schedule."""
+        """The successor of a dead scheduler: the first live peer of the succession list its newest schedule names
+        (signed by it, so nobody else can put itself first); a schedule without one names none."""
         schedule = self.follower.newer or self.follower.schedule
-        live = [p for p in (schedule.placement if schedule else ()) if p in records]
-        return min(live) if live else None
+        if schedule is None:
+            return None
+        named = schedule.meta.get("successors")
+        if not isinstance(named, list):
+            return None
+        return next((p for p in named if isinstance(p, str) and p in schedule.placement and p in records), None)
 
     def _watch(self, stop: threading.Event) -> None:
         f = self.follower
