@@ -11,10 +11,13 @@ schedule's rules.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
+from peers.data import Corpus, DataConfig
+from peers.data_ledger import DataLedger
 from peers.holder_shards import HolderShards
 from scheduler.schedule import Schedule
 
@@ -29,6 +32,18 @@ class DataHolder:
 
     def __init__(self, shards: HolderShards, peer_id: str, *, own_data: bool = False) -> None:
         self.shards, self.peer_id, self.own_data = shards, peer_id, own_data
+
+    @classmethod
+    def load(cls, data: DataConfig, vocab_size: int, peer_id: str, *, data_paths: Sequence[str] = (),
+             ledger_path: str | None = None) -> DataHolder:
+        """The run's corpus (its tokenizer must have the run's `vocab_size`), or this peer's own documents if it
+        brought some, with a ledger of every draw at `ledger_path`."""
+        corpus = Corpus.build(data)
+        if corpus.vocab_size != vocab_size:
+            raise ValueError(f"tokenizer has {corpus.vocab_size} tokens, the run spec says {vocab_size}")
+        if data_paths:
+            corpus = corpus.with_documents(data_paths)
+        return cls(HolderShards(corpus, DataLedger(ledger_path, holder=peer_id)), peer_id, own_data=bool(data_paths))
 
     def follow(self, schedule: Schedule, iteration: int, committed: tuple[int, dict[str, Any]]) -> None:
         """Draw from the shards `schedule` assigns this holder from `iteration` on; `committed` is the scheduler's

@@ -17,11 +17,13 @@ from swarm.wire import Direction
 
 
 def hop_mismatch(m: Inbound, *, schedule: Schedule, routes: Mapping[int, Route], in_use: Mapping[int, Route],
-                 run_id: str, iteration: int, me: str) -> str | None:
+                 run_id: str, iteration: int, me: str, check_backward_prefix: bool = True) -> str | None:
     """Why `m` does not fit `schedule` at peer `me` (None when it does).
 
     :param routes: the schedule's routes by microbatch
     :param in_use: each scheduled microbatch's route as this peer last saw it (the scheduled one, or a detour)
+    :param check_backward_prefix: whether a backward must have come the way its forward went (only known once
+      `in_use` holds the detours this peer saw)
     """
     h = m.header
     scheduled = routes.get(h.microbatch)
@@ -39,7 +41,7 @@ def hop_mismatch(m: Inbound, *, schedule: Schedule, routes: Mapping[int, Route],
         why = detour_violation(schedule, scheduled, nodes, stages)
         if why is not None:
             return f"route or stages differ from the schedule and are no detour of it: {why}"
-        if h.direction == Direction.BACKWARD and (nodes[:h.hop + 1] != r.nodes[:h.hop + 1] or
+        if check_backward_prefix and h.direction == Direction.BACKWARD and (nodes[:h.hop + 1] != r.nodes[:h.hop + 1] or
                                                   stages[:h.hop] != r.stages[:h.hop]):
             return "backward's route up to this peer differs from the one its forward came by"
     if h.route[h.hop] != me:

@@ -27,10 +27,7 @@ from typing import Any
 
 import torch
 
-from peers.data import Corpus
-from peers.data_ledger import DataLedger
 from peers.device_speed import announced_speed
-from peers.holder_shards import HolderShards
 from scheduler.schedule import Schedule
 from swarm.constants import DHT_TIMEOUT
 from swarm.control.gossip import GossipMessage
@@ -43,6 +40,7 @@ from swarm.net.link_probe import LinkProber
 from swarm.net.message_jitter import MessageJitter
 from swarm.net.transport import Transport
 from swarm.peer.data_holder import DataHolder
+from swarm.peer.inbound_checks import InboundChecks
 from swarm.peer.iteration_clock import IterationClock
 from swarm.peer.iteration_runner import COMMIT_TIMEOUT, IterationRunner
 from swarm.peer.link_watch import LinkWatch
@@ -179,8 +177,12 @@ class Peer:
         self.config, self.model_config = RunConfig.from_spec(spec)
         self.spec = spec
         latency = dict(o.link_latency or {})
+        data = self.config.data
+        checks = InboundChecks(self.peer_id, o.run_id, (data.batch_size, data.seq_len, self.model_config.dim),
+                               lambda: (self.schedule, self.follower.newer if self.follower else None))
         self._transport = Transport(node.dht, {"hop": self._on_hop, "average": self._receiver("average"),
                                                 "state": self._receiver("state")}, run_id=o.run_id,
+                                    expects=checks.expects, state_gate=checks.state_gate,
                                     link_delay=(lambda p: latency.get(p, 0.0)) if latency else None)
         node.watch_helpers()  # the transport's p2p client socket: the reaper removes it should this process be killed
         self.outbox.wire_dtype = self.config.wire_dtype
@@ -192,13 +194,14 @@ class Peer:
                                       stopping=self._stopping_run, averaging_deadline=o.averaging_deadline,
                                       checkpoint_dir=o.checkpoint_dir, log_param_digest=o.log_param_digest)
         node.start_gossip(bootstrap=spec.control_addrs, log_path=o.log_gossip)
-        self._load_data()
-        data = self.config.data
+        self.data = DataHolder.load(self.config.data, self.model_config.vocab_size, self.peer_id,
+                                    data_paths=o.data_paths, ledger_path=o.ledger_path)
         self.seconds_per_layer, self.loss_seconds = announced_speed(
             self.model_config, data.batch_size, data.seq_len, o.device, stages=self.config.stages,
             emulate_seconds_per_layer=o.emulate_seconds_per_layer)
         self.keeper = StageKeeper(self.peer_id, o, self.config, self.model_config, inbox=self.inbox,
-                                  outbox=self.outbox, dht=lambda: node.dht, loss_seconds=self.loss_seconds)
+                                  outbox=self.outbox, dht=lambda: node.dht, loss_seconds=self.loss_seconds,
+                                  checks=checks)
         node.start_heartbeat(self._record, period=self.config.heartbeat)
         self.succession = Succession(self.peer_id, records, node.gossip, self.follower, make_role=self._make_role,
                                      role_args=self._role_args)
@@ -224,18 +227,6 @@ class Peer:
             self._start_on(schedule)
         elif not stop.is_set() and not self.follower.finished.is_set():
             raise TimeoutError("no schedule placed this peer in time")
-
-    def _load_data(self) -> None:
-        """The run's corpus (its tokenizer must be the run's), this peer's own documents if it brought some."""
-        o = self.options
-        corpus = Corpus.build(self.config.data)
-        if corpus.vocab_size != self.model_config.vocab_size:
-            raise ValueError(f"tokenizer has {corpus.vocab_size} tokens, the run spec says "
-                             f"{self.model_config.vocab_size}")
-        if o.data_paths:
-            corpus = corpus.with_documents(o.data_paths)
-        shards = HolderShards(corpus, DataLedger(o.ledger_path, holder=self.peer_id))
-        self.data = DataHolder(shards, self.peer_id, own_data=bool(o.data_paths))
 
     def _rejoin(self, stop: threading.Event) -> bool:
         """Dropped by the scheduler (taken for dead): announce again and wait to be placed, then load the stage's

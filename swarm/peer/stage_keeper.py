@@ -23,6 +23,7 @@ from peers.worker import StageWorker, WorkerError
 from scheduler.schedule import Schedule
 from swarm.events import event
 from swarm.net.delivery import Inbound
+from swarm.peer.inbound_checks import InboundChecks
 from swarm.peer.mailbox import Inbox, Outbox
 from swarm.peer.options import PeerOptions
 from swarm.peer.stage_session import StageSession, new_worker, receive_state, restart_stage, restore_source
@@ -50,12 +51,15 @@ class StageKeeper:
 
     :param loss_seconds: this device's measured loss step (a paced worker pads to it)
     :param dht: returns the peer's DHT (for its stage group's hivemind averager)
+    :param checks: the transport's checks, told whom stage state is expected from while this peer waits for it
     """
 
     def __init__(self, peer_id: str, options: PeerOptions, config: RunConfig, model_config: ModelConfig, *,
-                 inbox: Inbox, outbox: Outbox, dht: Callable[[], DHT], loss_seconds: float) -> None:
+                 inbox: Inbox, outbox: Outbox, dht: Callable[[], DHT], loss_seconds: float,
+                 checks: InboundChecks | None = None) -> None:
         self.peer_id, self.options, self.config, self.model_config = peer_id, options, config, model_config
         self.inbox, self.outbox, self._dht, self.loss_seconds = inbox, outbox, dht, loss_seconds
+        self.checks = checks
         self.stage = -1 if options.stage is None else options.stage  # announced: the planner pins it there
         self.state = PeerState.JOINING
         self.session: StageSession | None = None
@@ -83,6 +87,7 @@ class StageKeeper:
             source = restore_source(schedule, self.peer_id)
             if source is None:
                 senders = state_senders(schedule, self.stage)
+                self._expect_state(senders)
                 parts = receive_agreed_state(self.worker, lambda t: self.inbox.receive("state", t, any_iteration=True),
                                              senders=senders, needed=min(len(senders), self._voices()),
                                              timeout=STATE_TIMEOUT)
@@ -185,7 +190,12 @@ class StageKeeper:
         return 1 if self.config.averaging == "hivemind" else 2
 
     def _receive_state(self, schedule: Schedule, source: str | None, timeout: float) -> dict[int, Inbound]:
+        self._expect_state([source] if source is not None else state_senders(schedule, self.stage))
         return receive_state(self.inbox, schedule, self.stage, source, timeout)
+
+    def _expect_state(self, peers: list[str]) -> None:
+        if self.checks is not None:
+            self.checks.expect_state(peers)
 
     def _restart(self, schedule: Schedule, source: str) -> None:
         restart_stage(self.worker, self.stage, schedule, self.model_config, source=source,
@@ -193,6 +203,8 @@ class StageKeeper:
                       receive=lambda: self._receive_state(schedule, source, STATE_TIMEOUT))
 
     def _go_online(self) -> None:
+        if self.checks is not None:
+            self.checks.online()
         self.state = PeerState.ONLINE
         self.inbox.online = True
         self.inbox.drop_state()  # e.g. a neighbour's blocks not needed after all
