@@ -21,6 +21,7 @@ from peers.checkpoint import PEER_MANIFEST, resolve_checkpoint
 from swarm.control.records import record_key
 from swarm.local.local_swarm import LocalSwarm
 from swarm.net.dht_shutdown import stop_dht
+from swarm.net.transport import TransportError
 from swarm.wire import Direction, HopHeader, PeerRecord, ScheduleMsg
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
@@ -120,7 +121,8 @@ def test_local_swarm_trains_refuses_hostile_input_and_keeps_stages_identical(run
         fake = HopHeader(run=RUN, iteration=upcoming, microbatch=route["microbatch"],
                          route=(route["origin"], *route["peers"]), hop=1, direction=Direction.FORWARD, epoch=0,
                          dtype="", shape=(), stages=(0, *route["stages"]))
-        intruder.transport.send(relay, fake, torch.zeros(8, 64, 128))
+        with pytest.raises(TransportError, match=f"sent by {intruder.peer_id}, the schedule says"):
+            intruder.transport.send(relay, fake, torch.zeros(8, 64, 128))  # refused before its buffer is allocated
         # 4. a forged peer record (signed by us, claiming another peer) and garbage under our own subkey
         forged = PeerRecord(peer_id=relay, stage=1, seconds_per_layer=1e-9, memory_slots=99)
         intruder.records._store("peer", forged.to_msgpack(), ttl=60, timeout=10)  # honest nodes refuse to store
