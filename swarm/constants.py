@@ -41,6 +41,13 @@ MAX_PLAIN_ITEMS = 4096
 """Keys and list items, all levels together, of one free-form dict of a run spec."""
 MAX_STRING_CHARS = 4096
 """Longest string inside a free-form dict."""
+MAX_PROOF_BYTES = 64
+"""A join token's proof (an HMAC-SHA256, hex)."""
+MAX_CERT_BYTES = 2048
+"""A membership certificate: ids, expiry, the issuer's public key and signature."""
+CERT_LIFETIME = 1800.0
+"""How long a membership certificate is valid; the scheduler renews those of the peers that still beat when a
+third of it is left."""
 MAX_ERROR_CHARS = 512
 """Longest error text a receiver sends back to a sender."""
 MAX_PROBE_BYTES = 64 * 1024 * 1024

@@ -45,6 +45,9 @@ EVENTS: dict[str, tuple[str, ...]] = {
     "peer_moved": ("peer", "from_stage", "to_stage", "source", "why"),
     "stage_emptied": ("stages",),
     "declared_gone": ("peer", "why"),
+    # admission: the scheduler's decisions, and a joiner told it is not admitted
+    "admitted": ("peer",),
+    "refused_peer": ("peer", "why"),
 }
 """Event name -> its fields (an event may carry fewer, or extra context; never another name)."""
 

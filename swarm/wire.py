@@ -17,18 +17,20 @@ from typing import Any
 import msgpack
 import torch
 
-from scheduler.constants import JITTER_QUANTILES, MAX_JITTER_SECONDS, MAX_STAGES
+from scheduler.constants import JITTER_QUANTILES, MAX_JITTER_SECONDS, MAX_PEERS, MAX_STAGES
 from scheduler.schedule import Schedule, ScheduleError
 from swarm.constants import (
     COMPRESSION_DTYPES,
     MAX_ADDRESS_CHARS,
     MAX_ADDRESSES,
+    MAX_CERT_BYTES,
     MAX_HEADER_BYTES,
     MAX_ID_CHARS,
     MAX_LINKS,
     MAX_MICROBATCH_ATTEMPTS,
     MAX_PLAIN_DEPTH,
     MAX_PLAIN_ITEMS,
+    MAX_PROOF_BYTES,
     MAX_RECORD_BYTES,
     MAX_ROUTE_HOPS,
     MAX_SCHEDULE_BYTES,
@@ -40,6 +42,7 @@ from swarm.constants import (
     WIRE_VERSION,
 )
 
+ADMISSION_MODES = ("token", "allow", "open")
 _TORCH_DTYPES: dict[str, torch.dtype] = {name: getattr(torch, name) for name in WIRE_DTYPES}
 _DTYPE_NAMES = {dtype: name for name, dtype in _TORCH_DTYPES.items()}
 _MAX_INT = 1 << 62
@@ -102,6 +105,18 @@ def read_str(value: Any, name: str, max_chars: int = MAX_ID_CHARS, allow_empty: 
     if len(value) > max_chars or (not value and not allow_empty):
         raise WireError(f"{name}: expected {'a' if allow_empty else 'a non-empty'} string of at most {max_chars} "
                         f"characters, got {len(value)}")
+    return value
+
+
+def read_choice(value: Any, name: str, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        raise WireError(f"{name}: expected one of {', '.join(choices)}, got {str(value)[:40]!r}")
+    return value
+
+
+def read_bytes(value: Any, name: str, max_bytes: int) -> bytes:
+    if type(value) is not bytes or len(value) > max_bytes:
+        raise WireError(f"{name}: expected at most {max_bytes} bytes, got {type(value).__name__}")
     return value
 
 
@@ -412,11 +427,16 @@ class PeerRecord:
     jitter: tuple[float, ...] = ()
     """Quantiles (seconds) of how much the messages it received deviated from their link's median; () = not yet
     measured (`swarm.net.message_jitter`)."""
+    admission: bytes = b""
+    """Its proof of the run's join token (`swarm.control.membership.token_proof`), until it is admitted."""
+    cert: bytes = b""
+    """Its membership certificate, issued by the scheduler once it was admitted (`MembershipCert`)."""
     version: int = WIRE_VERSION
 
     def to_msgpack(self) -> bytes:
         return pack({
-            "version": self.version, "peer_id": self.peer_id, "stage": self.stage,
+            "version": self.version, "peer_id": self.peer_id, "stage": self.stage, "admission": self.admission,
+            "cert": self.cert,
             "seconds_per_layer": self.seconds_per_layer, "memory_slots": self.memory_slots,
             "loss_seconds": self.loss_seconds,
             "links": {p: [float(lat), float(bw)] for p, (lat, bw) in self.links.items()},
@@ -459,6 +479,8 @@ class PeerRecord:
                                 for a in read_list(d.get("control_addrs", []), "peer.control_addrs", MAX_ADDRESSES)),
             jitter=tuple(read_float(j, "peer.jitter[]", -MAX_JITTER_SECONDS, MAX_JITTER_SECONDS)
                          for j in read_list(d.get("jitter", []), "peer.jitter", JITTER_QUANTILES)),
+            admission=read_bytes(d.get("admission", b""), "peer.admission", MAX_PROOF_BYTES),
+            cert=read_bytes(d.get("cert", b""), "peer.cert", MAX_CERT_BYTES),
             version=version,
         )
 
@@ -479,6 +501,10 @@ class RunSpec:
     """Peer id of the coordinator, whose key signs the spec and (by default) the schedules."""
     control_addrs: tuple[str, ...] = ()
     """Multiaddrs of the coordinator's gossip sidecar: where peers join the control plane."""
+    admission: str = "token"
+    """Who the run admits: "token" (holders of its join token), "allow" (the peer ids in `allowed`, and token
+    holders) or "open" (anyone)."""
+    allowed: tuple[str, ...] = ()
     version: int = WIRE_VERSION
 
     def to_msgpack(self) -> bytes:
@@ -486,6 +512,7 @@ class RunSpec:
             "version": self.version, "run_id": self.run_id, "model": self.model, "stages": self.stages,
             "skip_ratio": self.skip_ratio, "hyperparameters": self.hyperparameters, "data": self.data,
             "coordinator": self.coordinator, "control_addrs": list(self.control_addrs),
+            "admission": self.admission, "allowed": list(self.allowed),
         })
 
     @classmethod
@@ -501,6 +528,9 @@ class RunSpec:
             coordinator=read_str(d.get("coordinator"), "run.coordinator"),
             control_addrs=tuple(read_str(a, "run.control_addrs[]", MAX_ADDRESS_CHARS)
                                 for a in read_list(d.get("control_addrs", []), "run.control_addrs", 16)),
+            admission=read_choice(d.get("admission", "token"), "run.admission", ADMISSION_MODES),
+            allowed=tuple(read_str(p, "run.allowed[]") for p in read_list(d.get("allowed", []), "run.allowed",
+                                                                         MAX_PEERS)),
             version=read_version(d, "run"),
         )
 

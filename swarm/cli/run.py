@@ -76,13 +76,17 @@ def coordinator() -> None:
 @click.option("--metrics", type=click.Path(dir_okay=False), default=None, help="one JSON line per iteration")
 @click.option("--first-schedule", type=click.Path(exists=True, dir_okay=False), default=None,
               help="start from a saved plan of these peers (an earlier run's schedule-N.json) instead of planning")
+@click.option("--allow", "allow_file", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="admit the peer ids listed in this file (one a line, # comments) instead of join token holders")
+@click.option("--open", "open_run", is_flag=True, help="admit anyone who reaches the run (no join token)")
 @click.option("--log-file", type=click.Path(dir_okay=False), default=None)
 @click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING"]), default="INFO")
 @click.option("--events", type=click.Path(dir_okay=False), default=None, help=EVENTS_HELP)
 def start(config_path, run_id, iterations, min_peers, stages, skip, seed, microbatches, checkpoint_every, host, port,
-          identity, run_dir, metrics, first_schedule, log_file, log_level, events) -> None:
+          identity, run_dir, metrics, first_schedule, allow_file, open_run, log_file, log_level, events) -> None:
     """Bootstrap the DHT, publish the run, plan from the live swarm and log its progress."""
     from scheduler.schedule import Schedule, ScheduleError, validate
+    from swarm.control.membership import read_allow_file
     from swarm.coordinator.coordinator import Coordinator, CoordinatorOptions
     from swarm.coordinator.replanner import saved_plan_mismatch
     from swarm.run_config import RunConfig
@@ -106,8 +110,18 @@ def start(config_path, run_id, iterations, min_peers, stages, skip, seed, microb
         if mismatch:
             _fail(f"--first-schedule {first_schedule} cannot start this run: {mismatch}")
     Path(identity).parent.mkdir(parents=True, exist_ok=True)
+    if allow_file and open_run:
+        _fail("--allow and --open contradict each other: choose one")
+    allowed: tuple[str, ...] = ()
+    if allow_file:
+        try:
+            allowed = read_allow_file(allow_file)
+        except (OSError, UnicodeDecodeError, ValueError) as e:
+            _fail(f"--allow {allow_file}: {e}")
+    admission = "open" if open_run else "allow" if allow_file else "token"
     node = Coordinator(CoordinatorOptions(config=config, identity_path=identity, host=host, port=port,
-                                          run_dir=run_dir, metrics_path=metrics, first_schedule=saved))
+                                          run_dir=run_dir, metrics_path=metrics, first_schedule=saved,
+                                          admission=admission, allowed=allowed))
     node.run(_stop_event())
 
 
@@ -117,6 +131,8 @@ def start(config_path, run_id, iterations, min_peers, stages, skip, seed, microb
               help="peer id of the run's coordinator, the only run spec signer trusted (default: the peer id in the "
                    "first --initial-peers address)")
 @click.option("--run", "run_id", default="skippipe", show_default=True, help="run id to join")
+@click.option("--token", default=None, envvar="SKIPPIPE_JOIN_TOKEN",
+              help="the run's join token (the coordinator prints it; or set SKIPPIPE_JOIN_TOKEN)")
 @click.option("--device", default="cpu", show_default=True, help="torch device (cpu, cuda, cuda:1)")
 @click.option("--precision", type=click.Choice(["auto", "fp32", "bf16", "fp16"]), default="auto", show_default=True,
               help="autocast of the compute (auto: bf16 on CUDA, fp32 on CPU)")
@@ -148,11 +164,13 @@ def start(config_path, run_id, iterations, min_peers, stages, skip, seed, microb
               help="compute emulation: seconds per layer of the device to emulate (operations are padded to it)")
 @click.option("--emulate-latency", "latency_file", type=click.Path(exists=True, dir_okay=False), default=None,
               help="link emulation: JSON file of one-way latencies to peers, added by the transport")
-def join(initial_peers, coordinator, run_id, device, precision, stage, data_paths, identity, host, port,
+def join(initial_peers, coordinator, run_id, token, device, precision, stage, data_paths, identity, host, port,
          iteration_deadline, log_file, log_level, log_param_digest, events, metrics_path, ledger, checkpoint_dir,
          probe_sample, trace_path, emulate_speed, latency_file) -> None:
     """Join a run: measure, announce, get placed, train; Ctrl+C leaves cleanly."""
+    from swarm.control.membership import check_token
     from swarm.coordinator.scheduler_role import SchedulerRole
+    from swarm.peer.members import NotAdmitted
     from swarm.peer.options import PeerOptions, trusted_coordinator
     from swarm.peer.peer import Peer
 
@@ -161,6 +179,8 @@ def join(initial_peers, coordinator, run_id, device, precision, stage, data_path
         _fail(f"--stage must be a stage number or auto, got {stage!r}")
     try:
         coordinator = trusted_coordinator(tuple(initial_peers), coordinator)
+        if token is not None:
+            check_token(token)
     except ValueError as e:
         _fail(str(e))
     if device.startswith("cuda"):
@@ -178,14 +198,18 @@ def join(initial_peers, coordinator, run_id, device, precision, stage, data_path
             _fail(str(e))
     Path(identity).parent.mkdir(parents=True, exist_ok=True)
     options = PeerOptions(initial_peers=tuple(initial_peers), identity_path=identity, coordinator=coordinator,
-                          run_id=run_id, host=host,
+                          token=token, run_id=run_id, host=host,
                           port=port, stage=None if stage == "auto" else int(stage), data_paths=tuple(data_paths),
                           device=device, precision=precision, iteration_deadline=iteration_deadline,
                           log_gossip=(log_file + ".gossip") if log_file else None,
                           log_param_digest=log_param_digest, checkpoint_dir=checkpoint_dir, ledger_path=ledger,
                           metrics_path=metrics_path, trace_path=trace_path, emulate_seconds_per_layer=emulate_speed,
                           link_latency=latency, probe_sample=probe_sample)
-    Peer(options, scheduler_role=SchedulerRole).run(_stop_event())
+    try:
+        Peer(options, scheduler_role=SchedulerRole).run(_stop_event())
+    except (NotAdmitted, TimeoutError) as e:  # refused or unanswered: say why, no traceback
+        logging.getLogger("swarm").error("%s", e)
+        _fail(str(e))
 
 
 @swarm_group.command("local")

@@ -14,6 +14,7 @@ from typing import Any, ClassVar, Literal
 
 from scheduler.constants import MAX_PEERS
 from swarm.constants import (
+    MAX_CERT_BYTES,
     MAX_ERROR_CHARS,
     MAX_ID_CHARS,
     MAX_MICROBATCH_ATTEMPTS,
@@ -21,7 +22,7 @@ from swarm.constants import (
     WIRE_VERSION,
 )
 from swarm.control.gossip import GossipClient, GossipMessage, membership_topic, progress_topic, schedule_topic
-from swarm.wire import WireError, read_float, read_int, read_list, read_map, read_str, read_version
+from swarm.wire import WireError, read_bytes, read_float, read_int, read_list, read_map, read_str, read_version
 
 Topic = Literal["membership", "schedule", "progress"]
 _MAX_ITERATION = 1 << 40
@@ -265,11 +266,38 @@ class Commit:
                    shards=read_positions(d.get("shards", {}), f"{name}.shards"))
 
 
+@dataclass(frozen=True)
+class Admitted:
+    """The scheduler admits `peer` to the run: its membership certificate (`swarm.control.membership`), which
+    it puts in its peer record and every peer checks."""
+
+    TOPIC: ClassVar[Topic] = "membership"
+    peer: str
+    cert: bytes
+
+    @classmethod
+    def _decode(cls, d: dict, name: str) -> Admitted:
+        return cls(peer=_peer(d, name), cert=read_bytes(d.get("cert"), f"{name}.cert", MAX_CERT_BYTES))
+
+
+@dataclass(frozen=True)
+class Refused:
+    """The scheduler refuses to admit `peer`, saying why: the joiner stops (it would never be placed)."""
+
+    TOPIC: ClassVar[Topic] = "membership"
+    peer: str
+    why: str
+
+    @classmethod
+    def _decode(cls, d: dict, name: str) -> Refused:
+        return cls(peer=_peer(d, name), why=_why(d, name))
+
+
 ControlMessage = Join | Leave | Gone | Finished | Stuck | Broken | Unrecoverable | Unreachable | ScheduleNotice | \
-    Done | Commit
+    Done | Commit | Admitted | Refused
 MESSAGE_TYPES: dict[str, type] = {cls.__name__.lower(): cls for cls in
                                   (Join, Leave, Gone, Finished, Stuck, Broken, Unrecoverable, Unreachable,
-                                   ScheduleNotice, Done, Commit)}
+                                   ScheduleNotice, Done, Commit, Admitted, Refused)}
 
 
 def encode(message: ControlMessage) -> dict[str, Any]:

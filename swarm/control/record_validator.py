@@ -2,7 +2,8 @@
 
 A record of run ``R`` lives under ``skippipe/R/{run,peer,schedule}`` with a subkey that is its author's peer id, and
 its value is a :class:`~swarm.wire.SignedRecord`: signed by that peer id's key (RSA as `swarm.net.identity` accepts
-it) over the kind, run, subkey, expiry and body; the body decodes under its kind's strict schema; the signed expiry
+it) over the kind, run, subkey, expiry and body; the body decodes under its kind's strict schema and speaks for its
+author only (a peer record of the subkey's peer, a run spec naming it coordinator); the signed expiry
 is the DHT expiry (no replay can outlive what its author signed) and within its kind's lifetime limit.
 
 `open_record` applies the checks for a reader. `RunRecordValidator` applies the same ones inside hivemind's DHT
@@ -83,6 +84,10 @@ def open_record(kind: str, run_id: str, subkey: Any, value: Any, now: float, *,
         raise WireError("bad signature")
     cls = RECORD_KINDS[kind]
     body = cls.from_msgpack(record.body, max_bytes=max_bytes) if kind == "schedule" else cls.from_msgpack(record.body)
+    if kind == "peer" and body.peer_id != subkey:
+        raise WireError(f"a record for {body.peer_id}")
+    if kind == "run" and (body.coordinator != subkey or body.run_id != run_id):
+        raise WireError(f"a run spec naming coordinator {body.coordinator} of run {body.run_id!r}")
     return body, record.expires
 
 

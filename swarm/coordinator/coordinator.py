@@ -9,8 +9,11 @@ stopped: either way the peers are told, and leave.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
+import os
+import secrets
 import threading
 import time
 from dataclasses import dataclass
@@ -19,6 +22,7 @@ from pathlib import Path
 from peers.data import Corpus
 from scheduler.schedule import Schedule
 from swarm.constants import LOOPBACK_HOST, RUN_SPEC_TTL
+from swarm.control.membership import TOKEN_BYTES, check_token
 from swarm.control.node import Node
 from swarm.coordinator.scheduler_role import SchedulerRole
 from swarm.net.identity import ensure_identity
@@ -38,6 +42,10 @@ class CoordinatorOptions:
     """Where the address file (coordinator.json), the schedules and the metrics go."""
     metrics_path: str | None = None
     """One JSON line per iteration (default: run_dir/metrics.jsonl)."""
+    admission: str = "token"
+    """Whom the run admits (`swarm.control.membership.AdmissionPolicy`): "token" holders, the "allow"ed peer ids,
+    or anyone ("open")."""
+    allowed: tuple[str, ...] = ()
     first_schedule: Schedule | None = None
     """A saved plan of these peers (an earlier run's `schedule-N.json`) to start from instead of planning: a run
     restarted on the same machines keeps its placement, and two runs compared on one plan differ only in what
@@ -81,20 +89,51 @@ class Coordinator:
         records = node.start_dht()
         corpus = Corpus.build(self.config.data)  # trains (and caches) the run's tokenizer once
         info = node.start_gossip()
-        self.spec = self.config.to_spec(coordinator=self.peer_id, vocab_size=corpus.vocab_size,
-                                        control_addrs=tuple(info.maddrs))
+        self.spec = dataclasses.replace(
+            self.config.to_spec(coordinator=self.peer_id, vocab_size=corpus.vocab_size,
+                                control_addrs=tuple(info.maddrs)), admission=o.admission, allowed=o.allowed)
+        self.join_token = self._join_token()
         if not records.publish_run_spec(self.spec):
             raise RuntimeError("could not store the run spec in the DHT")
         metrics = o.metrics_path or (str(self.run_dir / "metrics.jsonl") if self.run_dir else None)
         self.role = SchedulerRole(self.config, self.spec, self.peer_id, records, node.gossip,
-                                  run_dir=self.run_dir, metrics_path=metrics, first_schedule=o.first_schedule)
+                                  run_dir=self.run_dir, metrics_path=metrics, first_schedule=o.first_schedule,
+                                  token=self.join_token)
         # a heartbeat of its own, so that peers notice when the coordinator is gone and elect a successor
         node.start_heartbeat(lambda: PeerRecord(peer_id=self.peer_id, stage=-1, seconds_per_layer=1.0, memory_slots=1,
                                                 state=PeerState.ONLINE, control_addrs=tuple(info.maddrs)),
                              period=self.config.heartbeat)
         self.initial_peers = node.visible_maddrs()
         if self.run_dir:
-            (self.run_dir / "coordinator.json").write_text(json.dumps(
-                {"run_id": self.config.run_id, "initial_peers": self.initial_peers, "coordinator": self.peer_id}))
-        logger.info("run %s started; peers join with: skippipe-peer join --run %s --initial-peers %s",
-                    self.config.run_id, self.config.run_id, self.initial_peers[0])
+            write_private(self.run_dir / "coordinator.json", json.dumps(
+                {"run_id": self.config.run_id, "initial_peers": self.initial_peers, "coordinator": self.peer_id,
+                 "join_token": self.join_token}))
+        if o.admission == "open":
+            logger.warning("run %s is open: anyone who reaches it is admitted and placed", self.config.run_id)
+        token = f" --token {self.join_token}" if self.join_token else ""
+        logger.info("run %s started; peers join with: skippipe-peer join --run %s --initial-peers %s%s",
+                    self.config.run_id, self.config.run_id, self.initial_peers[0], token)
+
+    def _join_token(self) -> str | None:
+        """The run's join token: the one this run directory already has (peers holding it stay admitted across a
+        restart of the coordinator), else a new random one; none for an allow-listed or open run."""
+        if self.options.admission != "token":
+            return None
+        saved = self.run_dir / "coordinator.json" if self.run_dir else None
+        if saved is not None and saved.is_file():
+            try:
+                token = json.loads(saved.read_text()).get("join_token")
+                if isinstance(token, str):
+                    return check_token(token)
+            except (OSError, ValueError) as e:
+                logger.warning("%s: not reusing its join token (%s): a new one is made", saved, e)
+        return secrets.token_urlsafe(TOKEN_BYTES)
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write `text` to `path` readable by its owner only (it holds the join token), replacing it atomically."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)

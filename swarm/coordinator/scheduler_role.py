@@ -18,11 +18,15 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from hivemind.utils import get_dht_time
+
 from scheduler.schedule import Schedule
 from swarm.constants import record_lifetime
 from swarm.control.gossip import GossipClient, GossipMessage
+from swarm.control.membership import AdmissionPolicy
 from swarm.control.messages import ControlMessage, ScheduleNotice, as_gossip, publish, received
 from swarm.control.records import SwarmRecords
+from swarm.coordinator.admission_desk import AdmissionDesk
 from swarm.coordinator.scheduler import Action, Announce, PublishSchedule, RecordIteration, Scheduler
 from swarm.events import event
 from swarm.run_config import RunConfig
@@ -46,13 +50,17 @@ class SchedulerRole:
     :param local: hands what the role gossips to its own process too (gossip does not deliver a publisher's own
       messages back to it): a successor peer's gossip callback
     :param ends_run_on_stop: whether stopping the role ends the run (the coordinator process)
+    :param token: the run's join token, if this process holds it (it admits token holders: see `AdmissionDesk`)
     """
 
     def __init__(self, config: RunConfig, spec: RunSpec, peer_id: str, records: SwarmRecords, gossip: GossipClient,
                  *, run_dir: str | Path | None = None, metrics_path: str | Path | None = None,
                  first_schedule: Schedule | None = None, local: Callable[[GossipMessage], None] | None = None,
-                 ends_run_on_stop: bool = True) -> None:
+                 ends_run_on_stop: bool = True, token: str | None = None) -> None:
         self.config, self.spec, self.peer_id = config, spec, peer_id
+        policy = AdmissionPolicy(spec.admission, token, frozenset(spec.allowed))
+        self.desk = AdmissionDesk(policy, records.identity, config.run_id, exempt={spec.coordinator},
+                                  issuers={spec.coordinator})
         self.records, self.gossip, self.local = records, gossip, local
         self.run_dir = Path(run_dir) if run_dir else None
         self.metrics_path = Path(metrics_path) if metrics_path else None
@@ -101,7 +109,12 @@ class SchedulerRole:
             self._drain(TICK_WAIT)
 
     def _read_records(self) -> dict:
-        return self.records.fetch_peers_with_age(record_lifetime(self.config.heartbeat))
+        """The members' records; joiners are admitted or refused on the way (see `AdmissionDesk`)."""
+        records = self.records.fetch_peers_with_age(record_lifetime(self.config.heartbeat))
+        members, messages = self.desk.sort(records, get_dht_time())
+        for message in messages:
+            self._announce(message)
+        return members
 
     def _drain(self, timeout: float) -> None:
         try:

@@ -75,6 +75,7 @@ class LocalSwarm:
         self.coordinator: subprocess.Popen | None = None
         self.peers: list[subprocess.Popen] = []
         self.initial_peers: list[str] = []
+        self.join_token: str | None = None
         self.metrics_path = self.run_dir / "metrics.jsonl"
         """Where the coordinator (and any peer that succeeds it) writes the run's metrics."""
 
@@ -97,7 +98,8 @@ class LocalSwarm:
             if time.monotonic() > deadline:
                 raise TimeoutError("the coordinator did not start in time")
             time.sleep(0.2)
-        self.initial_peers = json.loads(address.read_text())["initial_peers"]
+        started = json.loads(address.read_text())
+        self.initial_peers, self.join_token = started["initial_peers"], started.get("join_token")
         for i in range(self.num_peers):
             self.add_peer(i)
 
@@ -115,13 +117,16 @@ class LocalSwarm:
                                     "--log-file", str(self.run_dir / f"peer-{index:02d}.log"),
                                     "--events", str(self.run_dir / f"peer-{index:02d}.events.jsonl"),
                                     "--metrics", str(self.metrics_path), *args, *extra],
-            f"peer-{index:02d}")
+            f"peer-{index:02d}", token=self.join_token)
         self.peers.append(proc)
         return proc
 
-    def _spawn(self, cmd: list[str], name: str) -> subprocess.Popen:
+    def _spawn(self, cmd: list[str], name: str, token: str | None = None) -> subprocess.Popen:
+        """Start `cmd` as process `name`; a peer gets the run's join token in its environment (not on its command
+        line, which every user of the host can read)."""
         out = open(self.run_dir / f"{name}.out", "ab")  # noqa: SIM115 (owned by the child; closed on stop)
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self.env)
+        env = {**self.env, **({"SKIPPIPE_JOIN_TOKEN": token} if token else {})}
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
         out.close()
         logger.info("started %s (pid %d)", name, proc.pid)
         return proc

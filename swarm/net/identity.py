@@ -34,6 +34,7 @@ _MAX_KEY_FILE_BYTES = 16 * 1024
 _MAX_PUBLIC_KEY_BYTES = 4096
 _PSS = padding.PSS(mgf=padding.MGF1(hashes.SHA256()), salt_length=padding.PSS.MAX_LENGTH)
 _B58_ALPHABET = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"
+_B58_CHARS = frozenset(_B58_ALPHABET)
 
 
 class IdentityError(ValueError):
@@ -108,6 +109,11 @@ def load_identity(path: str) -> Identity:
     except IdentityError as e:
         raise IdentityError(f"{path}: {e}") from None
     return Identity(path=path, peer_id=_peer_id_of(key.public_key()), _key=key)
+
+
+def looks_like_peer_id(text: str) -> bool:
+    """Whether `text` could be a peer id (base58, 1 to 128 characters); says nothing of whether it exists."""
+    return 0 < len(text) <= 128 and set(text) <= _B58_CHARS
 
 
 def peer_id_from_public_key(public_key: bytes) -> str:

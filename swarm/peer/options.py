@@ -6,8 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from swarm.constants import LOOPBACK_HOST, MAX_ID_CHARS, PROBE_SAMPLE_SIZE
-
-_B58 = frozenset("123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz")
+from swarm.net.identity import looks_like_peer_id
 
 
 def trusted_coordinator(initial_peers: tuple[str, ...], coordinator: str | None = None) -> str:
@@ -25,7 +24,7 @@ def trusted_coordinator(initial_peers: tuple[str, ...], coordinator: str | None 
         else:
             raise ValueError("no --initial-peers address names a peer id (.../p2p/Qm...): pass --coordinator ID, "
                              "the coordinator's peer id, so that this peer knows whose run spec to trust")
-    if not coordinator or len(coordinator) > MAX_ID_CHARS or not set(coordinator) <= _B58:
+    if not looks_like_peer_id(coordinator):
         raise ValueError(f"{coordinator[:MAX_ID_CHARS]!r} is not a peer id (base58, like Qm...)")
     return coordinator
 
@@ -38,6 +37,8 @@ class PeerOptions:
     """Multiaddrs of any peers (or the coordinator) already in the run."""
     identity_path: str
     """Key file; created on first run. One key, one peer id, in the DHT, the transport and gossip."""
+    token: str | None = None
+    """The run's join token (the scheduler admits holders of it); None for an allow-listed or open run."""
     coordinator: str | None = None
     """Peer id of the run's coordinator, the only signer of a run spec this peer trusts (None: the peer id of the
     first `initial_peers` address, see `trusted_coordinator`)."""

@@ -29,9 +29,8 @@ import torch
 
 from peers.device_speed import announced_speed
 from scheduler.schedule import Schedule
-from swarm.constants import DHT_TIMEOUT
 from swarm.control.gossip import GossipMessage
-from swarm.control.messages import Broken, Join, Leave, publish, received
+from swarm.control.messages import Admitted, Broken, Join, Leave, Refused, publish, received
 from swarm.control.node import Node
 from swarm.events import event
 from swarm.net.delivery import Inbound
@@ -45,9 +44,11 @@ from swarm.peer.iteration_clock import IterationClock
 from swarm.peer.iteration_runner import COMMIT_TIMEOUT, IterationRunner
 from swarm.peer.link_watch import LinkWatch
 from swarm.peer.mailbox import Inbox, Kind, Outbox
+from swarm.peer.members import Members
 from swarm.peer.options import PeerOptions, trusted_coordinator
 from swarm.peer.pipeline import IterationAborted, IterationTimeout, Requeue
 from swarm.peer.reports import Reports
+from swarm.peer.run_spec import await_run_spec
 from swarm.peer.schedule_follower import ScheduleFollower
 from swarm.peer.stage_keeper import StageKeeper
 from swarm.peer.stage_session import restore_source
@@ -88,6 +89,7 @@ class Peer:
         self.clock = IterationClock(options.iteration_deadline)
         self.reports = Reports(self.peer_id, options.run_id, lambda: self.node.gossip,
                                lambda: self.succession.role if self.succession is not None else None)
+        self.members: Members | None = None
         self.keeper: StageKeeper | None = None
         self.data: DataHolder | None = None
         self.follower: ScheduleFollower | None = None
@@ -161,28 +163,21 @@ class Peer:
 
     def _join(self, stop: threading.Event) -> None:
         o, node = self.options, self.node
-        coordinator = trusted_coordinator(o.initial_peers, o.coordinator)
         records = node.start_dht(o.initial_peers)
-        spec = None
         deadline = time.monotonic() + o.join_timeout
-        while spec is None and not stop.is_set() and time.monotonic() < deadline:
-            spec = records.fetch_run_spec(coordinator=coordinator, timeout=DHT_TIMEOUT)
-            if spec is None:
-                time.sleep(0.5)
+        spec = await_run_spec(records, trusted_coordinator(o.initial_peers, o.coordinator), stop, o.join_timeout)
         if spec is None:
-            if not stop.is_set():
-                raise TimeoutError(f"no run spec for run {o.run_id!r} signed by {coordinator} found through "
-                                   f"{list(o.initial_peers)} (if that is not the coordinator, pass --coordinator)")
             return
         self.config, self.model_config = RunConfig.from_spec(spec)
         self.spec = spec
+        self.members = Members(self.peer_id, o.run_id, o.token, self._issuers)
         latency = dict(o.link_latency or {})
         data = self.config.data
         checks = InboundChecks(self.peer_id, o.run_id, (data.batch_size, data.seq_len, self.model_config.dim),
                                lambda: (self.schedule, self.follower.newer if self.follower else None))
         self._transport = Transport(node.dht, {"hop": self._on_hop, "average": self._receiver("average"),
                                                 "state": self._receiver("state")}, run_id=o.run_id,
-                                    expects=checks.expects, state_gate=checks.state_gate,
+                                    expects=checks.expects, state_gate=checks.state_gate, admitted=self.members.admits,
                                     link_delay=(lambda p: latency.get(p, 0.0)) if latency else None)
         node.watch_helpers()  # the transport's p2p client socket: the reaper removes it should this process be killed
         self.outbox.wire_dtype = self.config.wire_dtype
@@ -202,9 +197,10 @@ class Peer:
         self.keeper = StageKeeper(self.peer_id, o, self.config, self.model_config, inbox=self.inbox,
                                   outbox=self.outbox, dht=lambda: node.dht, loss_seconds=self.loss_seconds,
                                   checks=checks)
-        node.start_heartbeat(self._record, period=self.config.heartbeat)
+        node.start_heartbeat(self._record, period=self.config.heartbeat)  # with its proof of the join token
+        self.members.wait(stop, o.join_timeout)  # then it measures links and asks to be placed
         self.succession = Succession(self.peer_id, records, node.gossip, self.follower, make_role=self._make_role,
-                                     role_args=self._role_args)
+                                     role_args=self._role_args, on_records=self.members.observe)
         announced = lambda: self.succession.announced if self.succession.announced is not None \
             else records.fetch_peers()  # noqa: E731
         self.links = LinkWatch(LinkProber(self._transport, sample_size=o.probe_sample, jitter=self.jitter),
@@ -218,7 +214,7 @@ class Peer:
         self.succession.connect_control_plane(records.fetch_peers())
         self.succession.start(self._halt, dict(config=self.config, spec=spec, peer_id=self.peer_id, records=records,
                                                gossip=node.gossip, metrics_path=o.metrics_path,
-                                               local=self._on_gossip))
+                                               local=self._on_gossip, token=o.token))
         publish(node.gossip, o.run_id, Join(peer=self.peer_id), wait=False)
         logger.info("peer %s joined run %s (%.4f s/layer); waiting to be placed", self.peer_id, o.run_id,
                     self.seconds_per_layer)
@@ -266,7 +262,14 @@ class Peer:
                           memory_slots=self.config.memory, links=dict(self.links.links if self.links else {}),
                           loss_seconds=self.loss_seconds, addresses=tuple(self.node.visible_maddrs()),
                           state=self.state, data_holder=bool(self.options.data_paths),
-                          control_addrs=tuple(self.node.gossip_info.maddrs), jitter=self.jitter.quantiles())
+                          control_addrs=tuple(self.node.gossip_info.maddrs), jitter=self.jitter.quantiles(),
+                          admission=self.members.proof, cert=self.members.cert)
+
+    def _issuers(self) -> set[str]:
+        """Whose membership certificates this peer takes: the coordinator's, its scheduler's, named successors'."""
+        f = self.follower
+        named = f.schedule.meta.get("successors", []) if f is not None and f.schedule is not None else []
+        return {self.spec.coordinator, *(() if f is None else (f.scheduler,)), *named}
 
     def _role_args(self) -> tuple[list[Schedule], int]:
         """What a scheduler role this peer takes over resumes from: the epochs it knows, the iterations done."""
@@ -398,7 +401,9 @@ class Peer:
             logger.warning("ignored a control message from %s: %s", msg.sender, e,
                            extra=event("ignored_control", sender=msg.sender, kind="malformed", why=str(e)))
             return
-        if self.follower.on_message(msg.sender, message):
+        if isinstance(message, (Admitted, Refused)) and self.follower.trusted(msg.sender):
+            self.members.on_control(msg.sender, message)
+        elif self.follower.on_message(msg.sender, message):
             self.inbox.wake()
         elif isinstance(message, Broken) and self.stage == 0 and self.schedule is not None and \
                 msg.sender in self.schedule.placement:

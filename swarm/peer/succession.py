@@ -33,12 +33,14 @@ class Succession:
     :param make_role: builds the scheduler role (`SchedulerRole`'s keyword arguments), or None: never take it over
     :param role_args: called as the role starts: (the epochs this peer knows, the iterations it saw committed), which
       the role resumes from
+    :param on_records: called with each read of the peers' records (their membership certificates are noted)
     """
 
     def __init__(self, peer_id: str, records: SwarmRecords, gossip: GossipClient, follower: ScheduleFollower, *,
-                 make_role: Callable[..., Any] | None, role_args: Callable[[], tuple[list, int]]) -> None:
+                 make_role: Callable[..., Any] | None, role_args: Callable[[], tuple[list, int]],
+                 on_records: Callable[[dict[str, PeerRecord]], None] = lambda records: None) -> None:
         self.peer_id, self.records, self.gossip, self.follower = peer_id, records, gossip, follower
-        self._make_role, self._role_args = make_role, role_args
+        self._make_role, self._role_args, self._on_records = make_role, role_args, on_records
         self.role: Any = None
         """The scheduler role, once this peer holds it."""
         self.announced: dict[str, PeerRecord] | None = None
@@ -84,6 +86,7 @@ class Succession:
             except Exception as e:
                 logger.debug("watchdog could not read the DHT: %s", e)
                 continue
+            self._on_records(records)
             live = {p: r for p, r in records.items() if r.state not in (PeerState.LEAVING, PeerState.DRAINING)}
             self.announced = live
             self.connect_control_plane(live)

@@ -12,6 +12,7 @@ from swarm.constants import MAX_SHARDS, WIRE_VERSION
 from swarm.control.gossip import GossipMessage, membership_topic, progress_topic
 from swarm.control.messages import (
     MESSAGE_TYPES,
+    Admitted,
     Broken,
     Commit,
     Done,
@@ -19,6 +20,7 @@ from swarm.control.messages import (
     Gone,
     Join,
     Leave,
+    Refused,
     ScheduleNotice,
     Stuck,
     Unreachable,
@@ -41,6 +43,7 @@ EXAMPLES = [
     Done(peer="QmA", iteration=4, epoch=1, loss_sum=3.5, losses=4, tokens=1024, started=10.0, finished=11.5,
          shards={"1": POSITION}, dropped=2),
     Commit(iteration=4, epoch=1, shards={"1": POSITION}),
+    Admitted(peer="QmA", cert=b"\x85signed"), Refused(peer="QmA", why="its join token is not this run's"),
 ]
 
 
