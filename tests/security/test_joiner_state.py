@@ -1,11 +1,13 @@
 """A joiner's stage state from hostile veterans (issue #17). Before, a joiner loaded whatever the first same-stage
 sender's two STATE messages held: NaN weights, a step count of -1. Now `load_state` refuses non-finite state and
 impossible counts before touching the worker, and `receive_agreed_state` takes a state only once two veterans vouch
-for its digest (when the stage has two), so one faulty veteran of three cannot poison a joiner."""
+for its digest (when the stage has two), so one faulty veteran of three cannot poison a joiner. The last test runs
+the whole hand-over between `StageKeeper`s: veterans equip, the joiner starts."""
 
 from __future__ import annotations
 
 import logging
+from concurrent.futures import Future
 from dataclasses import replace
 
 import pytest
@@ -19,6 +21,10 @@ from scheduler.path_rules import PathRules
 from scheduler.schedule import Schedule
 from swarm.events import EVENT_ATTR
 from swarm.net.delivery import Inbound
+from swarm.peer.mailbox import Inbox
+from swarm.peer.options import PeerOptions
+from swarm.peer.stage_keeper import StageKeeper
+from swarm.run_config import RunConfig
 from swarm.stage_group.state_transfer import (
     load_state,
     receive_agreed_state,
@@ -154,3 +160,69 @@ def test_the_senders_are_the_stages_veterans_not_its_joiners_or_movers():
     schedule = Schedule(epoch=3, rules=PathRules(3, 3), placement=placement, memory=dict.fromkeys(placement, 2),
                         routes=(), meta={"joiners": ["j"], "handover": {"m": "q"}, "restore": {"z": "x"}})
     assert state_senders(schedule, 1) == ["a", "b"]
+
+
+class Wire:
+    """In-memory STATE delivery between keepers: each peer's inbox, and an outbox per sender (`tamper`ing what a
+    faulty one sends); `sent` records (sender, receiver, part)."""
+
+    def __init__(self) -> None:
+        self.inboxes: dict[str, Inbox] = {}
+        self.sent: list[tuple[str, str, int]] = []
+
+    def outbox(self, me: str, tamper=None):
+        wire = self
+
+        class Out:
+            def send(self, peer: str, header: HopHeader, tensor: torch.Tensor) -> Future:
+                wire.sent.append((me, peer, header.microbatch))
+                if tamper is not None:
+                    tensor = tamper(header, tensor)
+                wire.inboxes[peer].put(Inbound(me, header, tensor.clone()), "state")
+                done = Future()
+                done.set_result(True)
+                return done
+
+        return Out()
+
+
+def keeper(peer: str, wire: Wire, tamper=None) -> StageKeeper:
+    config = RunConfig.from_tables({}, run_id="r", iterations=10, min_peers=6, stages=3, skip=0.0, seed=0)
+    wire.inboxes[peer] = Inbox()
+    return StageKeeper(peer, PeerOptions(initial_peers=(), identity_path="", run_id="r"), config,
+                       config.model_config(64), inbox=wire.inboxes[peer], outbox=wire.outbox(peer, tamper),
+                       dht=lambda: None, loss_seconds=0.0)
+
+
+def epochs() -> tuple[Schedule, Schedule]:
+    """Epoch 1: stage 1 served by a, b, c; epoch 2 adds joiner j to it from iteration 5."""
+    old = {"h": 0, "a": 1, "b": 1, "c": 1, "x": 2}
+    new = {**old, "j": 1}
+    make = lambda epoch, placement, meta: Schedule(  # noqa: E731
+        epoch=epoch, rules=PathRules(3, 3), placement=placement, memory=dict.fromkeys(placement, 2), routes=(),
+        meta=meta)
+    return make(1, old, {}), make(2, new, {"joiners": ["j"]})
+
+
+@pytest.mark.parametrize("liar", [None, "a", "b"])
+def test_a_joiner_takes_the_state_two_veterans_agree_on(liar):
+    """The first two veterans send the state, the third its digest; one lying veteran is out-voted."""
+    wire = Wire()
+    poison = lambda h, t: t + 1.0 if h.microbatch == 0 else t  # noqa: E731
+    veterans = {p: keeper(p, wire, poison if p == liar else None) for p in ("a", "b", "c")}
+    joiner = keeper("j", wire)
+    old, new = epochs()
+    for k in veterans.values():
+        k.start(old, 0)
+        w, gen = k.worker, torch.Generator().manual_seed(3)  # one identical step: state the seed does not give
+        out = w.forward(0, torch.randn(2, 8, w.config.dim, generator=gen))
+        w.backward(0, torch.randn(out.shape, generator=gen))
+        w.set_mean_gradients(w.gradient_sums(), 1)
+        w.step()
+    for k in veterans.values():
+        k.equip(new, old, 5)
+    assert sorted(wire.sent) == [("a", "j", 0), ("a", "j", 1), ("b", "j", 0), ("b", "j", 1), ("c", "j", 2)]
+    joiner.start(new, 5)
+    honest = veterans["c"].worker.module.state_dict()
+    assert joiner.worker.steps == 1
+    assert all(torch.equal(v, honest[k]) for k, v in joiner.worker.module.state_dict().items())
