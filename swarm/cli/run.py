@@ -15,6 +15,7 @@ from pathlib import Path
 import click
 
 from swarm.cli.train import swarm as swarm_group
+from swarm.constants import FAULTS
 
 DEFAULT_IDENTITY = Path.home() / ".skippipe" / "identity.key"
 
@@ -164,9 +165,11 @@ def start(config_path, run_id, iterations, min_peers, stages, skip, seed, microb
               help="compute emulation: seconds per layer of the device to emulate (operations are padded to it)")
 @click.option("--emulate-latency", "latency_file", type=click.Path(exists=True, dir_okay=False), default=None,
               help="link emulation: JSON file of one-way latencies to peers, added by the transport")
+@click.option("--fault", type=click.Choice(FAULTS), default=None,
+              help="misbehave on purpose, to test a swarm's defences (never on a run you care about)")
 def join(initial_peers, coordinator, run_id, token, device, precision, stage, data_paths, identity, host, port,
          iteration_deadline, log_file, log_level, log_param_digest, events, metrics_path, ledger, checkpoint_dir,
-         probe_sample, trace_path, emulate_speed, latency_file) -> None:
+         probe_sample, trace_path, emulate_speed, latency_file, fault) -> None:
     """Join a run: measure, announce, get placed, train; Ctrl+C leaves cleanly."""
     from swarm.control.membership import check_token
     from swarm.coordinator.scheduler_role import SchedulerRole
@@ -204,7 +207,7 @@ def join(initial_peers, coordinator, run_id, token, device, precision, stage, da
                           log_gossip=(log_file + ".gossip") if log_file else None,
                           log_param_digest=log_param_digest, checkpoint_dir=checkpoint_dir, ledger_path=ledger,
                           metrics_path=metrics_path, trace_path=trace_path, emulate_seconds_per_layer=emulate_speed,
-                          link_latency=latency, probe_sample=probe_sample)
+                          link_latency=latency, probe_sample=probe_sample, fault=fault)
     try:
         Peer(options, scheduler_role=SchedulerRole).run(_stop_event())
     except (NotAdmitted, TimeoutError) as e:  # refused or unanswered: say why, no traceback

@@ -24,6 +24,7 @@ import torch
 from swarm.constants import INBOX_SIZE, MAX_BUFFERED_MESSAGES, OUTBOX_SIZE, SEND_CONCURRENCY
 from swarm.net.delivery import Inbound, Undelivered
 from swarm.net.transport import PeerUnreachable, Transport, TransportError
+from swarm.peer.faults import Tamper
 from swarm.peer.pipeline import Requeue
 from swarm.peer.timeline import Timeline
 from swarm.wire import Direction, HopHeader
@@ -208,13 +209,15 @@ class Outbox:
     :param transport: returns the transport (None once it is shut down)
     :param wire_dtype: the run's compression of pipeline tensors (float32 = none)
     :param failed: called with (peer, unreachable) when a send fails, before the message comes back
+    :param tamper: changes every message before it is sent (`swarm.peer.faults`: a peer misbehaving on purpose)
     """
 
     THREADS: dict[Kind, int] = {"hop": SEND_CONCURRENCY, "average": 2, "state": 1}
 
     def __init__(self, transport: Callable[[], Transport | None], inbox: Inbox, timeline: Timeline, *,
-                 wire_dtype: str = "float32", failed: Callable[[str, bool], None] | None = None) -> None:
-        self._transport, self._inbox, self._timeline = transport, inbox, timeline
+                 wire_dtype: str = "float32", failed: Callable[[str, bool], None] | None = None,
+                 tamper: Tamper | None = None) -> None:
+        self._transport, self._inbox, self._timeline, self._tamper = transport, inbox, timeline, tamper
         self.wire_dtype = wire_dtype
         self._failed = failed
         self._pools = {kind: ThreadPoolExecutor(n, thread_name_prefix=f"skippipe-send-{kind}")
@@ -227,6 +230,8 @@ class Outbox:
         wire = None if plain else self.wire_dtype
         if header.direction in PIPELINE:
             header = replace(header, sent_at=time.time())  # before the queue: its wait is the link's too
+        if self._tamper is not None:
+            header, tensor = self._tamper(header, tensor)
 
         def deliver() -> bool:
             try:

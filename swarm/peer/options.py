@@ -73,5 +73,7 @@ class PeerOptions:
     """Where this peer appends its timeline (compute and send spans, JSON lines) for a Chrome trace."""
     emulate_seconds_per_layer: float | None = None
     """Compute emulation: announce this speed instead of the measured one and pad every operation to it."""
+    fault: str | None = None
+    """Misbehave on purpose (`swarm.peer.faults`): for testing a swarm's defences only."""
     link_latency: Mapping[str, float] | None = None
     """Link emulation: one-way seconds the transport waits before each message to that peer."""

@@ -39,6 +39,7 @@ from swarm.net.link_probe import LinkProber
 from swarm.net.message_jitter import MessageJitter
 from swarm.net.transport import Transport
 from swarm.peer.data_holder import DataHolder
+from swarm.peer.faults import tamper
 from swarm.peer.inbound_checks import InboundChecks
 from swarm.peer.iteration_clock import IterationClock
 from swarm.peer.iteration_runner import COMMIT_TIMEOUT, IterationRunner
@@ -85,7 +86,8 @@ class Peer:
         self.node = Node(options.identity_path, options.run_id, host=options.host, port=options.port,
                          on_message=self._on_gossip)
         self.inbox = Inbox()
-        self.outbox = Outbox(lambda: self._transport, self.inbox, self.timeline, failed=self._send_failed)
+        self.outbox = Outbox(lambda: self._transport, self.inbox, self.timeline, failed=self._send_failed,
+                             tamper=tamper(options.fault) if options.fault else None)
         self.clock = IterationClock(options.iteration_deadline)
         self.reports = Reports(self.peer_id, options.run_id, lambda: self.node.gossip,
                                lambda: self.succession.role if self.succession is not None else None)

@@ -1,0 +1,40 @@
+"""`tamper`: a peer that misbehaves on purpose (``skippipe-peer join --fault KIND``), to test a swarm's defences.
+
+It changes what the peer sends to its stage group, as the Byzantine members the defences are built against would:
+its averaging contribution scaled by -1e6, one coordinate set to 3e38 (finite, but it overflows any sum), or an
+honest contribution claimed over 2^40 visits; "byzantine" takes them in turn, one kind each iteration. Everything
+else it does honestly. Never use it on a run you care about.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+
+import torch
+
+from swarm.constants import FAULTS
+from swarm.wire import Direction, HopHeader
+
+Tamper = Callable[[HopHeader, torch.Tensor], tuple[HopHeader, torch.Tensor]]
+
+
+def tamper(fault: str) -> Tamper:
+    """What a peer with `fault` does to each message it is about to send."""
+    if fault not in FAULTS:
+        raise ValueError(f"fault must be one of {', '.join(FAULTS)}, got {fault!r}")
+    kinds = FAULTS[:3]
+
+    def apply(header: HopHeader, tensor: torch.Tensor) -> tuple[HopHeader, torch.Tensor]:
+        if header.direction != Direction.AVERAGE:
+            return header, tensor
+        kind = kinds[header.iteration % len(kinds)] if fault == "byzantine" else fault
+        if kind == "scale-gradients":
+            return header, tensor * -1e6
+        if kind == "huge-gradients":
+            tensor = tensor.clone()
+            tensor.view(-1)[0] = 3e38
+            return header, tensor
+        return replace(header, weight=2**40), tensor
+
+    return apply
