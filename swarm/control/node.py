@@ -25,6 +25,7 @@ from swarm.control.gossip import (
 )
 from swarm.control.record_validator import RunRecordValidator
 from swarm.control.records import Heartbeat, SwarmRecords
+from swarm.net.dht_pipe import make_commands_safe
 from swarm.net.dht_shutdown import stop_dht
 from swarm.net.identity import load_identity
 from swarm.net.reaper import Reaper
@@ -63,6 +64,7 @@ class Node:
                                 identity_path=self.identity_path, start=True,
                                 record_validators=[RunRecordValidator(self.run_id)])
         self.reaper.watch()  # the DHT process and its p2pd are on the reaper's list from here
+        make_commands_safe(self.dht)  # a schedule of tens of KiB must not kill the DHT process
         self.records = SwarmRecords(self.dht, self.identity, self.run_id)
         return self.records
 

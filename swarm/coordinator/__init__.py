@@ -9,5 +9,7 @@
 - commit_tracker.py: CommitTracker, holders' done reports into commits; the metrics line of an iteration
 - epochs.py: EpochHistory, the epochs published and which one runs an iteration
 - shard_assignment.py: which data holder draws from which of the run's shards, epoch after epoch
+- admission_desk.py: AdmissionDesk, joiners admitted (certificates issued, renewed) or refused; members' records
+- restart_reports.py: RestartReports, when 'stuck' and 'unrecoverable' reports are believed (corroboration)
 - unreachable_reports.py: UnreachableReports, peers' "cannot reach X" reports, corroborated into an early verdict
 """

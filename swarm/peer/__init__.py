@@ -9,6 +9,10 @@
 - iteration_runner.py: IterationRunner, one iteration from the first microbatch to the optimizer step
 - iteration_clock.py: IterationClock, measured iteration times and the deadlines derived from them
 - pipeline.py: PipelineExecutor, one peer's part of one iteration, driven by the messages it receives
+- inbound_checks.py: InboundChecks, what the peer expects to receive, told to its transport before any allocation
+- members.py: Members, the peer's admission (its certificate) and which peers are members it takes input from
+- run_spec.py: await_run_spec, the wait for the run spec of the one coordinator a joiner trusts
+- faults.py: tamper, a peer misbehaving on purpose (--fault) to test a swarm's defences
 - hop_check.py: hop_mismatch, whether a pipeline message fits the schedule (route, detour, hop, sender)
 - awaited_backwards.py: AwaitedBackwards, forwards whose backward a peer waits for, and which are late
 - mailbox.py: Inbox and Outbox, bounded: a slow stage slows the stages sending to it
