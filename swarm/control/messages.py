@@ -267,6 +267,25 @@ class Commit:
 
 
 @dataclass(frozen=True)
+class Faulty:
+    """`peer` refused `suspect`'s contribution to their stage group's averaging of `iteration` under `epoch` as
+    proof of a fault (a gradient far outside the stage's history, a non-finite one): the scheduler evicts a
+    suspect that two members of its group report, in two iterations."""
+
+    TOPIC: ClassVar[Topic] = "membership"
+    peer: str
+    suspect: str
+    iteration: int
+    epoch: int
+    why: str = ""
+
+    @classmethod
+    def _decode(cls, d: dict, name: str) -> Faulty:
+        return cls(peer=_peer(d, name), suspect=_peer(d, name, "suspect"), iteration=_iteration(d, name),
+                   epoch=_epoch(d, name), why=_why(d, name))
+
+
+@dataclass(frozen=True)
 class Admitted:
     """The scheduler admits `peer` to the run: its membership certificate (`swarm.control.membership`), which
     it puts in its peer record and every peer checks."""
@@ -294,10 +313,10 @@ class Refused:
 
 
 ControlMessage = Join | Leave | Gone | Finished | Stuck | Broken | Unrecoverable | Unreachable | ScheduleNotice | \
-    Done | Commit | Admitted | Refused
+    Done | Commit | Faulty | Admitted | Refused
 MESSAGE_TYPES: dict[str, type] = {cls.__name__.lower(): cls for cls in
                                   (Join, Leave, Gone, Finished, Stuck, Broken, Unrecoverable, Unreachable,
-                                   ScheduleNotice, Done, Commit, Admitted, Refused)}
+                                   ScheduleNotice, Done, Commit, Faulty, Admitted, Refused)}
 
 
 def encode(message: ControlMessage) -> dict[str, Any]:

@@ -35,11 +35,14 @@ class AdmissionDesk:
 
     :param exempt: peers that are members without a certificate (the coordinator's own heartbeat record)
     :param issuers: who else's certificates are valid (the coordinator's, for a successor scheduler)
+    :param banned: peers evicted from the run (the scheduler's own set, read live): never members again
     """
 
     def __init__(self, policy: AdmissionPolicy, identity: Identity, run_id: str, *, exempt: Collection[str] = (),
-                 issuers: Collection[str] = (), lifetime: float = CERT_LIFETIME) -> None:
+                 issuers: Collection[str] = (), banned: Collection[str] = frozenset(),
+                 lifetime: float = CERT_LIFETIME) -> None:
         self.policy, self.identity, self.run_id, self.lifetime = policy, identity, run_id, lifetime
+        self.banned = banned
         self.exempt = frozenset(exempt)
         self.issuers = frozenset(issuers) | {identity.peer_id}
         self._announced: dict[str, float] = {}
@@ -52,6 +55,10 @@ class AdmissionDesk:
         for peer, (record, age) in records.items():
             if peer in self.exempt:
                 members[peer] = (record, age)
+                continue
+            if peer in self.banned:
+                if self._due(peer, now):
+                    out.append(Refused(peer=peer, why="it was evicted from the run"))
                 continue
             problem = cert_problem(record.cert, peer=peer, run=self.run_id, issuers=self.issuers, now=now)
             if problem is None:

@@ -22,16 +22,19 @@ from swarm.control.messages import (
     Broken,
     ControlMessage,
     Done,
+    Faulty,
     Finished,
     Gone,
     Join,
     Leave,
+    Refused,
     Stuck,
     Unreachable,
     Unrecoverable,
 )
 from swarm.coordinator.commit_tracker import CommitTracker, iteration_metrics
 from swarm.coordinator.epochs import EpochHistory
+from swarm.coordinator.fault_reports import FaultReports
 from swarm.coordinator.liveness import Liveness
 from swarm.coordinator.replanner import Replanner
 from swarm.coordinator.restart_reports import RestartReports
@@ -102,6 +105,9 @@ class Scheduler:
         self.ends_run_on_stop = ends_run_on_stop
         self._restarted: set[tuple[int, int]] = set()
         self._restart_reports = RestartReports()
+        self._fault_reports = FaultReports()
+        self.evicted: set[str] = set()
+        """Peers voted out of the run (never admitted again under their key)."""
         self._count, self._settled_since = -1, 0.0
 
     @property
@@ -226,7 +232,7 @@ class Scheduler:
         """A control message from `sender` (authenticated by the gossip layer; whether it may say this is checked
         here against the schedule)."""
         claimed = getattr(message, "peer", sender)
-        if isinstance(message, (Join, Leave, Stuck, Broken, Unrecoverable, Done)) and claimed != sender:
+        if isinstance(message, (Join, Leave, Stuck, Broken, Unrecoverable, Done, Faulty)) and claimed != sender:
             logger.warning("ignored a %s report from %s in the name of %s", type(message).__name__.lower(), sender,
                            claimed)
             return []
@@ -240,7 +246,21 @@ class Scheduler:
             self._note_unreachable(sender, message.peer, now)
         elif isinstance(message, Done):
             return self._note_done(sender, message, now)
+        elif isinstance(message, Faulty):
+            return self._note_faulty(sender, message)
         return []
+
+    def _note_faulty(self, sender: str, report: Faulty) -> list[Action]:
+        """A member refused another one's averaging input as proof of a fault: two such members evict it."""
+        schedule = next((s for s in self.epochs.all if s.epoch == report.epoch), None)
+        if schedule is None or report.suspect in self.evicted:
+            return []
+        why = self._fault_reports.report(sender, report.suspect, report.iteration, schedule.placement)
+        if why is None:
+            return []
+        self.evicted.add(report.suspect)
+        self.liveness.declare_gone(report.suspect, f"evicted: {why}")
+        return [Announce(Refused(peer=report.suspect, why=f"evicted: {why}"))]
 
     def _note_unreachable(self, sender: str, target: str, now: float) -> None:
         """A peer of the schedule could not open a stream to another one."""

@@ -59,13 +59,13 @@ class SchedulerRole:
                  ends_run_on_stop: bool = True, token: str | None = None) -> None:
         self.config, self.spec, self.peer_id = config, spec, peer_id
         policy = AdmissionPolicy(spec.admission, token, frozenset(spec.allowed))
-        self.desk = AdmissionDesk(policy, records.identity, config.run_id, exempt={spec.coordinator},
-                                  issuers={spec.coordinator})
         self.records, self.gossip, self.local = records, gossip, local
         self.run_dir = Path(run_dir) if run_dir else None
         self.metrics_path = Path(metrics_path) if metrics_path else None
         self.scheduler = Scheduler(config, spec.model, spec.coordinator, first_schedule=first_schedule,
                                    ends_run_on_stop=ends_run_on_stop)
+        self.desk = AdmissionDesk(policy, records.identity, config.run_id, exempt={spec.coordinator},
+                                  issuers={spec.coordinator}, banned=self.scheduler.evicted)
         self._inbox: queue.Queue[GossipMessage] = queue.Queue(INBOX_SIZE)
 
     @property

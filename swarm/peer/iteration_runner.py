@@ -113,7 +113,9 @@ class IterationRunner:
                                                 iteration=iteration, epoch=schedule.epoch, send=self.outbox.send,
                                                 receive=lambda t: self.inbox.receive("average", t),
                                                 deadline=self.averaging_deadline, scheduled=schedule.visits(),
-                                                alive=self._worth_waiting_for, hold=self.inbox.hold)
+                                                alive=self._worth_waiting_for, hold=self.inbox.hold,
+                                                faulty=lambda suspect, why: self.reports.faulty(
+                                                    suspect, iteration, schedule.epoch, why))
         t2 = time.perf_counter()
         self.timeline.record("average", time.time() - (t2 - t1), time.time(), iteration=iteration)
         stats = worker.step()

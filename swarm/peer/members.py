@@ -45,6 +45,7 @@ class Members:
         self.refused: str | None = None
         self._decided = threading.Event()
         self._expiry: dict[str, float] = {}
+        self._banned: set[str] = set()
         self._lock = threading.Lock()
 
     def admits(self, peer: str) -> bool:
@@ -59,6 +60,10 @@ class Members:
             if message.peer == self.me:
                 self.refused = message.why or "no reason given"
                 self._decided.set()
+            else:  # evicted: no more input from it, whatever certificate it still holds
+                with self._lock:
+                    self._banned.add(message.peer)
+                    self._expiry.pop(message.peer, None)
             return
         if self._take(message.peer, message.cert) and message.peer == self.me:
             self.cert = message.cert
@@ -81,6 +86,8 @@ class Members:
 
     def _take(self, peer: str, raw: bytes) -> bool:
         """Remember `peer`'s certificate `raw` if it is valid; False (logged) if not."""
+        if peer in self._banned:
+            return False
         problem = cert_problem(raw, peer=peer, run=self.run_id, issuers=self._issuers(), now=get_dht_time())
         if problem is not None:
             logger.debug("certificate of %s not taken: %s", peer, problem)

@@ -13,7 +13,17 @@ from collections.abc import Callable
 from typing import Any
 
 from swarm.control.gossip import GossipClient
-from swarm.control.messages import Broken, ControlMessage, Done, Stuck, Unreachable, Unrecoverable, as_gossip, publish
+from swarm.control.messages import (
+    Broken,
+    ControlMessage,
+    Done,
+    Faulty,
+    Stuck,
+    Unreachable,
+    Unrecoverable,
+    as_gossip,
+    publish,
+)
 from swarm.peer.pipeline import IterationResult, Requeue
 
 logger = logging.getLogger(__name__)
@@ -68,6 +78,11 @@ class Reports:
         """This holder cannot re-queue a microbatch: the scheduler runs the iteration again."""
         self.tell(Unrecoverable(peer=self.peer_id, iteration=iteration, epoch=epoch, microbatch=microbatch,
                                 why=why[:MAX_WHY_CHARS]))
+
+    def faulty(self, suspect: str, iteration: int, epoch: int, why: str) -> None:
+        """`suspect`'s averaging contribution of the iteration was refused as proof of a fault."""
+        self.tell(Faulty(peer=self.peer_id, suspect=suspect, iteration=iteration, epoch=epoch,
+                         why=why[:MAX_WHY_CHARS]))
 
     def done(self, iteration: int, epoch: int, result: IterationResult, shards: dict) -> None:
         """This data holder finished its microbatches of the iteration."""

@@ -47,7 +47,8 @@ def average_stage_group(*, me: str, worker: StageWorker, group: list[str], run_i
                         send: Send, receive: Callable[[float], list[Inbound]], deadline: float,
                         scheduled: Mapping[str, int], aggregation: Aggregation = "centered_clip",
                         alive: Callable[[str], bool] = lambda peer: True,
-                        hold: Callable[[Inbound], None] | None = None) -> tuple[int, int]:
+                        hold: Callable[[Inbound], None] | None = None,
+                        faulty: Callable[[str, str], None] | None = None) -> tuple[int, int]:
     """Install the stage group's robust visit-weighted mean gradient on `worker`.
 
     :param group: peer ids serving this stage (this peer included)
@@ -56,12 +57,17 @@ def average_stage_group(*, me: str, worker: StageWorker, group: list[str], run_i
     :param aggregation: "centered_clip" (tolerates one faulty member of three or more) or "mean"
     :param alive: whether a member is still worth waiting for (False once the scheduler dropped it)
     :param hold: takes messages of a newer schedule epoch for later
+    :param faulty: told (member, why) of each contribution refused as proof of a fault (a gradient far outside
+      the stage's history, a non-finite or misshapen one), for the scheduler; a clipped one is no proof (an honest
+      outlier is clipped too), nor a weight above its bound (detours add visits to honest members)
     :returns: (total visits averaged, members heard from, this peer included)
     """
-    def refuse(sender: str, why: str) -> None:
+    def refuse(sender: str, why: str, proof: bool = False) -> None:
         logger.warning("stage %d averaging of iteration %d, gradients of %s: %s", worker.stage, iteration, sender,
                        why, extra=event("gradient_refused", stage=worker.stage, iteration=iteration, sender=sender,
                                         why=why))
+        if proof and faulty is not None:
+            faulty(sender, why)
 
     sums = worker.gradient_sums()
     flat = flatten(sums)
@@ -88,7 +94,7 @@ def average_stage_group(*, me: str, worker: StageWorker, group: list[str], run_i
                 refuse(m.sender, f"refused: stage {h.stages[0]}, this group is stage {worker.stage}")
             elif m.tensor.shape != flat.shape or m.tensor.dtype != flat.dtype or not torch.isfinite(m.tensor).all():
                 refuse(m.sender, f"refused: {tuple(m.tensor.shape)} {m.tensor.dtype}, expected finite "
-                       f"{tuple(flat.shape)} {flat.dtype}")
+                       f"{tuple(flat.shape)} {flat.dtype}", proof=True)
             elif m.sender in contributions:
                 logger.warning("dropped duplicate gradients from %s", m.sender)
             else:
@@ -101,6 +107,6 @@ def average_stage_group(*, me: str, worker: StageWorker, group: list[str], run_i
     result = stage_mean([contributions[p][0] for p in order], [contributions[p][1] for p in order],
                         bounds=[bounds[p] for p in order], reference=history_norm(worker), aggregation=aggregation)
     for i, why in sorted(result.refused.items()):
-        refuse(order[i], why)
+        refuse(order[i], why, proof=why.startswith("refused"))
     worker.set_mean_gradients(unflatten(result.mean, sums), result.visits)
     return result.visits, len(contributions)

@@ -68,3 +68,26 @@ def test_a_holder_cannot_move_other_holders_shards():
     (commit,) = [a.message for a in s.handle(liar, _done(liar, 0, 0), 62.0) if isinstance(getattr(a, "message", None),
                                                                                           Commit)]
     assert commit.shards == {}
+
+
+def test_two_members_evict_a_faulty_peer_and_one_liar_evicts_nobody():
+    from swarm.control.messages import Faulty, Refused
+
+    records = make_records()
+    s = make_scheduler()
+    schedule = _planned(s, records)
+    stage = next(st for st in set(schedule.placement.values()) if len(schedule.stage_peers(st)) >= 3)
+    a, b, suspect = schedule.stage_peers(stage)[:3]
+    elsewhere = next(p for p, st in schedule.placement.items() if st != stage)
+
+    def faulty(reporter: str, target: str, iteration: int = 0) -> list:
+        return s.handle(reporter, Faulty(peer=reporter, suspect=target, iteration=iteration, epoch=0, why="x"), 61.0)
+
+    for iteration in range(5):  # one liar, however often it says so
+        assert faulty(a, suspect, iteration) == [] and faulty(a, b, iteration) == []
+    assert faulty(elsewhere, suspect) == []  # not a member of the suspect's group: no vote
+    assert faulty(b, suspect, iteration=0) == []  # two votes: one strike (honest members agree on an honest spike)
+    (announce,) = faulty(b, suspect, iteration=3)  # a second iteration with two votes: evicted
+    assert announce.message == Refused(peer=suspect, why=announce.message.why)
+    assert "evicted" in announce.message.why and suspect in s.evicted
+    assert suspect not in s.liveness.live(61.0) and a in s.liveness.live(61.0) and b in s.liveness.live(61.0)

@@ -16,6 +16,7 @@ from swarm.control.messages import (
     Broken,
     Commit,
     Done,
+    Faulty,
     Finished,
     Gone,
     Join,
@@ -43,6 +44,7 @@ EXAMPLES = [
     Done(peer="QmA", iteration=4, epoch=1, loss_sum=3.5, losses=4, tokens=1024, started=10.0, finished=11.5,
          shards={"1": POSITION}, dropped=2),
     Commit(iteration=4, epoch=1, shards={"1": POSITION}),
+    Faulty(peer="QmA", suspect="QmB", iteration=4, epoch=1, why="weight cut"),
     Admitted(peer="QmA", cert=b"\x85signed"), Refused(peer="QmA", why="its join token is not this run's"),
 ]
 

@@ -65,3 +65,14 @@ def test_certificates_of_another_issuer_are_not_taken(scheduler_key, tmp_path):
     members, said = desk.sort({"QmFriend": record("QmFriend")}, now=1000.0)
     assert [m.peer for m in said if isinstance(m, Admitted)] == ["QmFriend"]
     assert dataclasses.replace(record("QmFriend")[0]).cert == b""
+
+
+def test_an_evicted_peer_is_never_a_member_again(scheduler_key):
+    banned: set[str] = set()
+    desk = AdmissionDesk(AdmissionPolicy("open"), scheduler_key, RUN, banned=banned)
+    members, said = desk.sort({"QmPeer": record("QmPeer")}, now=1000.0)
+    cert = next(m.cert for m in said if isinstance(m, Admitted))
+    assert "QmPeer" in desk.sort({"QmPeer": record("QmPeer", cert=cert)}, now=1001.0)[0]
+    banned.add("QmPeer")  # the scheduler evicted it
+    members, said = desk.sort({"QmPeer": record("QmPeer", cert=cert)}, now=1020.0)
+    assert members == {} and [m.why for m in said if isinstance(m, Refused)] == ["it was evicted from the run"]
