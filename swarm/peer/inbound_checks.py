@@ -33,6 +33,8 @@ class InboundChecks:
         self.me, self.run_id, self._schedules = me, run_id, schedules
         self.state_gate = StateGate()
         self.expects = all_of(pipeline_shape(activation_shape), self._expected)
+        self._routes: tuple[Schedule | None, dict] = (None, {})
+        """The routes by microbatch of the schedule last checked against (one lookup per message, not a scan)."""
 
     def expect_state(self, peers: Iterable[str]) -> None:
         """This peer waits for its stage's state from `peers`."""
@@ -57,6 +59,8 @@ class InboundChecks:
             if mine is None or schedule.placement.get(sender) != mine:
                 return f"{sender} is not in this peer's stage group under epoch {h.epoch}"
             return None
-        routes = {r.microbatch: r for r in schedule.routes}
+        if self._routes[0] is not schedule:
+            self._routes = (schedule, {r.microbatch: r for r in schedule.routes})
+        routes = self._routes[1]
         return hop_mismatch(Inbound(sender, h, torch.empty(0)), schedule=schedule, routes=routes, in_use=routes,
                             run_id=self.run_id, iteration=h.iteration, me=self.me, check_backward_prefix=False)
