@@ -33,6 +33,7 @@ EVENTS: dict[str, tuple[str, ...]] = {
     # what a peer refused
     "refused_message": ("sender", "why"),
     "dropped_message": ("sender", "microbatch", "why"),
+    "activation_refused": ("sender", "microbatch", "why"),
     "ignored_control": ("sender", "kind", "why"),
     "ignored_record": ("signer", "kind", "why"),
     # why: "refused: ..." (left out of the stage mean), "weight cut: ..." or "clipped by CenteredClip"

@@ -253,17 +253,26 @@ class Done:
 @dataclass(frozen=True)
 class Commit:
     """The scheduler commits `iteration` under `epoch` (peers average and step); `shards` are the run's shard
-    positions after it, where a shard that changes holder next starts."""
+    positions after it, where a shard that changes holder next starts; `left_out` are the peers of the epoch whose
+    averaging input no member takes (declared gone or evicted by then): one set for the whole group, so that no
+    two members average over different contributions (they would no longer hold the same weights)."""
 
     TOPIC: ClassVar[Topic] = "progress"
     iteration: int
     epoch: int
     shards: dict[str, dict[str, int]] = field(default_factory=dict)
+    left_out: tuple[str, ...] = ()
+
+    def _fields(self) -> dict[str, Any]:
+        return {"iteration": self.iteration, "epoch": self.epoch, "shards": self.shards,
+                "left_out": list(self.left_out)}
 
     @classmethod
     def _decode(cls, d: dict, name: str) -> Commit:
+        left_out = read_list(d.get("left_out", []), f"{name}.left_out", MAX_PEERS)
         return cls(iteration=_iteration(d, name), epoch=_epoch(d, name),
-                   shards=read_positions(d.get("shards", {}), f"{name}.shards"))
+                   shards=read_positions(d.get("shards", {}), f"{name}.shards"),
+                   left_out=tuple(read_str(p, f"{name}.left_out[{i}]") for i, p in enumerate(left_out)))
 
 
 @dataclass(frozen=True)

@@ -331,6 +331,8 @@ class Scheduler:
         if committed is None:
             return []
         commit, reports = committed
+        commit = replace(commit, left_out=tuple(sorted(p for p in running.placement if p in self.evicted
+                                                       or p in self.liveness.declared_gone)))
         records = {p: r for p, r in self.liveness.records.items() if p in running.placement}
         record = iteration_metrics(self.completed, reports, epoch=running.epoch, peers_online=self.peers_online,
                                    records=records)

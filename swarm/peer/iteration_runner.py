@@ -113,6 +113,7 @@ class IterationRunner:
                                                 iteration=iteration, epoch=schedule.epoch, send=self.outbox.send,
                                                 receive=lambda t: self.inbox.receive("average", t),
                                                 deadline=self.averaging_deadline, scheduled=schedule.visits(),
+                                                left_out=self.follower.left_out(iteration),
                                                 alive=self._worth_waiting_for, hold=self.inbox.hold,
                                                 faulty=lambda suspect, why: self.reports.faulty(
                                                     suspect, iteration, schedule.epoch, why))

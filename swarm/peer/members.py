@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Collection, Mapping
 
 from hivemind.utils import get_dht_time
@@ -75,9 +76,15 @@ class Members:
             if record.cert:
                 self._take(peer, record.cert)
 
-    def wait(self, stop: threading.Event, timeout: float) -> None:
-        """Until the scheduler admits this peer; raises `NotAdmitted` when it refuses or says nothing in time."""
-        self._decided.wait(timeout)
+    def wait(self, stop: threading.Event, timeout: float, *, over: threading.Event | None = None) -> None:
+        """Until the scheduler admits this peer; raises `NotAdmitted` when it refuses or says nothing in time.
+        Returns at once when `stop` or `over` (the run finished) is set."""
+        end = time.monotonic() + timeout
+        while not self._decided.is_set() and not stop.is_set() and not (over is not None and over.is_set()) \
+                and time.monotonic() < end:
+            self._decided.wait(0.2)
+        if over is not None and over.is_set() and self.refused is None:
+            return
         if self.refused is not None:
             raise NotAdmitted(f"the scheduler of run {self.run_id} refused this peer: {self.refused}")
         if not self.cert and not stop.is_set():

@@ -38,6 +38,7 @@ from swarm.net.identity import ensure_identity
 from swarm.net.link_probe import LinkProber
 from swarm.net.message_jitter import MessageJitter
 from swarm.net.transport import Transport
+from swarm.peer.activation_watch import ActivationWatch
 from swarm.peer.data_holder import DataHolder
 from swarm.peer.faults import tamper
 from swarm.peer.inbound_checks import InboundChecks
@@ -86,8 +87,9 @@ class Peer:
         self.node = Node(options.identity_path, options.run_id, host=options.host, port=options.port,
                          on_message=self._on_gossip)
         self.inbox = Inbox()
+        self.activations = ActivationWatch(self.inbox.signal, lambda report: self.reports.broken(report))
         self.outbox = Outbox(lambda: self._transport, self.inbox, self.timeline, failed=self._send_failed,
-                             tamper=tamper(options.fault) if options.fault else None)
+                             tamper=tamper(options.fault) if options.fault else None, sent=self.activations.sent)
         self.clock = IterationClock(options.iteration_deadline)
         self.reports = Reports(self.peer_id, options.run_id, lambda: self.node.gossip,
                                lambda: self.succession.role if self.succession is not None else None)
@@ -200,7 +202,7 @@ class Peer:
                                   outbox=self.outbox, dht=lambda: node.dht, loss_seconds=self.loss_seconds,
                                   checks=checks)
         node.start_heartbeat(self._record, period=self.config.heartbeat)  # with its proof of the join token
-        self.members.wait(stop, o.join_timeout)  # then it measures links and asks to be placed
+        self.members.wait(stop, o.join_timeout, over=self.follower.finished)  # then: links, placement
         self.succession = Succession(self.peer_id, records, node.gossip, self.follower, make_role=self._make_role,
                                      role_args=self._role_args, on_records=self.members.observe)
         announced = lambda: self.succession.announced if self.succession.announced is not None \
@@ -379,7 +381,8 @@ class Peer:
         delay noted as jitter; waits while the inbox is full, which makes the senders wait."""
         if header.sent_at:
             self.jitter.observe(f"{sender}/{header.direction.name}", time.time() - header.sent_at)
-        self.inbox.put(Inbound(sender, header, tensor))
+        if self.activations.take(m := Inbound(sender, header, tensor)):
+            self.inbox.put(m)
 
     def _receiver(self, kind: Kind) -> Callable[[str, HopHeader, torch.Tensor], None]:
         """The transport's consumer of channel `kind`: into the inbox of that kind."""

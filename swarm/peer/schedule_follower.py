@@ -62,6 +62,7 @@ class ScheduleFollower:
         self.committed_positions: tuple[int, dict[str, Any]] = (-1, {})
         """(iteration, shard index -> position) of the newest commit: where a shard taken over next starts."""
         self._commits: set[tuple[int, int]] = set()
+        self._left_out: dict[int, frozenset[str]] = {}
         self._announced_epoch = 0
         self._newest_held = newest_held
         self._last_poll = 0.0
@@ -107,6 +108,7 @@ class ScheduleFollower:
             if message.iteration > self.committed_positions[0]:
                 self.committed_positions = (message.iteration, message.shards)
             self._commits.add((message.iteration, message.epoch))
+            self._left_out[message.iteration] = frozenset(message.left_out)
         return True
 
     def _stale(self, message: ControlMessage) -> str | None:
@@ -123,8 +125,13 @@ class ScheduleFollower:
     def is_committed(self, iteration: int, epoch: int) -> bool:
         return (iteration, epoch) in self._commits
 
+    def left_out(self, iteration: int) -> frozenset[str]:
+        """The peers whose averaging input no member takes for committed `iteration` (see `Commit.left_out`)."""
+        return self._left_out.get(iteration, frozenset())
+
     def forget_commits_before(self, iteration: int) -> None:
         self._commits = {c for c in self._commits if c[0] >= iteration}
+        self._left_out = {i: peers for i, peers in self._left_out.items() if i >= iteration}
 
     # ---- epochs ---------------------------------------------------------------------------------------------------
     def fetch(self) -> Schedule | None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 
 import torch
 
@@ -46,6 +46,7 @@ def unflatten(flat: torch.Tensor, like: dict[str, torch.Tensor]) -> dict[str, to
 def average_stage_group(*, me: str, worker: StageWorker, group: list[str], run_id: str, iteration: int, epoch: int,
                         send: Send, receive: Callable[[float], list[Inbound]], deadline: float,
                         scheduled: Mapping[str, int], aggregation: Aggregation = "centered_clip",
+                        left_out: Collection[str] = (),
                         alive: Callable[[str], bool] = lambda peer: True,
                         hold: Callable[[Inbound], None] | None = None,
                         faulty: Callable[[str, str], None] | None = None) -> tuple[int, int]:
@@ -55,6 +56,8 @@ def average_stage_group(*, me: str, worker: StageWorker, group: list[str], run_i
     :param receive: this iteration's AVERAGE messages, waiting up to the timeout for the first
     :param scheduled: visits the iteration's schedule gives each peer (`Schedule.visits()`): bounds the weights
     :param aggregation: "centered_clip" (tolerates one faulty member of three or more) or "mean"
+    :param left_out: members whose input is neither waited for nor taken: the scheduler's list in the commit,
+      the same for every member (`Commit.left_out`)
     :param alive: whether a member is still worth waiting for (False once the scheduler dropped it)
     :param hold: takes messages of a newer schedule epoch for later
     :param faulty: told (member, why) of each contribution refused as proof of a fault (a gradient far outside
@@ -72,7 +75,7 @@ def average_stage_group(*, me: str, worker: StageWorker, group: list[str], run_i
     sums = worker.gradient_sums()
     flat = flatten(sums)
     contributions: dict[str, tuple[torch.Tensor, int]] = {me: (flat, worker.visits)}
-    others = sorted(p for p in group if p != me)
+    others = sorted(p for p in group if p != me and p not in left_out)
     for peer in others:
         header = HopHeader(run=run_id, iteration=iteration, microbatch=0, route=(me, peer), hop=1,
                            direction=Direction.AVERAGE, epoch=epoch, dtype="", shape=(),

@@ -55,3 +55,30 @@ def test_a_faulty_stage_member_is_refused_evicted_and_the_run_completes(tmp_path
         for e in swarm.events("param_digest", who=honest):
             digests[(e["iteration"], honest)] = e["digest"]
     assert all(digests[(i, "peer-03")] == digests[(i, "peer-04")] for i, _ in digests), digests
+
+
+def test_a_relay_corrupting_activations_is_routed_around_and_taken_out(tmp_path):
+    """Stage 1's peer-04 (one of two) blows up every activation it passes on (x 1e4): the holders refuse them before
+    computing, re-queue those microbatches around it, and report it; two reporters take it out, the run completes."""
+    pins = PINS[:-1]  # stage 1 has two peers: the corrupt relay serves several holders, who each see it
+    peer_args = [["--stage", s, "--iteration-deadline", "120"] for s in pins]
+    peer_args[-1] += ["--fault", "corrupt-activations"]
+    args = [*COORDINATOR_ARGS]
+    args[args.index("--min-peers") + 1] = str(len(pins))
+    swarm = LocalSwarm(tmp_path, len(pins), run_id="corrupt", coordinator_args=args, peer_args=peer_args)
+    try:
+        swarm.start()
+        records = swarm.watch(ITERATIONS, timeout=300)
+        for proc in swarm.peers:
+            proc.wait(timeout=60)
+    finally:
+        swarm.stop()
+    assert [r["iteration"] for r in records] == list(range(1, ITERATIONS + 1))
+    assert records[-1]["loss"] < records[0]["loss"]
+    relay = swarm.events("placed", who="peer-04")[0]["node"]
+    refused = swarm.events("activation_refused", who="peer-0[0-3]")
+    assert {e["sender"] for e in refused} == {relay}, refused  # nobody honest was refused
+    assert len({e["node"] for e in refused}) >= 2  # two holders saw it
+    gone = [e["peer"] for e in swarm.events("declared_gone", who="coordinator")]
+    assert gone == [relay], gone
+    assert relay not in swarm.schedule()["placement"]
