@@ -10,9 +10,10 @@ above it):
 - control/: the signed DHT records and the gossip control plane (client and sidecar)
 - net/: identity, the tensor transport, link probing, message jitter, the DHT's clean shutdown
 
-Four leaf modules serve every sub-package:
+Five leaf modules serve every sub-package:
 - constants.py: network limits (header/tensor sizes, dtypes, timeouts, heartbeat, record lifetime); ports default to 0
-- wire.py: WireError and the msgpack wire records (TensorDescriptor, HopHeader, PeerRecord, RunSpec, ScheduleMsg)
+- codec.py: WireError, msgpack without extensions, and the strict field readers every record and message uses
+- wire.py: the msgpack wire records (TensorDescriptor, HopHeader, PeerRecord, RunSpec, ScheduleMsg, SignedRecord)
 - run_config.py: RunConfig, a run as TOML data, and the signed run spec it becomes
 - events.py: typed events (EventLog, `--events FILE`): what a process did, as JSON lines tests and tools read
 
