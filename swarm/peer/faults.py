@@ -3,7 +3,7 @@
 It changes what the peer sends to its stage group, as the Byzantine members the defences are built against would:
 its averaging contribution scaled by -1e6, one coordinate set to 3e38 (finite, but it overflows any sum), or an
 honest contribution claimed over 2^40 visits; "byzantine" takes them in turn, one kind each iteration. With
-"corrupt-activations" it is a relay that blows up the activations it passes on (x 1e4) instead. Everything else it
+"corrupt-activations" it is a relay that passes on activations with non-finite values instead. Everything else it
 does honestly. Never use it on a run you care about.
 """
 
@@ -29,7 +29,10 @@ def tamper(fault: str) -> Tamper:
     def apply(header: HopHeader, tensor: torch.Tensor) -> tuple[HopHeader, torch.Tensor]:
         if fault == "corrupt-activations":
             relayed = header.direction == Direction.FORWARD and header.hop != 1  # not its own microbatch's injection
-            return header, (tensor * 1e4 if relayed else tensor)
+            if relayed:
+                tensor = tensor.clone()
+                tensor.view(-1)[::7] = float("nan")
+            return header, tensor
         if header.direction != Direction.AVERAGE:
             return header, tensor
         kind = kinds[header.iteration % len(kinds)] if fault == "byzantine" else fault

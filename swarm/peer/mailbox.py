@@ -210,16 +210,14 @@ class Outbox:
     :param wire_dtype: the run's compression of pipeline tensors (float32 = none)
     :param failed: called with (peer, unreachable) when a send fails, before the message comes back
     :param tamper: changes every message before it is sent (`swarm.peer.faults`: a peer misbehaving on purpose)
-    :param sent: shown every message this peer sends, as it meant it (`ActivationWatch.sent`)
     """
 
     THREADS: dict[Kind, int] = {"hop": SEND_CONCURRENCY, "average": 2, "state": 1}
 
     def __init__(self, transport: Callable[[], Transport | None], inbox: Inbox, timeline: Timeline, *,
                  wire_dtype: str = "float32", failed: Callable[[str, bool], None] | None = None,
-                 tamper: Tamper | None = None, sent: Callable[[HopHeader, torch.Tensor], None] | None = None) -> None:
+                 tamper: Tamper | None = None) -> None:
         self._transport, self._inbox, self._timeline, self._tamper = transport, inbox, timeline, tamper
-        self._sent = sent
         self.wire_dtype = wire_dtype
         self._failed = failed
         self._pools = {kind: ThreadPoolExecutor(n, thread_name_prefix=f"skippipe-send-{kind}")
@@ -232,8 +230,6 @@ class Outbox:
         wire = None if plain else self.wire_dtype
         if header.direction in PIPELINE:
             header = replace(header, sent_at=time.time())  # before the queue: its wait is the link's too
-        if self._sent is not None:
-            self._sent(header, tensor)
         if self._tamper is not None:
             header, tensor = self._tamper(header, tensor)
 

@@ -89,7 +89,7 @@ class Peer:
         self.inbox = Inbox()
         self.activations = ActivationWatch(self.inbox.signal, lambda report: self.reports.broken(report))
         self.outbox = Outbox(lambda: self._transport, self.inbox, self.timeline, failed=self._send_failed,
-                             tamper=tamper(options.fault) if options.fault else None, sent=self.activations.sent)
+                             tamper=tamper(options.fault) if options.fault else None)
         self.clock = IterationClock(options.iteration_deadline)
         self.reports = Reports(self.peer_id, options.run_id, lambda: self.node.gossip,
                                lambda: self.succession.role if self.succession is not None else None)
