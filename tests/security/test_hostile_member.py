@@ -14,7 +14,7 @@ from swarm.local.local_swarm import LocalSwarm
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
-ITERATIONS = 9
+ITERATIONS = 7
 PINS = ["0", "0", "0", "1", "1", "1"]  # stage 1's group: peer-03, peer-04 (honest) and peer-05 (faulty)
 COORDINATOR_ARGS = ["--iterations", str(ITERATIONS), "--min-peers", str(len(PINS)), "--stages", "2", "--skip", "0",
                     "--seed", "0", "--microbatches", "4"]  # 12 microbatches: every stage-1 peer is on some path

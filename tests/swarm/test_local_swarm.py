@@ -145,6 +145,11 @@ def test_local_swarm_trains_refuses_hostile_input_and_keeps_stages_identical(run
         gossip.publish(schedule_topic(RUN), {"epoch": 99})  # not a control message at all
         assert coordinator["coordinator"] != intruder.peer_id
 
+        # the volunteer with the wrong token was refused admission, said so and exited: it is no peer of the run
+        assert stranger.wait(timeout=60) != 0
+        told = (run.run_dir / f"peer-{PEERS:02d}.out").read_text()
+        assert "refused this peer: its join token is not this run's" in told and "Traceback" not in told, told
+        run.peers.remove(stranger)
         records = run.watch(ITERATIONS, timeout=180)
         for proc in run.peers:  # after the last commit each peer averages, steps, logs and leaves by itself
             proc.wait(timeout=60)
@@ -162,10 +167,6 @@ def test_local_swarm_trains_refuses_hostile_input_and_keeps_stages_identical(run
     intruder_id = intruder.peer_id
     refused = [e["why"] for e in run.events("refused_message", who="peer-*") if e["sender"] == intruder_id]
     assert len(refused) >= 3 and all(why == "stream: sender not admitted" for why in refused), refused
-    # the volunteer with the wrong token was refused admission, said so, exited, and was never placed
-    assert stranger.wait(timeout=60) != 0
-    told = (run.run_dir / f"peer-{PEERS:02d}.out").read_text()
-    assert "refused this peer: its join token is not this run's" in told and "Traceback" not in told, told
     (refusal,) = {e["why"] for e in run.events("refused_peer", who="coordinator")}
     assert refusal == "its join token is not this run's"
     assert not run.events("placed", who=f"peer-{PEERS:02d}")
