@@ -37,6 +37,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from peers.durable import fsync_dir
 from peers.model import ModelConfig, Transformer
 from peers.optim import OptimConfig
 from peers.worker import StageWorker
@@ -182,17 +183,17 @@ def _save_step(root: Path, iteration: int, manifest_name: str, write: Callable[[
     tmp.mkdir()
     try:
         write(tmp)
-        _fsync_dir(tmp)
+        fsync_dir(tmp)
         name = _free_step_name(root, iteration)
         os.rename(tmp, root / name)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    _fsync_dir(root)
+    fsync_dir(root)
     pointer = root / f".{LATEST}.tmp"
     _write_bytes(pointer, f"{name}\n".encode())
     os.replace(pointer, root / LATEST)
-    _fsync_dir(root)
+    fsync_dir(root)
     for d in _step_dirs(root):
         if d.name not in (name, previous):
             shutil.rmtree(d, ignore_errors=True)
@@ -216,18 +217,6 @@ def _write_bytes(path: Path, data: bytes) -> str:
 def _fsync_file(path: Path) -> None:
     with open(path, "rb") as f:
         os.fsync(f.fileno())
-
-
-def _fsync_dir(path: Path) -> None:
-    """Make a directory's entries (renames, new files) durable; a no-op where directories cannot be opened."""
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _step_key(name: str) -> tuple[int, int] | None:

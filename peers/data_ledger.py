@@ -19,6 +19,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from peers.durable import fsync_dir
+
 logger = logging.getLogger(__name__)
 
 
@@ -63,7 +65,7 @@ class DataLedger:
                 if durable:
                     os.fsync(f.fileno())
             if durable and not self._dir_synced:  # the file's own directory entry, once
-                _fsync_dir(self.path.parent)
+                fsync_dir(self.path.parent)
                 self._dir_synced = True
 
 
@@ -117,17 +119,6 @@ def _cut_torn_tail(path: Path) -> None:
         f.truncate(start)
         f.flush()
         os.fsync(f.fileno())
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def sample_status(entries: list[dict[str, Any]], commits: set[tuple[int, int]] | None = None
