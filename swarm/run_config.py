@@ -42,12 +42,21 @@ from peers.data import DataConfig
 from peers.model import FLAVORS, ModelConfig
 from peers.optim import OptimConfig
 from scheduler.constants import DEFAULT_MEMORY_SLOTS
+from scheduler.path_rules import PathRules
 from swarm.wire import RunSpec
 
 WireDtype = Literal["float32", "float16", "bfloat16"]
 Averaging = Literal["allgather", "hivemind"]
 Planner = Literal["skippipe", "skippipe-no-collision", "full-pipeline", "random-skip"]
 PLANNERS: tuple[str, ...] = ("skippipe", "skippipe-no-collision", "full-pipeline", "random-skip")
+
+
+def never_trained_stages(stages: int, skip: float) -> list[int]:
+    """The stages no valid path can visit with `skip` (R = round((1 - skip) * S) stages per path): a path makes
+    R - 1 hops past stage 0, each at most `max_jump` stages above the highest so far, so it reaches no stage above
+    (R - 1) * max_jump, and with R = 1 none at all. Peers placed there would receive nothing for the whole run."""
+    rules = PathRules.from_skip_ratio(stages, skip)
+    return list(range(rules.hops * rules.max_jump + 1, stages))
 
 
 @dataclass(frozen=True)
@@ -116,6 +125,11 @@ class RunConfig:
             raise ValueError(f"swarm.heartbeat must be 0.2-60 seconds, got {self.heartbeat!r}")
         if self.planner not in PLANNERS:
             raise ValueError(f"swarm.planner must be one of {', '.join(PLANNERS)}, got {self.planner!r}")
+        never = never_trained_stages(self.stages, self.skip) if self.planner != "full-pipeline" else []
+        if never:
+            raise ValueError(f"run.skip {self.skip} with {self.stages} stages: no path can visit stage(s) "
+                             f"{', '.join(map(str, never))}, whose peers would never train; lower run.skip or "
+                             "run.stages")
         if not isinstance(self.rebalance, bool):
             raise ValueError(f"swarm.rebalance must be true or false, got {self.rebalance!r}")
         if self.averaging not in ("allgather", "hivemind"):

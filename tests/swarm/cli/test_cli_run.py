@@ -11,6 +11,7 @@ from swarm.cli.main import main, peer_main
     (["coordinator", "start", "--skip", "1.5"], "run.skip must be in [0, 1)"),
     (["coordinator", "start", "--stages", "9"], "tiny has 6 layers"),
     (["coordinator", "start", "--run-id", "a/b"], "run.run_id"),
+    (["coordinator", "start", "--stages", "2", "--skip", "0.33"], "no path can visit stage(s) 1,"),
 ])
 def test_coordinator_refuses_bad_flags(args, message):
     r = CliRunner().invoke(main, args)
