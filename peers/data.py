@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from tokenizers import Tokenizer
 
-from peers.tokenizer import EOS, load_tokenizer
+from peers.tokenizer import end_of_text_id, load_tokenizer
 
 MAX_DATA_FILE_BYTES = 8 << 30
 """A data file larger than this is refused before reading."""
@@ -132,14 +132,14 @@ class Corpus:
         random.Random(cfg.seed).shuffle(order)
         n_val = min(len(docs) - 1, max(1, round(len(docs) * cfg.validation_fraction)))
         val_ids, train_ids = sorted(order[:n_val]), sorted(order[n_val:])
-        eos = tokenizer.token_to_id(EOS)
+        eos = end_of_text_id(tokenizer, cfg.tokenizer)  # `<eos>`, or an imported tokenizer's own
         return cls(cfg, tokenizer, _stream(tokenizer, [docs[i] for i in train_ids], eos),
                    _stream(tokenizer, [docs[i] for i in val_ids], eos))
 
     def with_documents(self, paths: Sequence[str]) -> Corpus:
         """The same tokenizer and validation split over other training documents (a peer's own data)."""
         docs = read_documents(paths)
-        train = _stream(self.tokenizer, docs, self.tokenizer.token_to_id(EOS))
+        train = _stream(self.tokenizer, docs, end_of_text_id(self.tokenizer, self.config.tokenizer))
         return Corpus(replace(self.config, paths=tuple(paths)), self.tokenizer, train, self.validation_tokens)
 
     @property

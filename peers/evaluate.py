@@ -75,7 +75,7 @@ def evaluate(model: Transformer, batches: Sequence[torch.Tensor], split: Sequenc
              seed: int = 0) -> EvalResult:
     """Perplexity of the whole model, and (when omit > 0) with that fraction of non-zero stages omitted."""
     split = check_split(split, model.config.n_layers)
-    if model.tok_embeddings is None or model.output is None or len(model.layers) != model.config.n_layers:
+    if model.tok_embeddings is None or model.norm is None or len(model.layers) != model.config.n_layers:
         raise ValueError("evaluation needs the whole model (every stage's weights)")
     loss = mean_loss(model, batches)
     if omit <= 0:

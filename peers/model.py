@@ -48,6 +48,12 @@ class ModelConfig:
     """Base of the rotary frequencies."""
     norm_eps: float = 1e-5
     """RMSNorm epsilon."""
+    # fields added for imported models (grouped-query attention, tied embeddings); `to_dict` leaves them out
+    # at their defaults, so the dict of a model without them is exactly what older builds wrote and compare
+    n_kv_heads: int | None = None
+    """Key/value heads (grouped-query attention); None = n_heads. n_heads must be a multiple of it."""
+    tie_embeddings: bool = False
+    """The LM head reuses the token embedding's weight (both live on stage 0)."""
 
     def validate(self) -> None:
         """Raise ValueError naming the field that is wrong."""
@@ -57,15 +63,31 @@ class ModelConfig:
                 raise ValueError(f"model.{name} must be a positive integer, got {value!r}")
         if self.dim % self.n_heads or (self.dim // self.n_heads) % 2:
             raise ValueError(f"model.dim={self.dim} must split into n_heads={self.n_heads} heads of even size")
-        if not (self.rope_theta > 0 and self.norm_eps > 0):
-            raise ValueError("model.rope_theta and model.norm_eps must be positive")
+        for name in ("rope_theta", "norm_eps"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ValueError(f"model.{name} must be a positive number, got {value!r}")
+        kv = self.n_kv_heads
+        if kv is not None and (not isinstance(kv, int) or isinstance(kv, bool) or kv < 1 or self.n_heads % kv):
+            raise ValueError(f"model.n_kv_heads must be a positive divisor of n_heads={self.n_heads}, got {kv!r}")
+        if not isinstance(self.tie_embeddings, bool):
+            raise ValueError(f"model.tie_embeddings must be true or false, got {self.tie_embeddings!r}")
 
     @property
     def head_dim(self) -> int:
         return self.dim // self.n_heads
 
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads actually used (n_kv_heads, else n_heads)."""
+        return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        for name in ("n_kv_heads", "tie_embeddings"):
+            if d[name] == getattr(ModelConfig, name):
+                del d[name]
+        return d
 
     @classmethod
     def from_dict(cls, data: Any) -> ModelConfig:
@@ -81,9 +103,11 @@ class ModelConfig:
         return cfg
 
     def num_params(self) -> int:
-        """Parameters of the full model (embedding and head untied)."""
-        block = 4 * self.dim * self.dim + 3 * self.dim * self.ffn_dim + 2 * self.dim
-        return self.n_layers * block + 2 * self.vocab_size * self.dim + self.dim
+        """Parameters of the full model (the head counted once more unless tied to the embedding)."""
+        kv_dim = self.kv_heads * self.head_dim
+        block = 2 * self.dim * self.dim + 2 * self.dim * kv_dim + 3 * self.dim * self.ffn_dim + 2 * self.dim
+        embeddings = (1 if self.tie_embeddings else 2) * self.vocab_size * self.dim
+        return self.n_layers * block + embeddings + self.dim
 
 
 FLAVORS: dict[str, ModelConfig] = {
@@ -119,7 +143,12 @@ def rotary_tables(seq_len: int, head_dim: int, theta: float, device: torch.devic
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate each (even, odd) pair of x's last dimension; x is (B, nh, T, hd)."""
+    """Rotate each (even, odd) pair of x's last dimension; x is (B, nh, T, hd).
+
+    Hugging Face's Llama pairs dimension i with i + hd/2 instead (`rotate_half`). Rather than a second layout
+    here, `peers.hf_llama` permutes the rows of imported q/k weights into this one (the inverse of the permutation
+    in HF's own Meta-to-HF converter): exact, since a head's q.k is unchanged by permuting both alike.
+    """
     x1, x2 = x[..., 0::2], x[..., 1::2]  # (B, nh, T, hd/2) each
     out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)  # (B, nh, T, hd/2, 2)
     return out.flatten(-2)  # (B, nh, T, hd)
@@ -129,19 +158,25 @@ class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.n_heads, self.head_dim, self.theta = cfg.n_heads, cfg.head_dim, cfg.rope_theta
+        self.n_kv_heads = cfg.kv_heads
         self.wq = nn.Linear(cfg.dim, cfg.dim, bias=False)
-        self.wk = nn.Linear(cfg.dim, cfg.dim, bias=False)
-        self.wv = nn.Linear(cfg.dim, cfg.dim, bias=False)
+        self.wk = nn.Linear(cfg.dim, self.n_kv_heads * self.head_dim, bias=False)
+        self.wv = nn.Linear(cfg.dim, self.n_kv_heads * self.head_dim, bias=False)
         self.wo = nn.Linear(cfg.dim, cfg.dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, C = x.shape
         q = self.wq(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, nh, T, hd)
-        k = self.wk(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, nh, T, hd)
-        v = self.wv(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, nh, T, hd)
+        k = self.wk(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, nkv, T, hd)
+        v = self.wv(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, nkv, T, hd)
         # computed here, from T alone: the block needs nothing positional from the previous hop
         cos, sin = rotary_tables(T, self.head_dim, self.theta, x.device, q.dtype)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        if self.n_kv_heads != self.n_heads:
+            # grouped-query attention: query head i reads kv head i // (nh / nkv), as HF's repeat_kv; SDPA's
+            # enable_gqa would avoid the copy but needs torch >= 2.5 and we support 2.1
+            rep = self.n_heads // self.n_kv_heads
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)  # (B, nh, T, hd)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, nh, T, hd)
         return self.wo(y.transpose(1, 2).reshape(B, T, C))  # (B, T, C)
 
@@ -191,7 +226,11 @@ class Transformer(nn.Module):
         self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.dim) if with_embedding else None
         self.layers = nn.ModuleDict({str(i): Block(cfg) for i in ids})
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps) if with_head else None
-        self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False) if with_head else None
+        if cfg.tie_embeddings and with_head and not with_embedding:
+            raise ValueError("model.tie_embeddings: the LM head needs the token embedding in the same module")
+        # tied: no `output` module, the head reads the embedding's weight (one tensor in the state_dict)
+        self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False) if with_head and not cfg.tie_embeddings \
+            else None
         self.init_weights(seed)
 
     @property
@@ -225,9 +264,11 @@ class Transformer(nn.Module):
         return h
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
-        """(B, T, C) -> (B, T, vocab) through the final norm and LM head."""
-        if self.output is None or self.norm is None:
+        """(B, T, C) -> (B, T, vocab) through the final norm and LM head (the embedding's weight when tied)."""
+        if self.norm is None:
             raise RuntimeError("this part of the model has no LM head (not stage 0)")
+        if self.output is None:
+            return F.linear(self.norm(h), self.tok_embeddings.weight)
         return self.output(self.norm(h))
 
     def forward(self, tokens_or_h: torch.Tensor) -> torch.Tensor:
@@ -238,7 +279,7 @@ class Transformer(nn.Module):
         h = self.embed(tokens_or_h) if self.tok_embeddings is not None and not tokens_or_h.is_floating_point() \
             else tokens_or_h
         h = self.run_layers(h)
-        return self.logits(h) if self.output is not None else h
+        return self.logits(h) if self.norm is not None else h
 
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

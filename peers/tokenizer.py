@@ -7,6 +7,7 @@ hash of both, so every peer of a run that trains on the same text gets the same 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 from collections.abc import Sequence
@@ -20,6 +21,8 @@ SPECIAL_TOKENS = ("<pad>", "<eos>")
 EOS = "<eos>"
 MAX_TOKENIZER_FILE_BYTES = 64 << 20
 """A local tokenizer.json larger than this is refused before reading."""
+TOKENIZER_CONFIG = "tokenizer_config.json"
+"""Beside a tokenizer.json (Hugging Face's layout): names its special tokens, e.g. {"eos_token": "</s>"}."""
 
 
 def cache_dir() -> Path:
@@ -44,7 +47,7 @@ def load_tokenizer(path: str | os.PathLike | None, texts: Sequence[str] | None =
                    vocab_size: int = 4096) -> Tokenizer:
     """Load `path` (a tokenizer.json), or train a BPE on `texts` once and reuse the cached file.
 
-    :raises ValueError: the file is missing, too large, unreadable, or lacks the `<eos>` token
+    :raises ValueError: the file is missing, too large, unreadable, or has no end-of-text token (`end_of_text_id`)
     """
     if path is not None:
         p = Path(path)
@@ -56,8 +59,7 @@ def load_tokenizer(path: str | os.PathLike | None, texts: Sequence[str] | None =
             tok = Tokenizer.from_file(str(p))
         except Exception as e:  # the tokenizers library raises its own exception types
             raise ValueError(f"tokenizer file {p} could not be read: {e}") from None
-        if tok.token_to_id(EOS) is None:
-            raise ValueError(f"tokenizer file {p} has no {EOS} token")
+        end_of_text_id(tok, p)  # refuses a tokenizer without a known end-of-text token
         return tok
     if texts is None:
         raise ValueError("either a tokenizer file or texts to train one on are needed")
@@ -74,3 +76,40 @@ def load_tokenizer(path: str | os.PathLike | None, texts: Sequence[str] | None =
     tok.save(str(tmp))
     os.replace(tmp, cached)  # atomic: peers sharing a cache never read half a file
     return tok
+
+
+def special_token(path: str | os.PathLike, name: str) -> str | None:
+    """The `name` special token ("eos_token", "bos_token") that a tokenizer_config.json beside tokenizer file
+    `path` names, or None when there is no such file or entry. Hugging Face writes a plain string or an
+    {"content": ...} object; anything else is refused."""
+    cfg = Path(path).with_name(TOKENIZER_CONFIG)
+    if not cfg.is_file():
+        return None
+    if cfg.stat().st_size > MAX_TOKENIZER_FILE_BYTES:
+        raise ValueError(f"{cfg} is larger than {MAX_TOKENIZER_FILE_BYTES} bytes")
+    try:
+        data = json.loads(cfg.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{cfg} is not valid JSON: {e}") from None
+    value = data.get(name) if isinstance(data, dict) else None
+    if isinstance(value, dict):
+        value = value.get("content")
+    if value is not None and not isinstance(value, str):
+        raise ValueError(f"{cfg}: {name} must be a token string")
+    return value
+
+
+def end_of_text_id(tokenizer: Tokenizer, path: str | os.PathLike | None = None) -> int:
+    """The id appended after each document: the `eos_token` that a tokenizer_config.json beside tokenizer file
+    `path` names (an imported Hugging Face tokenizer's own, e.g. `</s>`), else skippipe's `<eos>`.
+
+    :raises ValueError: neither names a token of `tokenizer`
+    """
+    named = special_token(path, "eos_token") if path is not None else None
+    token = named or EOS
+    token_id = tokenizer.token_to_id(token)
+    if token_id is None:
+        where = f"tokenizer file {path}" if path is not None else "the tokenizer"
+        hint = "" if named else f" (name its end-of-text token as eos_token in a {TOKENIZER_CONFIG} beside it)"
+        raise ValueError(f"{where} has no {token} token{hint}")
+    return token_id

@@ -17,6 +17,9 @@ COMMANDS = {
     "swarm": "swarm.cli.train:swarm",
     "eval": "swarm.cli.train:eval_command",
     "coordinator": "swarm.cli.run:coordinator",
+    "import-hf": "swarm.cli.hf:import_hf_command",
+    "export-hf": "swarm.cli.hf:export_hf_command",
+    "report": "swarm.cli.report:report",
 }
 """Subcommand name -> "module:attribute" of its click command."""
 
