@@ -27,7 +27,7 @@ from typing import Literal
 import torch
 
 from peers.robust_mean import OUTLIER_FACTOR, centered_clip, far_outside, gram, norms_and_distances
-from peers.worker import FP16_LOSS_SCALE, StageWorker, WorkerError
+from peers.worker import StageWorker, WorkerError
 
 Aggregation = Literal["centered_clip", "mean"]
 """How a stage group's contributions are combined: CenteredClip (the default), or the plain weighted mean."""
@@ -90,8 +90,7 @@ def history_norm(worker: StageWorker) -> float | None:
             seen = True
     if not seen or not math.isfinite(total):
         return None
-    norm = math.sqrt(total)
-    return norm * FP16_LOSS_SCALE if worker.precision == "fp16" else norm
+    return math.sqrt(total)  # gradient sums come unscaled (peers.precision), so no loss scale here
 
 
 @dataclass(frozen=True)

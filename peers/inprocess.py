@@ -56,11 +56,13 @@ class InProcessSwarm:
     :param corpus: the data; each data holder (sorted by id) gets shard i of D. Optional when every
       iteration is given its microbatches explicitly.
     :param split: decoder layers per stage; balanced by default
+    :param recompute, loss_scale: as `StageWorker`'s, for every worker
     """
 
     def __init__(self, schedule: Schedule, model: ModelConfig, optim: OptimConfig, *, corpus: Corpus | None = None,
                  split: tuple[int, ...] | None = None, device: str = "cpu", dtype: torch.dtype = torch.float32,
-                 precision: Precision = "fp32", seed: int = 0) -> None:
+                 precision: Precision = "fp32", seed: int = 0, recompute: bool = False,
+                 loss_scale: float | None = None) -> None:
         validate(schedule)
         self.model_config, self.optim_config, self.corpus, self.seed = model, optim, corpus, seed
         self.split = check_split(split, model.n_layers) if split else balanced_split(model.n_layers,
@@ -73,7 +75,8 @@ class InProcessSwarm:
         self.schedule = schedule
         self.workers: dict[str, StageWorker] = {
             peer: StageWorker(peer, stage, model, self.split, optim, memory_slots=schedule.memory[peer],
-                              device=device, dtype=dtype, precision=precision, seed=seed)
+                              device=device, dtype=dtype, precision=precision, seed=seed, recompute=recompute,
+                              loss_scale=loss_scale)
             for peer, stage in sorted(schedule.placement.items())
         }
         holders = schedule.data_holders

@@ -33,6 +33,9 @@ class OptimConfig:
     eps: float = 1e-8
     grad_clip: float = 1.0
     """Max gradient norm of a stage's parameters; 0 disables clipping."""
+    fused: bool = False
+    """Use torch's fused AdamW kernel where the parameters are on CUDA (one launch per step); elsewhere the plain
+    per-parameter loop."""
 
     def validate(self) -> None:
         if not (self.lr > 0 and math.isfinite(self.lr)):
@@ -45,6 +48,8 @@ class OptimConfig:
             raise ValueError("optim.weight_decay and optim.grad_clip must be >= 0, optim.eps > 0")
         if not (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1):
             raise ValueError("optim.beta1 and optim.beta2 must be in [0, 1)")
+        if not isinstance(self.fused, bool):
+            raise ValueError(f"optim.fused must be true or false, got {self.fused!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -72,11 +77,18 @@ def lr_at(step: int, cfg: OptimConfig) -> float:
 
 
 def build_optimizer(module: nn.Module, cfg: OptimConfig) -> torch.optim.AdamW:
-    """AdamW over `module`'s parameters; decay on matrices (dim >= 2), none on norm gains."""
+    """AdamW over `module`'s parameters; decay on matrices (dim >= 2), none on norm gains.
+
+    Its state (moments) takes the parameters' dtype: float32 master weights keep float32 moments whatever the
+    autocast precision. `cfg.fused` takes effect only when every parameter is a CUDA float tensor.
+    """
     cfg.validate()
     decay = [p for p in module.parameters() if p.requires_grad and p.dim() >= 2]
     no_decay = [p for p in module.parameters() if p.requires_grad and p.dim() < 2]
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    params = decay + no_decay
+    if cfg.fused and params and all(p.is_cuda and p.is_floating_point() for p in params):
+        return torch.optim.AdamW(groups, lr=lr_at(0, cfg), betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, fused=True)
     # foreach=False: the same per-parameter arithmetic whatever the grouping, so a split model
     # updates bit-for-bit like the unsplit one
     return torch.optim.AdamW(groups, lr=lr_at(0, cfg), betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,

@@ -39,11 +39,16 @@ def stage_layers(split: Sequence[int], stage: int) -> list[int]:
     return list(range(start, start + split[stage]))
 
 
-def build_stage(cfg: ModelConfig, split: Sequence[int], stage: int, *, seed: int = 0) -> Transformer:
-    """The model minus what `stage` does not own; parameter names are the full model's."""
+def build_stage(cfg: ModelConfig, split: Sequence[int], stage: int, *, seed: int = 0,
+                recompute: bool = False) -> Transformer:
+    """The model minus what `stage` does not own; parameter names are the full model's.
+
+    :param recompute: recompute each block's activations in the backward instead of keeping them
+      (`Transformer.recompute`)
+    """
     split = check_split(split, cfg.n_layers)
     return Transformer(cfg, layers=stage_layers(split, stage), with_embedding=stage == 0, with_head=stage == 0,
-                       seed=seed)
+                       seed=seed, recompute=recompute)
 
 
 def stage_template(cfg: ModelConfig, split: Sequence[int], stage: int) -> dict[str, torch.Size]:

@@ -14,30 +14,31 @@ Contract (the in-process swarm and the networked runtime call exactly these meth
   computed, so no stage counts it twice. `step()` divides by that count, or the caller first installs the
   stage group's visit-weighted mean with `set_mean_gradients` (in-process: `peers.averaging`;
   networked: the stage group's all-reduce). Exactly one optimizer step per `step()`.
+- Under an fp16 run the data holder's loss is multiplied by the run's loss scale; the first of
+  `gradient_sums()`/`step()` divides the accumulated gradient by it, and drops it if it overflowed (visits 0:
+  the stage group averages without it, every member takes the same step; see `peers.precision`).
+- With `recompute`, a stashed microbatch keeps only its blocks' inputs; the blocks run again in its backward.
 - Every argument is checked before any state changes: a bad call raises `WorkerError` naming the
   problem and the worker stays usable.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 
 from peers.model import ModelConfig, Transformer, lm_loss
 from peers.optim import OptimConfig, build_optimizer, lr_at
+from peers.precision import DEFAULT_LOSS_SCALE, Precision, autocast, check_loss_scale, scaled_loss, unscale_gradients
 from peers.stage import build_stage, check_split
 from scheduler.constants import DEFAULT_MEMORY_SLOTS
 
 logger = logging.getLogger(__name__)
 
-Precision = Literal["fp32", "bf16", "fp16"]
-FP16_LOSS_SCALE = 1024.0
-"""Static loss scale under fp16 autocast; every stage of a run divides its gradients by it."""
 MAX_MICROBATCH_SAMPLES = 4096
 """Largest batch dimension a worker accepts in one activation."""
 
@@ -81,13 +82,18 @@ class StageWorker:
     :param split: decoder layers per stage
     :param memory_slots: activations it may hold awaiting backward (the reference's m)
     :param dtype: parameter and activation dtype (float64 for exactness tests)
-    :param precision: autocast for the compute ("bf16"/"fp16" on CUDA; "fp32" is plain)
+    :param precision: autocast for the compute ("bf16"/"fp16" on CUDA; "fp32" is plain); which precision a
+      device may use is `peers.precision.resolve_precision`'s call, not the worker's
     :param seed: weight-initialisation seed, the same on every peer of a run
+    :param recompute: recompute each block's activations in the backward (`Transformer.recompute`)
+    :param loss_scale: the run's loss scale (`peers.precision.run_loss_scale`), the same on every peer of a run;
+      None: `DEFAULT_LOSS_SCALE` under fp16, else 1
     """
 
     def __init__(self, peer_id: str, stage: int, cfg: ModelConfig, split: Sequence[int], optim: OptimConfig, *,
                  memory_slots: int = DEFAULT_MEMORY_SLOTS, device: str | torch.device = "cpu",
-                 dtype: torch.dtype = torch.float32, precision: Precision = "fp32", seed: int = 0) -> None:
+                 dtype: torch.dtype = torch.float32, precision: Precision = "fp32", seed: int = 0,
+                 recompute: bool = False, loss_scale: float | None = None) -> None:
         self.split = check_split(split, cfg.n_layers)
         if not 0 <= stage < len(self.split):
             raise ValueError(f"stage {stage} outside 0..{len(self.split) - 1}")
@@ -97,8 +103,12 @@ class StageWorker:
             raise ValueError(f"precision must be fp32, bf16 or fp16, got {precision!r}")
         self.peer_id, self.stage, self.config, self.optim_config = peer_id, stage, cfg, optim
         self.memory_slots, self.precision = memory_slots, precision
+        self.loss_scale = check_loss_scale(loss_scale, "loss_scale") if loss_scale is not None else \
+            (DEFAULT_LOSS_SCALE if precision == "fp16" else 1.0)
+        """What the data holder multiplies its loss by, and every stage divides its gradient by."""
         self.device, self.dtype = torch.device(device), dtype
-        self.module: Transformer = build_stage(cfg, self.split, stage, seed=seed).to(self.device, dtype)
+        self.module: Transformer = build_stage(cfg, self.split, stage, seed=seed, recompute=recompute).to(
+            self.device, dtype)
         self.optimizer = build_optimizer(self.module, optim)
         self.steps = 0
         """Optimizer steps taken (one per iteration)."""
@@ -106,6 +116,7 @@ class StageWorker:
         """Microbatches whose backward completed here since the last step."""
         self._stash: dict[int, _Stash] = {}
         self._mean_installed: int | None = None
+        self._unscaled = False
 
     # ---- properties -------------------------------------------------------------------------
     @property
@@ -162,11 +173,11 @@ class StageWorker:
         x = self._check_activation(activation, "returning activation", like=stash.output).requires_grad_(True)
         with self._autocast():
             loss = lm_loss(self.module.logits(x), stash.targets)
-        scale = FP16_LOSS_SCALE if self.precision == "fp16" else 1.0
         if not accumulate:
-            (grad,) = torch.autograd.grad(loss * scale, x)
+            (grad,) = torch.autograd.grad(scaled_loss(loss, self.loss_scale), x)
             return float(loss.detach()), grad.detach()
-        (loss * scale).backward()
+        self._require(not self._unscaled, "gradients were already read for averaging; step() first")
+        scaled_loss(loss, self.loss_scale).backward()
         return float(loss.detach()), x.grad.detach()
 
     def backward(self, microbatch: int, grad: torch.Tensor, *, stage: int | None = None,
@@ -187,6 +198,7 @@ class StageWorker:
         if not accumulate:
             (grad_in,) = torch.autograd.grad(stash.output, stash.inputs, g.to(stash.output.dtype))
             return grad_in.detach()
+        self._require(not self._unscaled, "gradients were already read for averaging; step() first")
         stash.output.backward(g.to(stash.output.dtype))
         self.visits += 1
         return None if self.is_data_holder else stash.inputs.grad.detach()
@@ -203,12 +215,13 @@ class StageWorker:
         """Abandon the iteration: forget every stashed microbatch and every accumulated gradient."""
         self._stash.clear()
         self.optimizer.zero_grad(set_to_none=True)
-        self.visits, self._mean_installed = 0, None
+        self.visits, self._mean_installed, self._unscaled = 0, None, False
 
     # ---- gradients and the optimizer step ------------------------------------------------------
     def gradient_sums(self) -> dict[str, torch.Tensor]:
         """Summed gradients since the last step, by parameter name (zeros where none arrived)."""
         self._require(self._mean_installed is None, "gradients were already replaced by the group mean")
+        self._unscale()
         return {n: (p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p))
                 for n, p in self.module.named_parameters()}
 
@@ -231,14 +244,13 @@ class StageWorker:
         if self._stash:
             raise WorkerError(f"{len(self._stash)} microbatch(es) {sorted(self._stash)} still await backward on "
                               f"{self.peer_id}; finish or drop them before stepping")
+        if self._mean_installed is None:
+            self._unscale()
         params = [p for p in self.module.parameters() if p.grad is not None]
         visits = self.visits if self._mean_installed is None else self._mean_installed
         if self._mean_installed is None and self.visits > 0:
             for p in params:
                 p.grad.div_(self.visits)
-        if self.precision == "fp16":
-            for p in params:
-                p.grad.div_(FP16_LOSS_SCALE)
         lr = lr_at(self.steps, self.optim_config)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
@@ -253,7 +265,7 @@ class StageWorker:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.steps += 1
-        self.visits, self._mean_installed = 0, None
+        self.visits, self._mean_installed, self._unscaled = 0, None, False
         return StepStats(step=self.steps, lr=lr, grad_norm=float(norm), visits=visits, skipped=skipped)
 
     # ---- checks -----------------------------------------------------------------------------
@@ -304,8 +316,18 @@ class StageWorker:
             raise WorkerError(f"{what} contains non-finite values")
         return x.detach().to(self.device)
 
-    def _autocast(self) -> contextlib.AbstractContextManager:
-        if self.precision == "fp32":
-            return contextlib.nullcontext()
-        dtype = torch.bfloat16 if self.precision == "bf16" else torch.float16
-        return torch.autocast(device_type=self.device.type, dtype=dtype)
+    def _unscale(self) -> None:
+        """Remove the loss scale from this iteration's gradient sums, once; drop them if they overflowed."""
+        if self._unscaled or self.loss_scale == 1.0:
+            return
+        self._unscaled = True
+        grads = [p.grad for p in self.module.parameters() if p.grad is not None]
+        if not unscale_gradients(grads, self.loss_scale):
+            logger.warning("peer %s stage %d: fp16 gradient overflowed at loss scale %g, this peer's %d "
+                           "microbatch(es) left out of step %d", self.peer_id, self.stage, self.loss_scale,
+                           self.visits, self.steps)
+            self.optimizer.zero_grad(set_to_none=True)
+            self.visits = 0
+
+    def _autocast(self) -> AbstractContextManager:
+        return autocast(self.precision, self.device)

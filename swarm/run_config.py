@@ -22,6 +22,10 @@ lr = 0.003
 seq_len = 64
 batch_size = 8
 
+[train]                 # peers.train_config.TrainConfig fields
+precision = "auto"      # auto (bf16 on a GPU with native bf16, else fp32) / fp32 / bf16 / fp16
+recompute = "auto"      # blocks / none; auto = blocks for the 500m and 1.5b flavors
+
 [swarm]
 wire_dtype = "float32"  # or float16 / bfloat16 on the wire
 profile = ""            # plan on a network preset instead of the measured links (studies, emulation)
@@ -41,6 +45,8 @@ from typing import Any, Literal
 from peers.data import DataConfig
 from peers.model import FLAVORS, ModelConfig
 from peers.optim import OptimConfig
+from peers.precision import run_loss_scale
+from peers.train_config import TrainConfig
 from scheduler.constants import DEFAULT_MEMORY_SLOTS
 from scheduler.path_rules import PathRules
 from swarm.wire import RunSpec
@@ -99,6 +105,8 @@ class RunConfig:
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=3e-3))
     """AdamW and its schedule (the default suits the tiny model)."""
     data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    """Precision and activation recomputation of every stage."""
 
     def validate(self) -> None:
         """Raise ValueError naming the field that is wrong."""
@@ -138,11 +146,24 @@ class RunConfig:
             raise ValueError("swarm.profile must be a string")
         self.optim.validate()
         self.data.validate()
+        if not isinstance(self.train, TrainConfig):
+            raise ValueError("[train] must be a table")
+        self.train.validate()
         if self.data.seq_len > FLAVORS[self.model].max_seq_len:
             raise ValueError(f"data.seq_len: {self.model} takes at most {FLAVORS[self.model].max_seq_len} tokens")
 
     def model_config(self, vocab_size: int) -> ModelConfig:
         return dataclasses.replace(FLAVORS[self.model], vocab_size=vocab_size)
+
+    @property
+    def recompute(self) -> bool:
+        """Whether every stage recomputes its blocks' activations in the backward (`train.recompute`)."""
+        return self.train.recompute_blocks(self.model)
+
+    @property
+    def loss_scale(self) -> float:
+        """What every data holder multiplies its loss by and every stage divides its gradient by (fp16 runs)."""
+        return run_loss_scale(self.train.precision, self.train.loss_scale)
 
     # ---- TOML ----------------------------------------------------------------------------------
     @classmethod
@@ -160,11 +181,11 @@ class RunConfig:
     def from_tables(cls, raw: Any, **overrides: Any) -> RunConfig:
         if not isinstance(raw, dict):
             raise ValueError("config must be a table")
-        unknown = set(raw) - {"run", "optim", "data", "swarm"}
+        unknown = set(raw) - {"run", "optim", "data", "swarm", "train"}
         if unknown:
             raise ValueError(f"unknown config section(s): {', '.join(sorted(unknown))}")
         flat: dict[str, Any] = {}
-        own = {f.name for f in fields(cls)} - {"optim", "data"}
+        own = {f.name for f in fields(cls)} - {"optim", "data", "train"}
         for section in ("run", "swarm"):
             table = raw.get(section, {})
             if not isinstance(table, dict):
@@ -179,10 +200,11 @@ class RunConfig:
             raise ValueError("[optim] must be a table")
         optim = OptimConfig.from_dict({"lr": cls().optim.lr, **table})
         data = DataConfig.from_dict(raw.get("data", {}))
+        train = TrainConfig.from_dict(raw.get("train", {}))
         if "iterations" in flat and "optim" not in raw:
             optim = dataclasses.replace(optim, total_steps=max(1, flat["iterations"] or optim.total_steps),
                                         warmup_steps=max(1, min(optim.warmup_steps, (flat["iterations"] or 20) // 10)))
-        cfg = cls(**flat, optim=optim, data=data)
+        cfg = cls(**flat, optim=optim, data=data, train=train)
         cfg.validate()
         return cfg
 
@@ -192,6 +214,7 @@ class RunConfig:
                                                "wire_dtype", "profile", "model", "checkpoint_every",
                                                "averaging", "heartbeat", "planner", "rebalance")}
         hyper["optim"] = dataclasses.asdict(self.optim)
+        hyper["train"] = self.train.to_dict()
         return RunSpec(run_id=self.run_id, model=self.model_config(vocab_size).to_dict(), stages=self.stages,
                        skip_ratio=float(self.skip), hyperparameters=hyper, data=self.data.to_dict(),
                        coordinator=coordinator, control_addrs=control_addrs)
@@ -201,12 +224,13 @@ class RunConfig:
         """The config and exact model a signed run spec describes (untrusted data: checked field by field)."""
         hyper = dict(spec.hyperparameters)
         optim = OptimConfig.from_dict(hyper.pop("optim", {}))
-        own = {f.name for f in fields(cls)} - {"optim", "data", "run_id", "stages", "skip"}
+        train = TrainConfig.from_dict(hyper.pop("train", {}))
+        own = {f.name for f in fields(cls)} - {"optim", "data", "train", "run_id", "stages", "skip"}
         unknown = set(hyper) - own
         if unknown:
             raise ValueError(f"run spec has unknown hyperparameter(s): {', '.join(sorted(unknown))}")
         cfg = cls(run_id=spec.run_id, stages=spec.stages, skip=spec.skip_ratio, optim=optim,
-                  data=DataConfig.from_dict(spec.data), **hyper)
+                  data=DataConfig.from_dict(spec.data), train=train, **hyper)
         cfg.validate()
         model = ModelConfig.from_dict(spec.model)
         expected = FLAVORS[cfg.model]

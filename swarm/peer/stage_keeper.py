@@ -18,6 +18,7 @@ from hivemind import DHT
 
 from peers.checkpoint import load_stage_tensors
 from peers.model import ModelConfig
+from peers.precision import peer_precision
 from peers.stage import neighbour_blocks
 from peers.worker import StageWorker, WorkerError
 from scheduler.schedule import Schedule
@@ -178,7 +179,7 @@ class StageKeeper:
     def _new_session(self, schedule: Schedule) -> StageSession:
         """A fresh session for this peer's stage in `schedule`, its worker from the run's seed."""
         o = self.options
-        precision = o.precision if o.precision != "auto" else ("bf16" if o.device.startswith("cuda") else "fp32")
+        precision = peer_precision(self.config.train.precision, o.precision, o.device)
         worker = new_worker(self.peer_id, self.stage, schedule, self.model_config, self.config, device=o.device,
                             precision=precision, emulate_seconds_per_layer=o.emulate_seconds_per_layer,
                             loss_seconds=self.loss_seconds)

@@ -76,7 +76,8 @@ def new_worker(peer_id: str, stage: int, schedule: Schedule, model_config: Model
                loss_seconds: float = 0.0) -> StageWorker:
     """A fresh worker for `stage` in `schedule`, from the run's seed (paced to an emulated device, if any)."""
     split = balanced_split(model_config.n_layers, schedule.num_stages)
-    kwargs = {"memory_slots": schedule.memory[peer_id], "device": device, "precision": precision, "seed": config.seed}
+    kwargs = {"memory_slots": schedule.memory[peer_id], "device": device, "precision": precision, "seed": config.seed,
+              "recompute": config.recompute, "loss_scale": config.loss_scale}
     if emulate_seconds_per_layer:
         return PacedWorker(peer_id, stage, model_config, split, config.optim,
                            seconds_per_layer=emulate_seconds_per_layer, loss_seconds=loss_seconds, **kwargs)
