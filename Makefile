@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint bench clean system-packages
 
 $(STAMP): pyproject.toml constraints-cpu.txt
 	$(PYTHON) -m venv $(VENV)
@@ -17,7 +17,16 @@ $(STAMP): pyproject.toml constraints-cpu.txt
 demo: $(STAMP)
 	$(VENV)/bin/skippipe demo
 
-test: $(STAMP)
+# Debian packages some tests need (Chromium renders the monitor page); installed only when running as root,
+# elsewhere those tests skip and say why
+system-packages:
+	@if [ "$$(id -u)" = 0 ] && ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then \
+		echo "installing Debian's chromium for the monitor page test"; \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+			chromium >/dev/null) || echo "could not install chromium: the page test will skip"; \
+	fi
+
+test: $(STAMP) system-packages
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q -ra
 

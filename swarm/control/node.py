@@ -55,13 +55,14 @@ class Node:
         self.gossip_info: GossipInfo | None = None
         self.heartbeat: Heartbeat | None = None
 
-    def start_dht(self, initial_peers: Iterable[str] = ()) -> SwarmRecords:
+    def start_dht(self, initial_peers: Iterable[str] = (), *, client: bool = False) -> SwarmRecords:
         """Join (or, without `initial_peers`, bootstrap) the DHT; returns the run's signed records over it.
 
-        The DHT validates the run's records as it stores and relays them (`RunRecordValidator`)."""
+        The DHT validates the run's records as it stores and relays them (`RunRecordValidator`). A `client` node
+        (an onlooker) reads and writes through others and stores nothing for them."""
         self.reaper = Reaper.acquire()
         self.dht = hivemind.DHT(initial_peers=list(initial_peers), host_maddrs=[f"/ip4/{self.host}/tcp/{self.port}"],
-                                identity_path=self.identity_path, start=True,
+                                identity_path=self.identity_path, start=True, client_mode=client,
                                 record_validators=[RunRecordValidator(self.run_id)])
         self.reaper.watch()  # the DHT process and its p2pd are on the reaper's list from here
         make_commands_safe(self.dht)  # a schedule of tens of KiB must not kill the DHT process
