@@ -148,6 +148,13 @@ def _broken(src: Path, dst: Path, how: str) -> Path:
     elif how == "missing_shard":
         shard = json.loads((dst / "model.safetensors.index.json").read_text())["weight_map"]["model.norm.weight"]
         (dst / shard).unlink()
+    elif how == "dtype":
+        from safetensors.torch import save_file
+
+        shard = json.loads((dst / "model.safetensors.index.json").read_text())["weight_map"]["model.norm.weight"]
+        tensors = load_file(str(dst / shard))
+        tensors["model.norm.weight"] = tensors["model.norm.weight"].to(torch.int8)
+        save_file(tensors, str(dst / shard), metadata={"format": "pt"})
     (dst / "config.json").write_text(json.dumps(cfg))
     return dst
 
@@ -158,6 +165,7 @@ def _broken(src: Path, dst: Path, how: str) -> Path:
     ("shape", "has shape [96, 64], config.json implies [128, 64]"),
     ("rope_scaling", "rope_parameters 'linear' is not supported"),
     ("missing_key", "has no 'hidden_size'"),
+    ("dtype", "model.norm.weight has dtype I8; only float weights"),
 ])
 def test_refuses_what_is_not_a_plain_llama(hf_dirs, tmp_path, how, message):
     src = _broken(hf_dirs[False][0], tmp_path / "hf", how)
