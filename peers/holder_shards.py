@@ -5,7 +5,8 @@ A holder draws an iteration's microbatches round-robin over its shards before it
 schedule restarts it) rewinds every shard to where it stood before the draw and requeues the draws, so the same
 samples are drawn again, by this holder or, when a shard has moved, by the holder that takes it over at the
 position the scheduler committed last. Nothing here touches the network: the peer feeds it the schedule's
-assignment and reports `positions()` with each iteration.
+assignment and reports `positions()` with each iteration. A rewind seeks each shard back to the chunk it stood in
+(`Shard.load_state_dict` with the resume fields), so it costs one chunk's tokenizing, not a pass's.
 """
 
 from __future__ import annotations
@@ -40,6 +41,9 @@ class HolderShards:
             if k not in self.shards and positions.get(str(k)) is not None:
                 shard.load_state_dict(positions[str(k)])
             shards[k] = shard
+        for k, shard in self.shards.items():
+            if k not in shards:
+                shard.close()  # handed over: stop tokenizing ahead for it
         self.shards = shards
 
     def draw(self, microbatches: Sequence[int], *, iteration: int, epoch: int) -> dict[int, torch.Tensor]:

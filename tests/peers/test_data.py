@@ -3,7 +3,8 @@ import json
 import pytest
 import torch
 
-from peers.data import Corpus, DataConfig, read_documents
+from peers.data import Corpus, DataConfig
+from peers.document_stream import DocumentStream
 from peers.tokenizer import cache_dir, load_tokenizer
 
 
@@ -19,17 +20,17 @@ def test_bundled_corpus_tokenizer_is_trained_once_and_cached(corpus):
     mtime = cached[0].stat().st_mtime_ns
     again = Corpus.build(DataConfig(seq_len=32, batch_size=4))
     assert cached[0].stat().st_mtime_ns == mtime, "the second build must reuse the cached tokenizer"
-    assert torch.equal(again.train_tokens, corpus.train_tokens)
+    assert torch.equal(again.shard(0, 2).next_batch(), corpus.shard(0, 2).next_batch())
+    assert all(torch.equal(a, b) for a, b in zip(again.validation_batches(), corpus.validation_batches(), strict=True))
     text = "The with statement wraps a block."
     assert corpus.tokenizer.decode(corpus.tokenizer.encode(text).ids) == text
 
 
-def test_shards_are_disjoint_deterministic_and_resumable(corpus):
+def test_shards_are_deterministic_and_resumable(corpus):
     shards = [corpus.shard(i, 3) for i in range(3)]
-    assert not set(shards[0].indices) & set(shards[1].indices)
-    assert sorted(sum((s.indices for s in shards), [])) == list(range(corpus.num_windows()))
     first = [shards[0].next_batch() for _ in range(3)]
     assert first[0].shape == (4, 33)
+    assert not torch.equal(shards[1].next_batch(), first[0])
     state = shards[0].state_dict()
     ahead = [shards[0].next_batch() for _ in range(300)]  # crosses an epoch
     assert shards[0].epoch >= 1
@@ -48,17 +49,21 @@ def test_validation_split_is_held_out(corpus):
     val = corpus.validation_batches()
     assert len(val) >= 2 and val[0].shape == (4, 33)
     assert torch.equal(val[0], corpus.validation_batches(1)[0])
-    train_bytes = corpus.train_tokens.numpy().astype("int32").tobytes()
+    whole = corpus.shard(0, 1)
+    train = []
+    while whole.epoch == 0:
+        train.append(whole.next_batch())
+    train_bytes = torch.cat(train).flatten().numpy().astype("int32").tobytes()
     for batch in val[:2]:
         for row in batch:
             assert row.numpy().astype("int32").tobytes() not in train_bytes, "validation text leaked into training"
-    assert len(corpus.train_tokens) > 10 * len(corpus.validation_tokens)
+    assert len(train) > 10 * len(val)
 
 
 def test_local_text_and_jsonl_files(tmp_path):
     (tmp_path / "a.txt").write_text("first paragraph about ducks.\n\nsecond paragraph about geese.\n")
     (tmp_path / "b.jsonl").write_text(json.dumps({"text": "a swan"}) + "\n\n" + json.dumps({"text": "a heron"}) + "\n")
-    docs = read_documents([str(tmp_path / "a.txt"), str(tmp_path / "b.jsonl")])
+    docs = [text for _, text in DocumentStream([str(tmp_path / "a.txt"), str(tmp_path / "b.jsonl")]).documents()]
     assert docs == ["first paragraph about ducks.", "second paragraph about geese.", "a swan", "a heron"]
     tok = load_tokenizer(None, docs * 20, vocab_size=300)
     path = tmp_path / "tok.json"
@@ -66,18 +71,14 @@ def test_local_text_and_jsonl_files(tmp_path):
     assert load_tokenizer(path).encode("a swan").ids == tok.encode("a swan").ids
 
 
-@pytest.mark.parametrize("content, match", [
-    ('{"text": 3}\n', "text"),
-    ("not json\n", "not valid JSON"),
-    ("", "no documents"),
-])
-def test_bad_data_files_are_refused_naming_the_file(tmp_path, content, match):
+@pytest.mark.parametrize("content", ['{"text": 3}\n', "not json\n", "", "\n\n  \n"])
+def test_a_data_file_without_documents_is_refused_naming_it(tmp_path, content):
     f = tmp_path / "bad.jsonl"
     f.write_text(content)
-    with pytest.raises(ValueError, match=match):
-        read_documents([str(f)])
+    with pytest.raises(ValueError, match="no documents in .*bad.jsonl"):
+        Corpus.build(DataConfig(paths=(str(f),)))
     with pytest.raises(ValueError, match="does not exist"):
-        read_documents([str(tmp_path / "missing.txt")])
+        Corpus.build(DataConfig(paths=(str(tmp_path / "missing.txt"),)))
     (tmp_path / "bad-tok.json").write_text("{}")
     with pytest.raises(ValueError, match="could not be read|no <eos>"):
         load_tokenizer(tmp_path / "bad-tok.json")
