@@ -12,6 +12,8 @@ The code is organized as follows:
 - robust_mean.py: CenteredClip and the check against the stage's gradient history (pure functions)
 - tokenizer.py: a local tokenizer.json, or a byte-level BPE trained once on the corpus and cached
 - data.py: `DataConfig`, `Corpus` (local text/jsonl or the bundled pydoc corpus, validation split), `Shard`
+- document_stream.py: `DocumentStream`, the documents of text/jsonl files read as a stream from any position
+- token_windows.py: training windows in resumable shuffled chunks, tokenized ahead by a `Prefetcher` thread
 - durable.py: fsync_dir, a directory's entries made durable (checkpoints, the data ledger)
 - data_ledger.py: `DataLedger`, a data holder's record of every sample drawn, processed, retried or requeued
 - holder_shards.py: `HolderShards`, the shards a data holder draws from, rewound when an iteration is redone
