@@ -28,6 +28,9 @@ Topic = Literal["membership", "schedule", "progress"]
 _MAX_ITERATION = 1 << 40
 _MAX_MICROBATCH = 1 << 20
 _POSITION_FIELDS = ("holder", "num_holders", "epoch", "cursor")
+_SEEK_FIELDS = ("chunk", "doc", "file", "offset", "token")
+"""Optional: where the chunk holding the cursor starts (`peers.data.RESUME_FIELDS`), so a holder taking a shard over
+seeks there instead of re-reading the pass up to the cursor; all of them or none."""
 
 
 _TOPICS = {"membership": membership_topic, "schedule": schedule_topic, "progress": progress_topic}
@@ -75,6 +78,8 @@ def read_positions(value: Any, name: str) -> dict[str, dict[str, int]]:
             raise WireError(f"{name}: shard index {key!r:.40} is not a number below {MAX_SHARDS}")
         p = read_map(position, f"{name}[{key}]")
         out[key] = {k: read_int(p.get(k), f"{name}[{key}].{k}", 0, _MAX_ITERATION) for k in _POSITION_FIELDS}
+        if all(k in p for k in _SEEK_FIELDS):
+            out[key].update({k: read_int(p.get(k), f"{name}[{key}].{k}", 0, 1 << 62) for k in _SEEK_FIELDS})
     return out
 
 

@@ -114,3 +114,14 @@ def test_a_message_on_another_runs_topic_is_refused():
     commit = GossipMessage(topic=progress_topic("run"), sender="QmA", seqno=1, payload=encode(Join(peer="QmA")))
     with pytest.raises(WireError, match="not a progress message"):
         received(commit, "run")
+
+
+def test_a_position_keeps_its_seek_fields_only_when_all_are_there():
+    """A holder taking a shard over seeks to the chunk a commit names, instead of re-reading the pass (peers.data)."""
+    seek = {"chunk": 3, "doc": 1200, "file": 0, "offset": 5_000_000_000, "token": 17}
+    full = Commit(iteration=4, epoch=1, shards={"1": {**POSITION, **seek}})
+    assert decode("progress", encode(full)).shards == full.shards
+    partial = {**POSITION, "chunk": 3, "doc": 1200}
+    assert decode("progress", encode(Commit(iteration=4, epoch=1, shards={"1": partial}))).shards == {"1": POSITION}
+    with pytest.raises(WireError, match=r"commit.shards\[1\].offset"):
+        decode("progress", encode(Commit(iteration=4, epoch=1, shards={"1": {**POSITION, **seek, "offset": -1}})))
