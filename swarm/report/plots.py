@@ -23,6 +23,9 @@ if TYPE_CHECKING:
 
 DPI = 110
 WIDE = (10, 4)
+MAX_ROWS = 120
+"""Peers drawn in one chart at most (the first by stage and name; the title says how many were left out)."""
+MAX_GANTT_SPANS = 20_000
 BUSY_COLORS = {"compute": "#2e8b57", "averaging": "#e69f00", "idle": "#d9d9d9"}
 
 
@@ -130,6 +133,8 @@ def plot_busy_idle(run: RunData, traces: Traces, path: Path) -> Path | None:
     if not times:
         return None
     order = sorted(times, key=lambda p: (_or_last(peer_stage(run, traces, p)), peer_label(run, traces, p)))
+    left_out = max(0, len(order) - MAX_ROWS)
+    order = order[:MAX_ROWS]
     fig, ax = _figure((10, max(2.5, 0.4 * len(order) + 1.5)))
     left = [0.0] * len(order)
     for part in ("compute", "averaging", "idle"):
@@ -144,7 +149,7 @@ def plot_busy_idle(run: RunData, traces: Traces, path: Path) -> Path | None:
     ax.invert_yaxis()
     ax.set_xlim(0, 1)
     ax.set(xlabel="share of the iteration's window (first compute to last averaging, all peers)",
-           title="Per-peer busy / idle (measured)")
+           title="Per-peer busy / idle (measured)" + (f", {left_out} more peers not shown" if left_out else ""))
     ax.legend(fontsize=7, loc="lower right", ncol=3)
     return _save(fig, path)
 
@@ -168,9 +173,12 @@ def plot_gantt(run: RunData, traces: Traces, iteration: int, spans: list[Span], 
     stage_of = dict(schedule.placement) if schedule is not None else {}
     peers = sorted({s.peer for s in spans}, key=lambda p: (_or_last(stage_of.get(p, peer_stage(run, traces, p))),
                                                            peer_label(run, traces, p)))
+    left_out = max(0, len(peers) - MAX_ROWS)
+    peers = peers[:MAX_ROWS]
     row = {p: i for i, p in enumerate(peers)}
+    spans = [s for s in spans if s.peer in row][:MAX_GANTT_SPANS]
     window = traces.window(iteration - 1)
-    t0 = window[0] if window else min(s.start for s in spans)
+    t0 = window[0] if window else min((s.start for s in spans), default=0.0)
     fig, ax = _figure((12, max(3, 0.45 * len(peers) + 1.8)))
     cmap = _colormap()
     for s in spans:
@@ -198,7 +206,7 @@ def plot_gantt(run: RunData, traces: Traces, iteration: int, spans: list[Span], 
     if record is not None and record.seconds is not None:
         title += f": {record.seconds:.2f} s measured"
         title += f", {planned:.2f} s planned" if planned is not None else ""
-    ax.set_title(title)
+    ax.set_title(title + (f"; {left_out} more peers not shown" if left_out else ""))
     handles = [Patch(facecolor="grey", label="forward"), Patch(facecolor="grey", hatch="////", label="backward"),
                Patch(facecolor="black", label="loss"), Patch(facecolor=BUSY_COLORS["averaging"], label="averaging"),
                Patch(facecolor="#bbbbbb", label="wait for commit"), Patch(facecolor="tab:blue", label="send"),

@@ -105,12 +105,13 @@ def read_run(path: str | Path) -> RunData:
 
 # ---- metrics ----------------------------------------------------------------------------------------
 def _read_metrics(path: Path, warnings: list[str]) -> list[IterationRecord]:
-    if path.stat().st_size > MAX_METRICS_BYTES:
-        raise NotARunError(f"{path} is larger than {MAX_METRICS_BYTES >> 20} MiB: not a metrics file of this project")
     counter = LineCounter(path)
     by_iteration: dict[int, IterationRecord] = {}
     repeated = 0
     try:
+        if path.stat().st_size > MAX_METRICS_BYTES:
+            raise NotARunError(f"{path} is larger than {MAX_METRICS_BYTES >> 20} MiB: not a metrics file of this "
+                               f"project")
         for raw in read_json_lines(path, counter):
             record = iteration_record(raw)
             if record is None:
@@ -166,10 +167,13 @@ def _optional(parse, v: Any):
 # ---- schedules --------------------------------------------------------------------------------------
 def _read_schedules(root: Path, warnings: list[str]) -> dict[int, Schedule]:
     files = []
-    for p in root.iterdir():
-        m = _SCHEDULE_NAME.fullmatch(p.name)
-        if m and regular_file(p):
-            files.append((int(m.group(1)), p))
+    try:
+        for p in root.iterdir():
+            m = _SCHEDULE_NAME.fullmatch(p.name)
+            if m and regular_file(p):
+                files.append((int(m.group(1)), p))
+    except OSError as e:
+        warnings.append(f"cannot list {root}: {e.strerror or e}; no schedules read")
     files.sort()
     if len(files) > MAX_FILES:
         warnings.append(f"{len(files)} schedule files: only the newest {MAX_FILES} read")

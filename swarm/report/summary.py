@@ -46,7 +46,7 @@ def _stages(schedule) -> str:
 
 def _peers_seen(run: RunData, traces: Traces) -> str:
     placed = {p for s in run.schedules.values() for p in s.placement}
-    traced = set(traces.names) | set(traces.stages)
+    traced = traces.peers
     if not placed:
         return f"{len(traced)} (from timelines)" if traced else "unknown"
     return f"{len(placed)} placed in a schedule" + (f", {len(traced)} with timelines" if traced else "")

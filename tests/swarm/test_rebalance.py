@@ -7,6 +7,7 @@ on, and no sample is lost or doubled."""
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 
 import pytest
@@ -14,6 +15,7 @@ import pytest
 from peers.data_ledger import read_ledger, sample_status
 from swarm.local.local_swarm import LocalSwarm
 from swarm.net.identity import ensure_identity
+from swarm.report.write import write_report
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
@@ -30,7 +32,8 @@ def run_and_kill(tmp_path, planner: str, victim: int) -> tuple[LocalSwarm, list[
     run_dir = tmp_path / "run"
     # compute emulated at a fixed speed, so that the planned gain of a move does not hang on this machine's load
     args = [["--stage", s, "--iteration-deadline", "90", "--ledger", str(run_dir / f"ledger-{i:02d}.jsonl"),
-             "--emulate-speed", "0.03"] for i, s in enumerate(PINS)]
+             "--emulate-speed", "0.03", "--trace", str(run_dir / f"peer-{i:02d}.trace.jsonl")]
+            for i, s in enumerate(PINS)]
     swarm = LocalSwarm(run_dir, len(PINS), run_id="rebalance", coordinator_args=["--config", str(config)],
                        peer_args=args)
     try:
@@ -63,6 +66,13 @@ def test_a_survivor_moves_to_stage_0_when_a_data_holder_dies(tmp_path):
     assert final["placement"][mover] == 0 and len(final["meta"]["shards"][mover]) == 1
     entries = [e for f in sorted(run_dir.glob("ledger-*.jsonl")) for e in read_ledger(f)]
     assert any(e["holder"] == mover for e in entries if e["event"] == "draw")  # it injects the shard it took
+    report = write_report(run_dir)  # `skippipe report` of this finished run, a death and a re-plan in it
+    assert [p.name for p in report.plots] == ["loss.png", "tokens_per_s.png", "iteration_time.png", "busy_idle.png",
+                                              "gantt_measured.png", "gantt_planned.png"]
+    assert all(p.read_bytes().startswith(b"\x89PNG") for p in report.plots)
+    assert all("peer-01" in w for w in report.warnings), report.warnings  # at most the killed peer's torn line
+    page = report.page.read_text()
+    assert re.search(r"<td>peers declared gone</td><td>[^<]*peer-01", page) and "re-plan" in page
 
 
 def test_a_full_pipeline_refills_a_stage_that_lost_every_peer_at_once(tmp_path):
