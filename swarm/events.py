@@ -24,6 +24,7 @@ EVENTS: dict[str, tuple[str, ...]] = {
     "moved": ("from_stage", "to_stage", "source", "restart"),
     "state_sent": ("stage", "to", "why"),
     "left": ("epoch", "iteration"),
+    "stopped": ("iteration", "why"),  # why: run finished, scheduler silent, asked to stop, iterations done
     "param_digest": ("iteration", "stage", "digest"),
     "averaging_failed": ("group", "why"),
     "scheduler_changed": ("previous", "scheduler"),

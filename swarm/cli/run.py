@@ -54,6 +54,25 @@ def _fail(message: str) -> None:
     sys.exit(2)
 
 
+_held: list = []
+"""Locks this process holds for its whole life (its identity, its entry among the host's peers)."""
+
+
+def _claim_identity(identity: str) -> str:
+    """Claim the key file for this process (`swarm.net.identity_lock`): without --identity, the first free default
+    slot (identity.key, identity-2.key, ...), so peers started by hand on one machine get distinct peer ids; an
+    --identity another live process holds is a one-line error."""
+    from swarm.net.identity_lock import IdentityTaken, claim_identity
+
+    given = click.get_current_context().get_parameter_source("identity") != click.core.ParameterSource.DEFAULT
+    try:
+        path, lock = claim_identity(identity, numbered=not given)
+    except (IdentityTaken, OSError) as e:
+        _fail(str(e))
+    _held.append(lock)
+    return str(path)
+
+
 @click.group()
 def coordinator() -> None:
     """Start and run a training run's coordinator."""
@@ -92,7 +111,6 @@ def start(config_path, run_id, iterations, min_peers, stages, skip, seed, microb
     from swarm.coordinator.replanner import saved_plan_mismatch
     from swarm.run_config import RunConfig
 
-    _logging(log_file, log_level, events=events, identity=identity)
     overrides = dict(run_id=run_id, iterations=iterations, min_peers=min_peers, stages=stages, skip=skip, seed=seed,
                      microbatches=microbatches, checkpoint_every=checkpoint_every)
     try:
@@ -120,6 +138,12 @@ def start(config_path, run_id, iterations, min_peers, stages, skip, seed, microb
         except (OSError, UnicodeDecodeError, ValueError) as e:
             _fail(f"--allow {allow_file}: {e}")
     admission = "open" if open_run else "allow" if allow_file else "token"
+    identity = _claim_identity(identity)
+    _logging(log_file, log_level, events=events, identity=identity)
+    logging.getLogger("swarm").info("coordinator identity: %s", identity)
+    import torch
+
+    torch.set_num_threads(1)  # it plans and records; its peers need the cores
     node = Coordinator(CoordinatorOptions(config=config, identity_path=identity, host=host, port=port,
                                           run_dir=run_dir, metrics_path=metrics, first_schedule=saved,
                                           admission=admission, allowed=allowed))
@@ -137,6 +161,8 @@ def start(config_path, run_id, iterations, min_peers, stages, skip, seed, microb
 @click.option("--device", default="cpu", show_default=True, help="torch device (cpu, cuda, cuda:1)")
 @click.option("--precision", type=click.Choice(["auto", "fp32", "bf16", "fp16"]), default="auto", show_default=True,
               help="autocast of the compute (auto: bf16 on CUDA, fp32 on CPU)")
+@click.option("--threads", type=click.IntRange(1, 1024), default=None,
+              help="torch threads [default: this machine's cores shared among the skippipe peers running on it]")
 @click.option("--stage", default="auto", show_default=True,
               help="stage to serve, or auto (the scheduler may still move it to take over a stage whose last peer "
                    "leaves)")
@@ -167,17 +193,18 @@ def start(config_path, run_id, iterations, min_peers, stages, skip, seed, microb
               help="link emulation: JSON file of one-way latencies to peers, added by the transport")
 @click.option("--fault", type=click.Choice(FAULTS), default=None,
               help="misbehave on purpose, to test a swarm's defences (never on a run you care about)")
-def join(initial_peers, coordinator, run_id, token, device, precision, stage, data_paths, identity, host, port,
-         iteration_deadline, log_file, log_level, log_param_digest, events, metrics_path, ledger, checkpoint_dir,
+def join(initial_peers, coordinator, run_id, token, device, precision, threads, stage, data_paths, identity, host,
+         port, iteration_deadline, log_file, log_level, log_param_digest, events, metrics_path, ledger, checkpoint_dir,
          probe_sample, trace_path, emulate_speed, latency_file, fault) -> None:
     """Join a run: measure, announce, get placed, train; Ctrl+C leaves cleanly."""
     from swarm.control.membership import check_token
     from swarm.coordinator.scheduler_role import SchedulerRole
+    from swarm.peer.console import install_console
+    from swarm.peer.host_share import HOST_REGISTRY, HostRegistry, ThreadShare
     from swarm.peer.members import NotAdmitted
     from swarm.peer.options import PeerOptions, trusted_coordinator
     from swarm.peer.peer import Peer
 
-    _logging(log_file, log_level, events=events, identity=identity)
     if stage != "auto" and not stage.isdigit():
         _fail(f"--stage must be a stage number or auto, got {stage!r}")
     try:
@@ -199,7 +226,14 @@ def join(initial_peers, coordinator, run_id, token, device, precision, stage, da
             latency = read_latency_file(latency_file)
         except ValueError as e:
             _fail(str(e))
-    Path(identity).parent.mkdir(parents=True, exist_ok=True)
+    identity = _claim_identity(identity)
+    _logging(log_file, log_level, events=events, identity=identity)
+    install_console()
+    registry = HostRegistry(HOST_REGISTRY)
+    registry.join()
+    _held.append(registry)
+    share = ThreadShare(threads, HOST_REGISTRY)
+    logging.getLogger("swarm").info("identity %s; torch uses %d thread(s)", identity, share.apply())
     options = PeerOptions(initial_peers=tuple(initial_peers), identity_path=identity, coordinator=coordinator,
                           token=token, run_id=run_id, host=host,
                           port=port, stage=None if stage == "auto" else int(stage), data_paths=tuple(data_paths),
@@ -207,7 +241,8 @@ def join(initial_peers, coordinator, run_id, token, device, precision, stage, da
                           log_gossip=(log_file + ".gossip") if log_file else None,
                           log_param_digest=log_param_digest, checkpoint_dir=checkpoint_dir, ledger_path=ledger,
                           metrics_path=metrics_path, trace_path=trace_path, emulate_seconds_per_layer=emulate_speed,
-                          link_latency=latency, probe_sample=probe_sample, fault=fault)
+                          link_latency=latency, probe_sample=probe_sample, fault=fault, threads=threads,
+                          host_registry=str(HOST_REGISTRY))
     try:
         Peer(options, scheduler_role=SchedulerRole).run(_stop_event())
     except (NotAdmitted, TimeoutError) as e:  # refused or unanswered: say why, no traceback

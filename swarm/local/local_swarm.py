@@ -70,7 +70,8 @@ class LocalSwarm:
         if peer_args and isinstance(peer_args[0], str):
             peer_args = [list(peer_args)] * num_peers  # type: ignore[list-item]
         self.peer_args: list[list[str]] = [list(a) for a in peer_args] or [[] for _ in range(num_peers)]
-        # N processes share this machine's cores: one compute thread each, unless the caller says otherwise
+        # N processes share this machine's cores: one compute thread each (OMP and --threads 1), unless the caller
+        # says otherwise (a later --threads in peer_args wins)
         self.env = {"OMP_NUM_THREADS": "1", **os.environ, **(env or {})}
         self.coordinator: subprocess.Popen | None = None
         self.peers: list[subprocess.Popen] = []
@@ -116,7 +117,9 @@ class LocalSwarm:
                                     "--identity", str(self.run_dir / f"peer-{index:02d}.key"),
                                     "--log-file", str(self.run_dir / f"peer-{index:02d}.log"),
                                     "--events", str(self.run_dir / f"peer-{index:02d}.events.jsonl"),
-                                    "--metrics", str(self.metrics_path), *args, *extra],
+                                    "--metrics", str(self.metrics_path),
+                                    "--trace", str(self.run_dir / f"peer-{index:02d}.trace.jsonl"),
+                                    "--threads", "1", *args, *extra],
             f"peer-{index:02d}", token=self.join_token)
         self.peers.append(proc)
         return proc

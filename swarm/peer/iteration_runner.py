@@ -23,7 +23,9 @@ from peers.checkpoint import param_digest, save_stage_checkpoint
 from scheduler.schedule import Schedule
 from swarm.events import event
 from swarm.net.transport import Transport, TransportError
+from swarm.peer.console import IterationSummary, console_logger, iteration_line
 from swarm.peer.data_holder import DataHolder
+from swarm.peer.host_share import ThreadShare
 from swarm.peer.iteration_clock import IterationClock
 from swarm.peer.mailbox import Inbox, Outbox
 from swarm.peer.pipeline import IterationAborted, IterationTimeout, PipelineExecutor
@@ -47,18 +49,20 @@ class IterationRunner:
 
     :param transport: returns the peer's transport (for probing a late next hop)
     :param stopping: whether the run is stopping while this peer is asked to stop (no commit will come)
+    :param threads: sizes torch's threads before each iteration (None: left as they are)
     """
 
     def __init__(self, peer_id: str, run_id: str, config: RunConfig, *, inbox: Inbox, outbox: Outbox,
                  follower: ScheduleFollower, reports: Reports, clock: IterationClock, timeline: Timeline,
                  transport: Callable[[], Transport | None], stopping: Callable[[], bool],
-                 averaging_deadline: float, checkpoint_dir: str | None = None, log_param_digest: bool = False) -> None:
+                 averaging_deadline: float, checkpoint_dir: str | None = None, log_param_digest: bool = False,
+                 threads: ThreadShare | None = None) -> None:
         self.peer_id, self.run_id, self.config = peer_id, run_id, config
         self.inbox, self.outbox, self.follower, self.reports = inbox, outbox, follower, reports
         self.clock, self.timeline = clock, timeline
         self._transport, self._stopping = transport, stopping
         self.averaging_deadline, self.checkpoint_dir = averaging_deadline, checkpoint_dir
-        self.log_param_digest = log_param_digest
+        self.log_param_digest, self.threads = log_param_digest, threads
         self.unreachable: frozenset[str] = frozenset()
         """Peers no stream could be opened to since this peer adopted its schedule: detoured around like gone ones,
         and not waited for by the stage averaging (replaced, never mutated)."""
@@ -77,6 +81,9 @@ class IterationRunner:
     def run(self, session: StageSession, schedule: Schedule, iteration: int, data: DataHolder | None) -> None:
         """This peer's part of `iteration` under `schedule`, through its optimizer step."""
         worker, stage = session.worker, session.stage
+        if self.threads is not None:
+            self.threads.apply()  # peers that started on this machine since take their share of its cores
+        self.timeline.take_compute()  # what an abandoned attempt computed is not this iteration's
         batches = data.draw(schedule, iteration) if stage == 0 and data is not None else {}
         executor = PipelineExecutor(me=self.peer_id, worker=worker, schedule=schedule, run_id=self.run_id,
                                     iteration=iteration, send=self.outbox.send, batches=batches,
@@ -134,6 +141,11 @@ class IterationRunner:
         logger.info("iteration %d done: %d backward passes, stage %d averaged %d visits from %d/%d peers, lr %.2e "
                     "(pipeline+commit %.3f s, averaging %.3f s, step %.3f s)", iteration, result.backward_done,
                     stage, visits, heard, len(group), stats.lr, t1 - t0, t2 - t1, t3 - t2)
+        forwards, backwards, compute = self.timeline.take_compute()
+        batch, seq_len = self.config.data.batch_size, self.config.data.seq_len
+        console_logger.info("%s", iteration_line(IterationSummary(
+            iteration=iteration, stage=stage, epoch=schedule.epoch, forwards=forwards, backwards=backwards,
+            compute_seconds=compute, seconds=t3 - t0, tokens=forwards * batch * (seq_len - 1))))
 
     def _checkpoint(self, session: StageSession, schedule: Schedule, done: int, data: DataHolder | None) -> None:
         if self.checkpoint_dir and self.config.checkpoint_every and done % self.config.checkpoint_every == 0:

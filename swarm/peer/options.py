@@ -77,3 +77,7 @@ class PeerOptions:
     """Misbehave on purpose (`swarm.peer.faults`): for testing a swarm's defences only."""
     link_latency: Mapping[str, float] | None = None
     """Link emulation: one-way seconds the transport waits before each message to that peer."""
+    threads: int | None = None
+    """Torch threads (None: this machine's cores shared among the peers registered in `host_registry`)."""
+    host_registry: str | None = None
+    """Directory of the host's live peers (`swarm.peer.host_share`); None: count this peer as alone."""

@@ -41,6 +41,7 @@ from swarm.net.transport import Transport
 from swarm.peer.activation_watch import ActivationWatch
 from swarm.peer.data_holder import DataHolder
 from swarm.peer.faults import tamper
+from swarm.peer.host_share import ThreadShare
 from swarm.peer.inbound_checks import InboundChecks
 from swarm.peer.iteration_clock import IterationClock
 from swarm.peer.iteration_runner import COMMIT_TIMEOUT, IterationRunner
@@ -161,7 +162,10 @@ class Peer:
                     if not self.follower.wait_for_replacement(self.iteration, self._halt, COMMIT_TIMEOUT):
                         raise
                     self._abandon_iteration()
-            logger.info("peer %s stops after iteration %d", self.peer_id, self.iteration)
+            why = "run finished" if self.follower.finished.is_set() else "scheduler silent" if stop.is_set() and \
+                self.follower.no_scheduler(self.peer_id) else "asked to stop" if stop.is_set() else "iterations done"
+            logger.info("peer %s stops after iteration %d (%s)", self.peer_id, self.iteration, why,
+                        extra=event("stopped", iteration=self.iteration, why=why))
         finally:
             self.shutdown()
 
@@ -191,7 +195,8 @@ class Peer:
                                       follower=self.follower, reports=self.reports, clock=self.clock,
                                       timeline=self.timeline, transport=lambda: self._transport,
                                       stopping=self._stopping_run, averaging_deadline=o.averaging_deadline,
-                                      checkpoint_dir=o.checkpoint_dir, log_param_digest=o.log_param_digest)
+                                      checkpoint_dir=o.checkpoint_dir, log_param_digest=o.log_param_digest,
+                                      threads=ThreadShare(o.threads, o.host_registry))
         node.start_gossip(bootstrap=spec.control_addrs, log_path=o.log_gossip)
         self.data = DataHolder.load(self.config.data, self.model_config.vocab_size, self.peer_id,
                                     data_paths=o.data_paths, ledger_path=o.ledger_path)
@@ -283,10 +288,11 @@ class Peer:
     def _drain(self) -> bool:
         """Asked to stop: whether to keep serving. A placed peer of a running swarm announces DRAINING and serves on
         until the scheduler plans without it (the iteration in progress finishes, nothing in flight is lost), for at
-        most DRAIN_TIMEOUT; it leaves at once if the run has finished or it holds the scheduler role."""
+        most DRAIN_TIMEOUT; it leaves at once if the run has finished, it holds the scheduler role, or the scheduler
+        is silent with no other peer to succeed it."""
         if self.follower.finished.is_set() or self.schedule is None or self.peer_id not in self.schedule.placement \
                 or self.node.heartbeat is None or self.succession.role is not None \
-                or self.follower.scheduler_silent():
+                or self.follower.no_scheduler(self.peer_id):
             return False
         if self.state != PeerState.DRAINING:
             self.state = PeerState.DRAINING
@@ -303,8 +309,12 @@ class Peer:
         return True
 
     def _stopping_run(self) -> bool:
-        """Asked to stop while the run itself finishes (its scheduler said so): no commit will come."""
-        return self._stop is not None and self._stop.is_set() and self.follower.finished.is_set()
+        """Asked to stop while no commit will come: the run finishes (its scheduler said so), or this peer stops
+        draining (no scheduler left to plan its leave, or the drain timed out). Asked mid-iteration, it announces
+        DRAINING at once (`_drain`), so that no peer waits for it to succeed a dead scheduler."""
+        if self._stop is None or not self._stop.is_set():
+            return False
+        return self.follower.finished.is_set() or (self.succession.role is None and not self._drain())
 
     def _hand_over(self) -> None:
         """The scheduler plans without this draining peer: hand its stage over if it was the last, then leave."""

@@ -79,6 +79,11 @@ class ScheduleFollower:
         """The scheduler's record has not been seen for longer than a record lives (three heartbeats and a grace)."""
         return time.monotonic() - self.scheduler_seen > silent_after(self.heartbeat)
 
+    def no_scheduler(self, me: str) -> bool:
+        """The scheduler is silent and no other live peer is about to succeed it (`candidate`, set by the watch):
+        nobody will commit an iteration or plan a leave soon. A draining peer is never a candidate."""
+        return self.scheduler_silent() and self.candidate in (None, me)
+
     def on_message(self, sender: str, message: ControlMessage) -> bool:
         """Take a notice, 'gone', 'finished' or a commit from `sender`; True if the main loop should look again.
         Messages from anyone but the scheduler are logged and ignored."""

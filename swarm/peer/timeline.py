@@ -31,17 +31,28 @@ class Timeline:
         self.peer = peer
         self._spans: list[dict[str, Any]] = []
         self._lock = threading.Lock()
+        self._compute: tuple[int, int, float] = (0, 0, 0.0)
 
     @property
     def enabled(self) -> bool:
         return self.path is not None
 
     def record(self, kind: str, start: float, end: float, **args: Any) -> None:
-        """One span: `kind` (e.g. "forward"), wall-clock `start`/`end` in seconds, free-form `args`."""
+        """One span: `kind` (e.g. "forward"), wall-clock `start`/`end` in seconds, free-form `args`. Compute spans
+        are counted even without a trace file (see `take_compute`)."""
+        if kind in COMPUTE_KINDS:
+            forwards, backwards, seconds = self._compute
+            self._compute = (forwards + (kind in ("inject", "forward")), backwards + (kind == "backward"),
+                             seconds + max(0.0, end - start))
         if self.path is None:
             return
         with self._lock:
             self._spans.append({"peer": self.peer, "kind": kind, "start": start, "end": end, **args})
+
+    def take_compute(self) -> tuple[int, int, float]:
+        """(forward passes, backward passes, compute seconds) recorded since the last call, which resets them."""
+        taken, self._compute = self._compute, (0, 0, 0.0)
+        return taken
 
     def flush(self) -> None:
         if self.path is None:

@@ -1,5 +1,7 @@
 """The runtime's commands refuse bad input with one line and a non-zero exit, before starting anything."""
 
+import os
+
 import pytest
 from click.testing import CliRunner
 
@@ -63,3 +65,21 @@ def test_coordinator_refuses_a_saved_plan_of_another_shape(tmp_path):
     f.write_text(plan_for_profile(num_peers=6, num_stages=2, skip=0.0).to_json())
     r = CliRunner().invoke(main, ["coordinator", "start", "--stages", "3", "--first-schedule", str(f)])
     assert r.exit_code == 2 and "cannot start this run: it has 2 stages, the run 3" in r.output
+
+
+def test_an_identity_another_process_holds_is_refused_in_one_line(tmp_path):
+    from swarm.net.identity import ensure_identity
+    from swarm.net.identity_lock import claim_identity
+
+    key = tmp_path / "peer.key"
+    coordinator_id = ensure_identity(str(tmp_path / "coordinator.key"))
+    _, lock = claim_identity(key)  # as a peer already running with it would
+    try:
+        for cli, args in ((main, ["coordinator", "start"]),
+                          (peer_main, ["join", "--initial-peers", f"/ip4/127.0.0.1/tcp/1/p2p/{coordinator_id}"])):
+            r = CliRunner().invoke(cli, [*args, "--identity", str(key)])
+            assert r.exit_code == 2 and "Traceback" not in r.output
+            assert r.output.strip() == f"error: identity {key} is in use by process {os.getpid()} on this machine " \
+                                       "(one key is one peer): pass a different --identity FILE"
+    finally:
+        lock.release()
