@@ -23,7 +23,7 @@ import json
 import statistics
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -59,16 +59,20 @@ def prime_optimizer(w: StageWorker) -> None:
     w.optimizer.zero_grad(set_to_none=True)
 
 
-def one_step(w: StageWorker, inputs: list[torch.Tensor], grads: list[torch.Tensor]) -> None:
-    """Forward all microbatches (stashed), then the loss and backward of each, then one optimizer step."""
+def one_step(w: StageWorker, inputs: list[torch.Tensor], grads: list[torch.Tensor],
+             stashed: Callable[[], None] = lambda: None) -> None:
+    """Forward all microbatches (stashed), then the loss and backward of each, then one optimizer step;
+    `stashed` is called when all m are stashed."""
     if w.stage == 0:
         outs = [w.inject(mb, tokens) for mb, tokens in enumerate(inputs)]
+        stashed()
         for mb, h in enumerate(outs):
             _, g = w.loss(mb, h)
             w.backward(mb, g)
     else:
         for mb, x in enumerate(inputs):
             w.forward(mb, x)
+        stashed()
         for mb, g in enumerate(grads):
             w.backward(mb, g)
     w.step()
@@ -105,16 +109,20 @@ def measure(preset: str, kind: str, batch: int, seq: int, slots: int, stages: in
         if device.type == "cuda":
             sync(device)
             torch.cuda.reset_peak_memory_stats(device)
-            one_step(w, inputs, grads)
+            before = torch.cuda.memory_allocated(device)
+            held: list[int] = []
+            one_step(w, inputs, grads, lambda h=held, b=before: h.append(torch.cuda.memory_allocated(device) - b))
             sync(device)
             peak = torch.cuda.max_memory_allocated(device)
         else:
             with LiveTensorMemory() as meter:
-                one_step(w, inputs, grads)
+                held = []
+                one_step(w, inputs, grads, lambda h=held, m=meter: h.append(m.live))
             peak = resident + meter.peak
         rows.append({"preset": preset, "stage": kind, "recompute": rc, "batch": batch, "seq_len": seq,
                      "slots": slots, "layers": split[stage], "device": str(device), "precision": precision,
                      "resident_bytes": resident, "peak_bytes": peak, "activation_bytes": peak - resident,
+                     "stash_bytes": held[0],
                      "times": []})
     for _ in range(reps):  # alternate, so both see the same machine load
         for row, w in zip(rows, workers.values(), strict=True):
@@ -140,7 +148,8 @@ def fit(points: list[tuple[int, int]]) -> tuple[float, float, float]:
 
 def report(rows: list[dict], target_batch: int) -> str:
     lines = ["| preset | stage | layers | microbatch (B x T) | recompute | weights+Adam | peak | activations | "
-             "step time min/median/max | recompute cost |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "m stashed | step time min/median/max | recompute cost |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     base = {(r["preset"], r["stage"], r["batch"], r["seq_len"]): r for r in rows if not r["recompute"]}
     for r in rows:
         t = r["times"]
@@ -151,19 +160,21 @@ def report(rows: list[dict], target_batch: int) -> str:
             cost = f"{statistics.median(t) / statistics.median(b['times']):.2f}x"
         lines.append(f"| {r['preset']} | {r['stage']} | {r['layers']} | {r['batch']} x {r['seq_len']} | "
                      f"{'blocks' if r['recompute'] else 'none'} | {r['resident_bytes'] / GIB:.3f} GiB | "
-                     f"{r['peak_bytes'] / GIB:.3f} GiB | {r['activation_bytes'] / GIB:.3f} GiB | {times} | {cost} |")
+                     f"{r['peak_bytes'] / GIB:.3f} GiB | {r['activation_bytes'] / GIB:.3f} GiB | "
+                     f"{r['stash_bytes'] / GIB:.3f} GiB | {times} | {cost} |")
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         groups.setdefault((r["preset"], r["stage"], r["recompute"]), []).append(r)
     extrapolated = [g for g in groups.values() if len({r["batch"] * r["seq_len"] for r in g}) >= 2]
     if extrapolated:
-        lines += ["", f"Extrapolated to {target_batch} x the preset's context (linear fit of activations in tokens "
-                  "per microbatch, from the measured rows above):", "",
-                  "| preset | stage | recompute | fitted on tokens | fit's worst error | activations / 1k tokens | "
-                  "extrapolated peak |", "|---|---|---|---|---|---|---|"]
+        lines += ["", f"Extrapolated to {target_batch} x the preset's context: the m stashed microbatches, fitted "
+                  "linearly in tokens per microbatch on the measured rows above; weights+Adam + that stash is a lower "
+                  "bound of the peak (gradients and the backward's transients come on top):", "",
+                  "| preset | stage | recompute | fitted on tokens | fit's worst error | stash / 1k tokens | "
+                  "weights+Adam + stash |", "|---|---|---|---|---|---|---|"]
         for g in extrapolated:
             r0 = g[0]
-            points = sorted((r["batch"] * r["seq_len"], r["activation_bytes"]) for r in g)
+            points = sorted((r["batch"] * r["seq_len"], r["stash_bytes"]) for r in g)
             icpt, slope, worst = fit(points)
             tokens = target_batch * FLAVORS[r0["preset"]].max_seq_len
             peak = r0["resident_bytes"] + icpt + slope * tokens
