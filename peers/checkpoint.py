@@ -8,7 +8,12 @@ saved before), and `latest`, a one-line file naming the current one. A step dire
   every file (`peer.json` for one peer's checkpoint of its stage);
 - `stage-{s}.safetensors` (weights, full-model parameter names) and `stage-{s}-optimizer.safetensors`
   (AdamW moments and step counts, keyed `{param}.exp_avg` ...) for every stage;
-- `rng.safetensors` (torch's CPU generator) and `tokenizer.json` when trained on a corpus.
+- `rng.safetensors` (torch's CPU generator) and `tokenizer.json` when trained on a corpus, with the
+  `tokenizer_config.json` beside the corpus's tokenizer file when it has one (an imported tokenizer's eos).
+
+A checkpoint can also seed a new run (`load_initial_weights`, `load_initial_stage`): its stage weights only,
+the optimizer fresh and the iteration 0, e.g. a Hugging Face model `skippipe import-hf` converted. A networked
+run carries the SHA-256 of each stage file (`initial_weight_digests`) so that every peer starts from the same.
 
 Crash safety: a save writes a fresh hidden directory, fsyncs every file and the directory, renames it to its
 step name, then replaces `latest` atomically (temp file, fsync, `os.replace`, fsync of the root). Only then are
@@ -40,6 +45,7 @@ from safetensors.torch import load_file, save_file
 from peers.durable import fsync_dir
 from peers.model import ModelConfig, Transformer
 from peers.optim import OptimConfig
+from peers.tokenizer import TOKENIZER_CONFIG
 from peers.worker import StageWorker
 
 CHECKPOINT_FORMAT = 1
@@ -128,6 +134,9 @@ def save_checkpoint(path: str | os.PathLike, swarm: Any) -> Path:
         data = None
         if swarm.corpus is not None:
             files["tokenizer.json"] = _write_bytes(out / "tokenizer.json", swarm.corpus.tokenizer.to_str().encode())
+            sidecar = tokenizer_sidecar(swarm.corpus.config.tokenizer)
+            if sidecar is not None:  # an imported tokenizer's eos/bos names: eval and export-hf need them
+                files[TOKENIZER_CONFIG] = _write_bytes(out / TOKENIZER_CONFIG, sidecar)
             data = swarm.corpus.config.to_dict()
             data["paths"] = [str(Path(p).resolve()) for p in data["paths"]]
         first = next(iter(swarm.workers.values()))
@@ -395,6 +404,77 @@ def load_stage_checkpoint(path: str | os.PathLike, worker: StageWorker) -> dict[
     optim = _load_tensors(root, f"stage-{worker.stage}-optimizer.safetensors", manifest)
     load_stage_tensors(worker, weights, optim, steps=manifest["steps"])
     return manifest
+
+
+# ---- starting a new run from a checkpoint's weights --------------------------------------------
+MAX_SIDECAR_BYTES = 1 << 20
+
+
+def tokenizer_sidecar(tokenizer_path: str | os.PathLike | None) -> bytes | None:
+    """The `tokenizer_config.json` beside tokenizer file `tokenizer_path`, if there is one (None otherwise)."""
+    if tokenizer_path is None:
+        return None
+    sidecar = Path(tokenizer_path).parent / TOKENIZER_CONFIG
+    if not sidecar.is_file() or sidecar.stat().st_size > MAX_SIDECAR_BYTES:
+        return None
+    return sidecar.read_bytes()
+
+
+def initial_weight_digests(path: str | os.PathLike, model: ModelConfig, split: tuple[int, ...] | list[int]
+                           ) -> tuple[str, ...]:
+    """SHA-256 of each stage's weights file in checkpoint root `path`, stage by stage, after checking that it
+    holds `model` split as `split` (every file's hash is checked against its manifest on the way).
+
+    :raises CheckpointError: no complete checkpoint there, or another model or split
+    """
+    root, manifest = resolve_checkpoint(path)
+    _expect_equal("model", manifest["model"], model.to_dict())
+    _expect_equal("split", manifest["split"], list(split))
+    digests = []
+    for s in range(len(split)):
+        name = f"stage-{s}.safetensors"
+        if name not in manifest["files"]:
+            raise CheckpointError(f"checkpoint {root} has no {name}")
+        digests.append(manifest["files"][name])
+    return tuple(digests)
+
+
+def load_initial_stage(path: str | os.PathLike, worker: StageWorker, digest: str | None = None) -> dict[str, Any]:
+    """Start `worker` from the weights of its stage in the whole-model checkpoint root `path` (weights only: the
+    optimizer stays fresh, step 0); returns the manifest.
+
+    :param digest: the SHA-256 the run says that stage's file has (`initial_weight_digests`); a file that differs
+      is refused, so every peer of a run starts from the same weights
+    :raises CheckpointError: missing or corrupted, of another model or split, or not the run's weights
+    """
+    root, manifest = resolve_checkpoint(path)
+    _check_initial(root, manifest, worker, digest)
+    load_stage_tensors(worker, _load_tensors(root, f"stage-{worker.stage}.safetensors", manifest), {}, steps=0)
+    return manifest
+
+
+def load_initial_weights(path: str | os.PathLike, swarm: Any) -> dict[str, Any]:
+    """Start every worker of `swarm` (an InProcessSwarm) from the weights of checkpoint root `path` (weights only:
+    optimizers fresh, iteration 0; unlike `load_checkpoint`, no exact resume); returns the manifest."""
+    root, manifest = resolve_checkpoint(path)
+    for worker in swarm.workers.values():
+        _check_initial(root, manifest, worker, None)
+    for s in range(swarm.schedule.num_stages):
+        weights = _load_tensors(root, f"stage-{s}.safetensors", manifest)
+        for worker in swarm.stage_workers(s):
+            load_stage_tensors(worker, weights, {}, steps=0)
+    swarm.iteration = 0
+    return manifest
+
+
+def _check_initial(root: Path, manifest: dict[str, Any], worker: StageWorker, digest: str | None) -> None:
+    _expect_equal("model", manifest["model"], worker.config.to_dict())
+    _expect_equal("split", manifest["split"], list(worker.split))
+    name = f"stage-{worker.stage}.safetensors"
+    if digest is not None and manifest["files"].get(name) != digest:
+        raise CheckpointError(f"{root / name} is not this run's initial weights of stage {worker.stage} (SHA-256 "
+                              f"{str(manifest['files'].get(name))[:12]}..., the run's is {digest[:12]}...): "
+                              "point --init-from at a copy of the checkpoint the run started from")
 
 
 def load_model(path: str | os.PathLike, device: str = "cpu") -> tuple[Transformer, dict[str, Any]]:

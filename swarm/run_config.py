@@ -6,7 +6,7 @@ unknown or mistyped fields are refused with a message naming the field.
 ```toml
 [run]
 run_id = "demo"
-model = "tiny"          # a flavor of peers.model.FLAVORS
+model = "tiny"          # a flavor of peers.model.FLAVORS (or a [model] table, below)
 stages = 3
 skip = 0.33
 microbatches = 4        # per data holder per iteration
@@ -14,7 +14,11 @@ memory = 3              # activations a peer may hold awaiting backward
 iterations = 30         # 0 = until stopped
 seed = 0
 min_peers = 6           # the coordinator plans once this many peers have announced themselves
+init_from = ""          # start from this checkpoint's weights (e.g. import-hf's output): its model, its stages
+                        # and its tokenizer unless given; optimizer fresh, iteration 0
 
+# [model]               # instead of run.model: an explicit architecture (peers.model.ModelConfig fields), as
+                        # import-hf writes it in its run.toml; sizes are checked against MODEL_LIMITS
 [optim]                 # peers.optim.OptimConfig fields
 lr = 0.003
 
@@ -42,10 +46,12 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
+from peers.checkpoint import initial_weight_digests, resolve_checkpoint
 from peers.data import DataConfig
 from peers.model import FLAVORS, ModelConfig
 from peers.optim import OptimConfig
 from peers.precision import run_loss_scale
+from peers.stage import balanced_split
 from peers.train_config import TrainConfig
 from scheduler.constants import DEFAULT_MEMORY_SLOTS
 from scheduler.path_rules import PathRules
@@ -55,6 +61,12 @@ WireDtype = Literal["float32", "float16", "bfloat16"]
 Averaging = Literal["allgather", "hivemind"]
 Planner = Literal["skippipe", "skippipe-no-collision", "full-pipeline", "random-skip"]
 PLANNERS: tuple[str, ...] = ("skippipe", "skippipe-no-collision", "full-pipeline", "random-skip")
+CUSTOM_MODEL = "custom"
+"""`run.model` of a run whose architecture is a [model] table (or an init_from checkpoint's), not a flavor."""
+MODEL_LIMITS = {"vocab_size": 1 << 21, "dim": 1 << 16, "n_layers": 1024, "n_heads": 1024, "ffn_dim": 1 << 18,
+                "max_seq_len": 1 << 20}
+"""Largest explicit model sizes accepted (a run spec is untrusted: a peer must not allocate whatever it says)."""
+MAX_MODEL_PARAMS = 2 * 10**12
 
 
 def never_trained_stages(stages: int, skip: float) -> list[int]:
@@ -70,7 +82,7 @@ class RunConfig:
     run_id: str = "skippipe"
     """Names the run's DHT keys and gossip topics; peers of other runs are refused."""
     model: str = "tiny"
-    """Model flavor (peers.model.FLAVORS)."""
+    """Model flavor (peers.model.FLAVORS), or "custom" for `architecture`."""
     stages: int = 3
     """Pipeline stages S."""
     skip: float = 0.33
@@ -102,6 +114,15 @@ class RunConfig:
     or hivemind's DecentralizedAverager (butterfly all-reduce, for large groups and models)."""
     checkpoint_every: int = 0
     """Iterations between a peer's own checkpoints (0 = never); written where the peer's --checkpoint-dir says."""
+    architecture: ModelConfig | None = None
+    """The exact model, from a [model] table or `init_from`'s checkpoint (None: the flavor `model`, its vocabulary
+    the tokenizer's). `model` then names the flavor it matches, or "custom"."""
+    init_from: str = ""
+    """Start from this whole-model checkpoint's weights (weights only: optimizer fresh, iteration 0). A path where
+    the coordinator runs; each peer points its own --init-from at a copy ("" = weights from the seed)."""
+    init_weights: tuple[str, ...] = ()
+    """SHA-256 of each stage's weights file of `init_from` (set from it, carried in the run spec: a peer whose
+    --init-from files differ is refused)."""
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=3e-3))
     """AdamW and its schedule (the default suits the tiny model)."""
     data: DataConfig = field(default_factory=DataConfig)
@@ -112,16 +133,15 @@ class RunConfig:
         """Raise ValueError naming the field that is wrong."""
         if not isinstance(self.run_id, str) or not self.run_id or len(self.run_id) > 64 or "/" in self.run_id:
             raise ValueError(f"run.run_id must be 1-64 characters without '/', got {self.run_id!r}")
-        if self.model not in FLAVORS:
-            raise ValueError(f"run.model must be one of {', '.join(FLAVORS)}, got {self.model!r}")
+        self._validate_model()
+        base = self.base_model
         for name, lo in (("stages", 1), ("microbatches", 1), ("memory", 1), ("iterations", 0), ("min_peers", 1),
                          ("checkpoint_every", 0)):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < lo:
                 raise ValueError(f"run.{name} must be an integer >= {lo}, got {value!r}")
-        if self.stages > FLAVORS[self.model].n_layers:
-            raise ValueError(f"run.stages: {self.model} has {FLAVORS[self.model].n_layers} layers, so at most that "
-                             "many stages")
+        if self.stages > base.n_layers:
+            raise ValueError(f"run.stages: {self.model} has {base.n_layers} layers, so at most that many stages")
         if isinstance(self.skip, bool) or not isinstance(self.skip, (int, float)) or not 0 <= self.skip < 1:
             raise ValueError(f"run.skip must be in [0, 1), got {self.skip!r}")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
@@ -149,11 +169,52 @@ class RunConfig:
         if not isinstance(self.train, TrainConfig):
             raise ValueError("[train] must be a table")
         self.train.validate()
-        if self.data.seq_len > FLAVORS[self.model].max_seq_len:
-            raise ValueError(f"data.seq_len: {self.model} takes at most {FLAVORS[self.model].max_seq_len} tokens")
+        if self.data.seq_len > base.max_seq_len:
+            raise ValueError(f"data.seq_len: {self.model} takes at most {base.max_seq_len} tokens")
+        if not isinstance(self.init_from, str):
+            raise ValueError("run.init_from must be a checkpoint directory path")
+        digests = self.init_weights
+        if not isinstance(digests, tuple) or (digests and len(digests) != self.stages) or not all(
+                isinstance(d, str) and len(d) == 64 and all(c in "0123456789abcdef" for c in d) for d in digests):
+            raise ValueError(f"run.init_weights must be one SHA-256 (hex) per stage ({self.stages}), got {digests!r}")
+
+    def _validate_model(self) -> None:
+        arch = self.architecture
+        if arch is None:
+            if self.model not in FLAVORS:
+                raise ValueError(f"run.model must be one of {', '.join(FLAVORS)} (or give a [model] table), got "
+                                 f"{self.model!r}")
+            return
+        if not isinstance(arch, ModelConfig):
+            raise ValueError("[model] must be a table of model config fields")
+        arch.validate()
+        for name, limit in MODEL_LIMITS.items():
+            if getattr(arch, name) > limit:
+                raise ValueError(f"model.{name}={getattr(arch, name)} is larger than this build accepts ({limit})")
+        if arch.num_params() > MAX_MODEL_PARAMS:
+            raise ValueError(f"[model] has {arch.num_params():.3g} parameters, more than {MAX_MODEL_PARAMS:.3g}")
+        if self.model != CUSTOM_MODEL and (self.model not in FLAVORS or dataclasses.replace(
+                arch, vocab_size=FLAVORS[self.model].vocab_size) != FLAVORS[self.model]):
+            raise ValueError(f"run.model {self.model!r} is not the model the [model] table (or the checkpoint, or the "
+                             f"run spec) describes: give one of them")
+
+    @property
+    def base_model(self) -> ModelConfig:
+        """The model's shape (its vocabulary is the tokenizer's for a flavor: `model_config`)."""
+        return self.architecture if self.architecture is not None else FLAVORS[self.model]
 
     def model_config(self, vocab_size: int) -> ModelConfig:
-        return dataclasses.replace(FLAVORS[self.model], vocab_size=vocab_size)
+        """The run's model for a tokenizer of `vocab_size` tokens: a flavor takes that vocabulary; an explicit
+        architecture keeps its own, which must hold every token (an imported model's is often padded larger).
+
+        :raises ValueError: the tokenizer has more tokens than the architecture's vocabulary
+        """
+        if self.architecture is None:
+            return dataclasses.replace(FLAVORS[self.model], vocab_size=vocab_size)
+        if vocab_size > self.architecture.vocab_size:
+            raise ValueError(f"the tokenizer has {vocab_size} tokens, more than model.vocab_size "
+                             f"{self.architecture.vocab_size}: use the model's own tokenizer (data.tokenizer)")
+        return self.architecture
 
     @property
     def recompute(self) -> bool:
@@ -181,11 +242,11 @@ class RunConfig:
     def from_tables(cls, raw: Any, **overrides: Any) -> RunConfig:
         if not isinstance(raw, dict):
             raise ValueError("config must be a table")
-        unknown = set(raw) - {"run", "optim", "data", "swarm", "train"}
+        unknown = set(raw) - {"run", "optim", "data", "swarm", "train", "model"}
         if unknown:
             raise ValueError(f"unknown config section(s): {', '.join(sorted(unknown))}")
         flat: dict[str, Any] = {}
-        own = {f.name for f in fields(cls)} - {"optim", "data", "train"}
+        own = {f.name for f in fields(cls)} - {"optim", "data", "train", "architecture", "init_weights"}
         for section in ("run", "swarm"):
             table = raw.get(section, {})
             if not isinstance(table, dict):
@@ -201,6 +262,12 @@ class RunConfig:
         optim = OptimConfig.from_dict({"lr": cls().optim.lr, **table})
         data = DataConfig.from_dict(raw.get("data", {}))
         train = TrainConfig.from_dict(raw.get("train", {}))
+        if "model" in raw:
+            if "model" in flat:
+                raise ValueError("run.model and a [model] table both name the model: keep one")
+            flat["model"], flat["architecture"] = CUSTOM_MODEL, ModelConfig.from_dict(raw["model"])
+        if flat.get("init_from"):
+            flat, data = _from_checkpoint(flat, data)
         if "iterations" in flat and "optim" not in raw:
             optim = dataclasses.replace(optim, total_steps=max(1, flat["iterations"] or optim.total_steps),
                                         warmup_steps=max(1, min(optim.warmup_steps, (flat["iterations"] or 20) // 10)))
@@ -213,6 +280,7 @@ class RunConfig:
         hyper = {k: getattr(self, k) for k in ("microbatches", "memory", "iterations", "seed", "min_peers",
                                                "wire_dtype", "profile", "model", "checkpoint_every",
                                                "averaging", "heartbeat", "planner", "rebalance")}
+        hyper["init_weights"] = list(self.init_weights)
         hyper["optim"] = dataclasses.asdict(self.optim)
         hyper["train"] = self.train.to_dict()
         return RunSpec(run_id=self.run_id, model=self.model_config(vocab_size).to_dict(), stages=self.stages,
@@ -225,16 +293,50 @@ class RunConfig:
         hyper = dict(spec.hyperparameters)
         optim = OptimConfig.from_dict(hyper.pop("optim", {}))
         train = TrainConfig.from_dict(hyper.pop("train", {}))
-        own = {f.name for f in fields(cls)} - {"optim", "data", "train", "run_id", "stages", "skip"}
+        own = {f.name for f in fields(cls)} - {"optim", "data", "train", "run_id", "stages", "skip", "architecture",
+                                               "init_from"}
         unknown = set(hyper) - own
         if unknown:
             raise ValueError(f"run spec has unknown hyperparameter(s): {', '.join(sorted(unknown))}")
-        cfg = cls(run_id=spec.run_id, stages=spec.stages, skip=spec.skip_ratio, optim=optim,
-                  data=DataConfig.from_dict(spec.data), train=train, **hyper)
-        cfg.validate()
+        digests = hyper.pop("init_weights", [])
+        if not isinstance(digests, list):
+            raise ValueError("run spec init_weights must be a list")
         model = ModelConfig.from_dict(spec.model)
-        expected = FLAVORS[cfg.model]
-        if dataclasses.replace(model, vocab_size=expected.vocab_size) != expected:
-            raise ValueError(f"run spec model does not match flavor {cfg.model}")
+        cfg = cls(run_id=spec.run_id, stages=spec.stages, skip=spec.skip_ratio, optim=optim,
+                  data=DataConfig.from_dict(spec.data), train=train, architecture=model, init_weights=tuple(digests),
+                  **hyper)
+        try:
+            cfg.validate()
+        except ValueError as e:
+            raise ValueError(f"run spec: {e}") from None
         return cfg, model
+
+
+def _from_checkpoint(flat: dict[str, Any], data: DataConfig) -> tuple[dict[str, Any], DataConfig]:
+    """`flat` (the [run] and [swarm] fields) completed from checkpoint `flat["init_from"]`: its model, stages and
+    tokenizer where the config gives none, and its stage files' digests; a model or split it does not hold is
+    refused."""
+    path = flat["init_from"]
+    if not isinstance(path, str):
+        raise ValueError("run.init_from must be a checkpoint directory path")
+    step, manifest = resolve_checkpoint(path)
+    try:
+        saved = ModelConfig.from_dict(manifest["model"])
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"run.init_from {path}: {e}") from None
+    flat = dict(flat)
+    if "architecture" not in flat:
+        flat["architecture"] = saved
+        flat.setdefault("model", CUSTOM_MODEL)
+    flat.setdefault("stages", len(manifest["split"]))
+    if data.tokenizer is None and "tokenizer.json" in manifest["files"]:
+        data = dataclasses.replace(data, tokenizer=str(step / "tokenizer.json"))
+    arch = flat["architecture"]
+    if not isinstance(flat["stages"], int) or not 1 <= flat["stages"] <= arch.n_layers:
+        raise ValueError(f"run.stages must be 1-{arch.n_layers} for this model, got {flat['stages']!r}")
+    try:
+        flat["init_weights"] = initial_weight_digests(path, arch, balanced_split(arch.n_layers, flat["stages"]))
+    except ValueError as e:
+        raise ValueError(f"run.init_from {path}: {e}") from None
+    return flat, data
 

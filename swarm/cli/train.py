@@ -53,23 +53,47 @@ def swarm() -> None:
 @click.option("--device", default="cpu", show_default=True, help="torch device, e.g. cpu or cuda.")
 @click.option("--precision", type=click.Choice(["fp32", "bf16", "fp16"]), default="fp32", show_default=True,
               help="Autocast precision (bf16/fp16 for CUDA).")
+@click.option("--init-from", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
+              help="Start from this checkpoint's weights (e.g. import-hf's output), its model, stages and tokenizer; "
+                   "optimizer fresh, iteration 0.")
 def inprocess(flavor: str, num_peers: int, num_stages: int, skip: float, iterations: int, seed: int,
               metrics: Path | None, checkpoint: Path | None, profile: str, data_paths: tuple[str, ...],
               microbatches: int, batch_size: int, seq_len: int, lr: float, eval_every: int, device: str,
-              precision: str) -> None:
+              precision: str, init_from: Path | None) -> None:
     """Plan a swarm with the scheduler and train it in this process (no network)."""
     import torch
 
-    from peers.checkpoint import CheckpointError, has_checkpoint, load_checkpoint, resolve_checkpoint
+    from peers.checkpoint import (
+        CheckpointError,
+        has_checkpoint,
+        load_checkpoint,
+        load_initial_weights,
+        resolve_checkpoint,
+    )
     from peers.data import Corpus, DataConfig
     from peers.inprocess import InProcessSwarm
-    from peers.model import FLAVORS
+    from peers.model import FLAVORS, ModelConfig
     from peers.optim import OptimConfig
     from peers.train import train_loop
     from scheduler.planner import plan_for_profile
     from scheduler.schedule import ScheduleError
 
-    base = FLAVORS[flavor]
+    base, tokenizer = FLAVORS[flavor], None
+    if init_from is not None:
+        given = click.get_current_context().get_parameter_source
+        if given("flavor") != click.core.ParameterSource.DEFAULT:
+            raise click.BadParameter("--init-from's checkpoint has its own model: drop --model", param_hint="--model")
+        try:
+            init_dir, init_manifest = resolve_checkpoint(init_from)
+            base = ModelConfig.from_dict(init_manifest["model"])
+        except (TypeError, ValueError) as e:
+            raise click.ClickException(f"--init-from {init_from}: {e}") from None
+        stages = len(init_manifest["split"])
+        if given("num_stages") != click.core.ParameterSource.DEFAULT and num_stages != stages:
+            raise click.BadParameter(f"--init-from's checkpoint has {stages} stages", param_hint="--stages")
+        num_stages, flavor = stages, init_from.name
+        if "tokenizer.json" in init_manifest["files"]:
+            tokenizer = str(init_dir / "tokenizer.json")
     if num_stages > base.n_layers:
         raise click.BadParameter(f"{flavor} has {base.n_layers} layers, so at most {base.n_layers} stages",
                                  param_hint="--stages")
@@ -80,8 +104,12 @@ def inprocess(flavor: str, num_peers: int, num_stages: int, skip: float, iterati
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise click.BadParameter("CUDA is not available on this machine", param_hint="--device")
     try:
-        corpus = Corpus.build(DataConfig(paths=tuple(data_paths), seq_len=seq_len, batch_size=batch_size, seed=seed))
-        cfg = dataclasses.replace(base, vocab_size=corpus.vocab_size)
+        corpus = Corpus.build(DataConfig(paths=tuple(data_paths), tokenizer=tokenizer, seq_len=seq_len,
+                                         batch_size=batch_size, seed=seed))
+        cfg = dataclasses.replace(base, vocab_size=corpus.vocab_size) if init_from is None else base
+        if corpus.vocab_size > cfg.vocab_size:
+            raise ValueError(f"the tokenizer has {corpus.vocab_size} tokens, more than the model's vocab_size "
+                             f"{cfg.vocab_size}")
         schedule = plan_for_profile(profile, num_peers=num_peers, num_stages=num_stages, skip=skip,
                                     microbatches_per_holder=microbatches, seed=seed, num_layers=cfg.n_layers)
         optim = OptimConfig(lr=lr, warmup_steps=max(1, iterations // 20), total_steps=iterations)
@@ -97,6 +125,9 @@ def inprocess(flavor: str, num_peers: int, num_stages: int, skip: float, iterati
             load_checkpoint(step_dir, trainer)
             click.echo(f"resumed from {step_dir} at iteration {trainer.iteration} (learning rate decays over "
                        f"{optim.total_steps} steps)", err=True)
+        elif init_from is not None:
+            load_initial_weights(init_dir, trainer)
+            click.echo(f"starting from the weights of {init_dir} (iteration 0, optimizer fresh)", err=True)
     except (ValueError, ScheduleError, CheckpointError) as e:
         raise click.ClickException(str(e)) from None
 

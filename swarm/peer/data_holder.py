@@ -39,8 +39,8 @@ class DataHolder:
         """The run's corpus (its tokenizer must have the run's `vocab_size`), or this peer's own documents if it
         brought some, with a ledger of every draw at `ledger_path`."""
         corpus = Corpus.build(data)
-        if corpus.vocab_size != vocab_size:
-            raise ValueError(f"tokenizer has {corpus.vocab_size} tokens, the run spec says {vocab_size}")
+        if corpus.vocab_size > vocab_size:  # fewer is fine: an imported model's vocabulary is often padded
+            raise ValueError(f"tokenizer has {corpus.vocab_size} tokens, the run's model only {vocab_size}")
         if data_paths:
             corpus = corpus.with_documents(data_paths)
         return cls(HolderShards(corpus, DataLedger(ledger_path, holder=peer_id)), peer_id, own_data=bool(data_paths))

@@ -14,37 +14,9 @@ from safetensors.torch import load_file
 from peers.checkpoint import resolve_checkpoint
 from peers.model import ModelConfig
 from peers.stage import build_stage
+from tests.utils.hf_llama import write_docs, write_hf_llama
 
 transformers = pytest.importorskip("transformers")
-
-TEXTS = ["the quick brown fox jumps over the lazy dog", "pipelines skip stages", "llamas hum softly"] * 20
-
-
-def _tokenizer(path: Path) -> None:
-    """A small byte-level BPE with Llama's specials: <unk> 0, <s> 1, </s> 2."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(TEXTS, trainers.BpeTrainer(vocab_size=280, special_tokens=["<unk>", "<s>", "</s>"],
-                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                                       show_progress=False))
-    tok.save(str(path))
-
-
-def _hf_model(tmp: Path, tied: bool, shard: str | None):
-    torch.manual_seed(1 if tied else 2)
-    cfg = transformers.LlamaConfig(vocab_size=288, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                                   rms_norm_eps=1e-6, rope_theta=5000.0, tie_word_embeddings=tied,
-                                   bos_token_id=1, eos_token_id=2)
-    model = transformers.LlamaForCausalLM(cfg).eval()
-    kwargs = {"max_shard_size": shard} if shard else {}
-    model.save_pretrained(tmp, **kwargs)
-    _tokenizer(tmp / "tokenizer.json")
-    return model
-
 
 @pytest.fixture(scope="module")
 def hf_dirs(tmp_path_factory):
@@ -52,7 +24,7 @@ def hf_dirs(tmp_path_factory):
     out = {}
     for tied, shard in ((True, None), (False, "40KB")):
         d = tmp_path_factory.mktemp("tied" if tied else "untied")
-        out[tied] = (d, _hf_model(d, tied, shard))
+        out[tied] = (d, write_hf_llama(d, tied=tied, shard=shard))
     assert (out[False][0] / "model.safetensors.index.json").is_file()
     return out
 
@@ -203,14 +175,9 @@ def test_the_data_path_ends_documents_with_the_imported_eos(hf_dirs, tmp_path):
 
     assert _cli("import-hf", hf_dirs[True][0], "-o", tmp_path / "a", "--stages", 2).exit_code == 0
     step, manifest = resolve_checkpoint(tmp_path / "a")
-    corpus = Corpus.build(DataConfig(paths=(str(_docs(tmp_path)),), tokenizer=str(step / "tokenizer.json"),
-                                     seq_len=8, batch_size=2))
+    docs = write_docs(tmp_path / "docs.txt")
+    corpus = Corpus.build(DataConfig(paths=(str(docs),), tokenizer=str(step / "tokenizer.json"), seq_len=8,
+                                     batch_size=2))
     assert manifest["imported_from"]["eos_token_id"] == 2  # </s>, named in the checkpoint's tokenizer_config.json
     assert end_of_text_id(corpus.tokenizer, step / "tokenizer.json") == 2
     assert any((batch == 2).any() for batch in corpus.validation_batches())
-
-
-def _docs(tmp_path: Path) -> Path:
-    path = tmp_path / "docs.txt"
-    path.write_text("\n\n".join(TEXTS))
-    return path
