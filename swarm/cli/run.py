@@ -88,6 +88,8 @@ def coordinator() -> None:
 @click.option("--seed", type=int, default=None, help="overrides run.seed")
 @click.option("--microbatches", type=int, default=None, help="overrides run.microbatches")
 @click.option("--checkpoint-every", type=int, default=None, help="overrides run.checkpoint_every")
+@click.option("--init-from", type=click.Path(exists=True, file_okay=False), default=None,
+              help="overrides run.init_from: start from this checkpoint's weights (e.g. import-hf's output)")
 @click.option("--host", default="127.0.0.1", show_default=True, help="address to listen on")
 @click.option("--port", type=int, default=0, show_default=True, help="DHT port (0 = any free port)")
 @click.option("--identity", type=click.Path(dir_okay=False), default=str(DEFAULT_IDENTITY), show_default=True)
@@ -102,9 +104,11 @@ def coordinator() -> None:
 @click.option("--log-file", type=click.Path(dir_okay=False), default=None)
 @click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING"]), default="INFO")
 @click.option("--events", type=click.Path(dir_okay=False), default=None, help=EVENTS_HELP)
-def start(config_path, run_id, iterations, min_peers, stages, skip, seed, microbatches, checkpoint_every, host, port,
-          identity, run_dir, metrics, first_schedule, allow_file, open_run, log_file, log_level, events) -> None:
+def start(config_path, run_id, iterations, min_peers, stages, skip, seed, microbatches, checkpoint_every, init_from,
+          host, port, identity, run_dir, metrics, first_schedule, allow_file, open_run, log_file, log_level,
+          events) -> None:
     """Bootstrap the DHT, publish the run, plan from the live swarm and log its progress."""
+    from peers.data import Corpus
     from scheduler.schedule import Schedule, ScheduleError, validate
     from swarm.control.membership import read_allow_file
     from swarm.coordinator.coordinator import Coordinator, CoordinatorOptions
@@ -112,10 +116,12 @@ def start(config_path, run_id, iterations, min_peers, stages, skip, seed, microb
     from swarm.run_config import RunConfig
 
     overrides = dict(run_id=run_id, iterations=iterations, min_peers=min_peers, stages=stages, skip=skip, seed=seed,
-                     microbatches=microbatches, checkpoint_every=checkpoint_every)
+                     microbatches=microbatches, checkpoint_every=checkpoint_every, init_from=init_from)
     try:
         config = RunConfig.from_toml(config_path, **overrides) if config_path else \
             RunConfig.from_tables({}, **overrides)
+        if config.architecture is not None:  # an explicit model must hold every token of the run's tokenizer
+            config.model_config(Corpus.build(config.data).vocab_size)
     except ValueError as e:
         _fail(str(e))
     saved = None
@@ -183,6 +189,8 @@ def start(config_path, run_id, iterations, min_peers, stages, skip, seed, microb
               help="a data holder appends its data ledger here (JSON lines)")
 @click.option("--checkpoint-dir", type=click.Path(file_okay=False), default=None,
               help="write this peer's checkpoint here every run.checkpoint_every iterations")
+@click.option("--init-from", type=click.Path(exists=True, file_okay=False), default=None,
+              help="this peer's copy of the checkpoint the run starts from (run.init_from)")
 @click.option("--probe-sample", type=click.IntRange(1, 256), default=8, show_default=True,
               help="peers whose links one probing round measures")
 @click.option("--trace", "trace_path", type=click.Path(dir_okay=False), default=None,
@@ -195,7 +203,7 @@ def start(config_path, run_id, iterations, min_peers, stages, skip, seed, microb
               help="misbehave on purpose, to test a swarm's defences (never on a run you care about)")
 def join(initial_peers, coordinator, run_id, token, device, precision, threads, stage, data_paths, identity, host,
          port, iteration_deadline, log_file, log_level, log_param_digest, events, metrics_path, ledger, checkpoint_dir,
-         probe_sample, trace_path, emulate_speed, latency_file, fault) -> None:
+         init_from, probe_sample, trace_path, emulate_speed, latency_file, fault) -> None:
     """Join a run: measure, announce, get placed, train; Ctrl+C leaves cleanly."""
     from swarm.control.membership import check_token
     from swarm.coordinator.scheduler_role import SchedulerRole
@@ -229,10 +237,15 @@ def join(initial_peers, coordinator, run_id, token, device, precision, threads, 
     identity = _claim_identity(identity)
     _logging(log_file, log_level, events=events, identity=identity)
     install_console()
-    registry = HostRegistry(HOST_REGISTRY)
-    registry.join()
-    _held.append(registry)
-    share = ThreadShare(threads, HOST_REGISTRY)
+    registry: Path | None = HOST_REGISTRY
+    try:
+        _held.append(HostRegistry(registry))
+        _held[-1].join()  # held for this process's life
+    except OSError as e:
+        logging.getLogger("swarm").warning("cannot register in %s (%s): this peer counts itself alone on this "
+                                           "machine when it sizes its threads", registry, e)
+        registry = None
+    share = ThreadShare(threads, registry)
     logging.getLogger("swarm").info("identity %s; torch uses %d thread(s)", identity, share.apply())
     options = PeerOptions(initial_peers=tuple(initial_peers), identity_path=identity, coordinator=coordinator,
                           token=token, run_id=run_id, host=host,
@@ -240,9 +253,10 @@ def join(initial_peers, coordinator, run_id, token, device, precision, threads, 
                           device=device, precision=precision, iteration_deadline=iteration_deadline,
                           log_gossip=(log_file + ".gossip") if log_file else None,
                           log_param_digest=log_param_digest, checkpoint_dir=checkpoint_dir, ledger_path=ledger,
-                          metrics_path=metrics_path, trace_path=trace_path, emulate_seconds_per_layer=emulate_speed,
+                          init_from=init_from, metrics_path=metrics_path, trace_path=trace_path,
+                          emulate_seconds_per_layer=emulate_speed,
                           link_latency=latency, probe_sample=probe_sample, fault=fault, threads=threads,
-                          host_registry=str(HOST_REGISTRY))
+                          host_registry=str(registry) if registry else None)
     try:
         Peer(options, scheduler_role=SchedulerRole).run(_stop_event())
     except (NotAdmitted, TimeoutError) as e:  # refused or unanswered: say why, no traceback
@@ -260,28 +274,33 @@ def join(initial_peers, coordinator, run_id, token, device, precision, threads, 
 @click.option("--seed", type=int, default=None)
 @click.option("--metrics", type=click.Path(dir_okay=False), default=None, help="one JSON line per iteration")
 @click.option("--run-dir", type=click.Path(file_okay=False), default="runs/local", show_default=True)
-def local(num_peers, config_path, iterations, stages, skip, seed, metrics, run_dir) -> None:
+@click.option("--init-from", type=click.Path(exists=True, file_okay=False), default=None,
+              help="start from this checkpoint's weights (coordinator and every peer read it)")
+def local(num_peers, config_path, iterations, stages, skip, seed, metrics, run_dir, init_from) -> None:
     """A coordinator and N peers as processes on loopback, with a live progress display."""
     from peers.data import Corpus
     from swarm.local.local_swarm import LocalSwarm
     from swarm.run_config import RunConfig
 
-    overrides = dict(iterations=iterations, min_peers=num_peers, stages=stages, skip=skip, seed=seed)
+    overrides = dict(iterations=iterations, min_peers=num_peers, stages=stages, skip=skip, seed=seed,
+                     init_from=init_from)
     try:
         config = RunConfig.from_toml(config_path, **overrides) if config_path else \
             RunConfig.from_tables({}, **overrides)
-        Corpus.build(config.data)  # train and cache the tokenizer once, before the processes race for it
+        # train and cache the tokenizer once, before the processes race for it; an explicit model must hold its tokens
+        config.model_config(Corpus.build(config.data).vocab_size)
     except ValueError as e:
         _fail(str(e))
     args = ["--iterations", str(iterations), "--min-peers", str(num_peers)]
     if config_path:
         args += ["--config", config_path]
-    for flag, value in (("--stages", stages), ("--skip", skip), ("--seed", seed)):
+    for flag, value in (("--stages", stages), ("--skip", skip), ("--seed", seed), ("--init-from", init_from)):
         if value is not None:
             args += [flag, str(value)]
     if metrics:
         args += ["--metrics", metrics]
-    run = LocalSwarm(run_dir, num_peers, run_id=config.run_id, coordinator_args=args)
+    run = LocalSwarm(run_dir, num_peers, run_id=config.run_id, coordinator_args=args,
+                     peer_args=["--init-from", config.init_from] if config.init_from else ())
     if metrics:
         run.metrics_path = Path(metrics)
     click.echo(f"starting a coordinator and {num_peers} peers ({config.model}, {config.stages} stages, "

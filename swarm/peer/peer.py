@@ -287,9 +287,9 @@ class Peer:
     # ---- graceful leave ---------------------------------------------------------------------------
     def _drain(self) -> bool:
         """Asked to stop: whether to keep serving. A placed peer of a running swarm announces DRAINING and serves on
-        until the scheduler plans without it (the iteration in progress finishes, nothing in flight is lost), for at
-        most DRAIN_TIMEOUT; it leaves at once if the run has finished, it holds the scheduler role, or the scheduler
-        is silent with no other peer to succeed it."""
+        until the scheduler plans without it (the iteration in progress finishes, or, for a data holder, runs again
+        without it: nothing in flight is lost), for at most DRAIN_TIMEOUT; it leaves at once if the run has finished,
+        it holds the scheduler role, or the scheduler is silent with no other peer to succeed it."""
         if self.follower.finished.is_set() or self.schedule is None or self.peer_id not in self.schedule.placement \
                 or self.node.heartbeat is None or self.succession.role is not None \
                 or self.follower.no_scheduler(self.peer_id):
