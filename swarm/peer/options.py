@@ -63,6 +63,8 @@ class PeerOptions:
     """Where a data holder appends its data ledger (JSON lines)."""
     checkpoint_dir: str | None = None
     """Where this peer writes its own checkpoint every `checkpoint_every` iterations of the run."""
+    init_from: str | None = None
+    """This peer's copy of the checkpoint a run starts from (run.init_from): its stage's weights at iteration 0."""
     metrics_path: str | None = None
     """Where this peer writes the run's metrics if it becomes the scheduler (the coordinator died)."""
     probe_sample: int = PROBE_SAMPLE_SIZE

@@ -1,11 +1,11 @@
 """`StageKeeper`: which stage a peer serves, with which state, and the state it hands to others.
 
 It holds the peer's `StageSession` and moves it through the schedule's placements: the first placement (a session
-from the run's seed, or from a same-stage peer's state for a joiner, or a restarted stage's), a move to another
-stage (a new session, its state from the peer the schedule names), equipping the newcomers of its own stage, and
-the hand-over of a stage whose last peer leaves. Stage state travels as two STATE messages through the peer's
-inbox and outbox (`swarm.stage_group.state_transfer`); a joiner loads a state whose digest two veterans of its stage
-agree on, where it has two.
+from the run's seed or its initial checkpoint, or from a same-stage peer's state for a joiner, or a restarted
+stage's), a move to another stage (a new session, its state from the peer the schedule names), equipping the
+newcomers of its own stage, and the hand-over of a stage whose last peer leaves. Stage state travels as two STATE
+messages through the peer's inbox and outbox (`swarm.stage_group.state_transfer`); a joiner loads a state whose
+digest two veterans of its stage agree on, where it has two.
 """
 
 from __future__ import annotations
@@ -27,7 +27,15 @@ from swarm.net.delivery import Inbound
 from swarm.peer.inbound_checks import InboundChecks
 from swarm.peer.mailbox import Inbox, Outbox
 from swarm.peer.options import PeerOptions
-from swarm.peer.stage_session import StageSession, new_worker, receive_state, restart_stage, restore_source
+from swarm.peer.stage_session import (
+    StageSession,
+    check_initial_weights,
+    new_worker,
+    receive_state,
+    restart_stage,
+    restore_source,
+    start_from_initial_weights,
+)
 from swarm.run_config import RunConfig
 from swarm.stage_group.state_transfer import (
     load_state,
@@ -53,6 +61,7 @@ class StageKeeper:
     :param loss_seconds: this device's measured loss step (a paced worker pads to it)
     :param dht: returns the peer's DHT (for its stage group's hivemind averager)
     :param checks: the transport's checks, told whom stage state is expected from while this peer waits for it
+    :raises InitialWeightsRefused: the peer's --init-from does not hold the run's initial weights
     """
 
     def __init__(self, peer_id: str, options: PeerOptions, config: RunConfig, model_config: ModelConfig, *,
@@ -64,6 +73,7 @@ class StageKeeper:
         self.stage = -1 if options.stage is None else options.stage  # announced: the planner pins it there
         self.state = PeerState.JOINING
         self.session: StageSession | None = None
+        check_initial_weights(options.init_from, config, model_config)
 
     @property
     def worker(self) -> StageWorker | None:
@@ -83,6 +93,8 @@ class StageKeeper:
         self.stage = schedule.placement[self.peer_id]
         if self.session is None:
             self.session = self._new_session(schedule)
+            if iteration == 0 and self.config.init_weights:
+                start_from_initial_weights(self.worker, self.options.init_from, self.config)
         self.worker.reset()
         if iteration > 0 and joiner:
             source = restore_source(schedule, self.peer_id)

@@ -1,7 +1,8 @@
 """`StageSession`: a peer's stage while it serves it: the worker, and the averager of its stage group.
 
 A session belongs to one stage: a peer moved to another stage closes its session and builds a new one rather
-than mutating the old in place. A new session starts from the run's seed (the first placement), from a same-stage
+than mutating the old in place. A new session starts from the run's seed or, when the run starts from a checkpoint's
+weights (`run.init_weights`), from this peer's copy of that checkpoint (the first placement), from a same-stage
 peer's weights and optimizer state (a joiner or a mover), from this peer's own checkpoint, or from a neighbouring
 stage's decoder blocks (a stage that lost every peer). The functions below build and equip sessions; state
 arrives through the peer's inbox as two STATE messages (`swarm.stage_group.state_transfer`).
@@ -16,7 +17,13 @@ from collections.abc import Callable
 from hivemind import DHT
 
 from peers.averaging import mean_by_visits
-from peers.checkpoint import CheckpointError, load_stage_checkpoint, load_stage_tensors
+from peers.checkpoint import (
+    CheckpointError,
+    initial_weight_digests,
+    load_initial_stage,
+    load_stage_checkpoint,
+    load_stage_tensors,
+)
 from peers.model import ModelConfig
 from peers.paced_worker import PacedWorker
 from peers.stage import balanced_split, neighbour_blocks, stage_template
@@ -25,11 +32,16 @@ from scheduler.schedule import Schedule
 from swarm.events import event
 from swarm.net.delivery import Inbound
 from swarm.peer.mailbox import Inbox
+from swarm.peer.members import NotAdmitted
 from swarm.run_config import RunConfig
 from swarm.stage_group.allgather import flatten, unflatten
 from swarm.stage_group.state_transfer import unflatten_weights
 
 logger = logging.getLogger(__name__)
+
+
+class InitialWeightsRefused(NotAdmitted):
+    """This peer cannot start from the run's initial weights: no copy of them, or a copy whose files differ."""
 
 
 class StageSession:
@@ -82,6 +94,49 @@ def new_worker(peer_id: str, stage: int, schedule: Schedule, model_config: Model
         return PacedWorker(peer_id, stage, model_config, split, config.optim,
                            seconds_per_layer=emulate_seconds_per_layer, loss_seconds=loss_seconds, **kwargs)
     return StageWorker(peer_id, stage, model_config, split, config.optim, **kwargs)
+
+
+def check_initial_weights(init_from: str | None, config: RunConfig, model_config: ModelConfig) -> None:
+    """Refuse this peer's `--init-from` checkpoint unless it holds exactly the run's initial weights (the digests
+    the run spec carries, every stage's): a volunteer with other files learns it on joining, not after placement.
+    A run started from its seed refuses an --init-from (the volunteer meant another run). Without --init-from the
+    peer may still join a run that started from a checkpoint once it runs: a same-stage peer sends the state.
+
+    :raises InitialWeightsRefused: the message says what differs and how to fix it
+    """
+    if not init_from:
+        return
+    if not config.init_weights:
+        raise InitialWeightsRefused(f"--init-from {init_from}: this run starts from its seed, not from a checkpoint's "
+                                    "weights; drop --init-from")
+    split = balanced_split(model_config.n_layers, config.stages)
+    try:
+        mine = initial_weight_digests(init_from, model_config, split)
+    except CheckpointError as e:
+        raise InitialWeightsRefused(f"--init-from {init_from} cannot start this run: {e}") from None
+    for stage, (ours, theirs) in enumerate(zip(mine, config.init_weights, strict=True)):
+        if ours != theirs:
+            raise InitialWeightsRefused(f"--init-from {init_from}: stage-{stage}.safetensors is not this run's "
+                                        f"initial weights (SHA-256 {ours[:12]}..., the run's is {theirs[:12]}...): "
+                                        "point --init-from at a copy of the checkpoint the run started from")
+
+
+def start_from_initial_weights(worker: StageWorker, init_from: str | None, config: RunConfig) -> None:
+    """Iteration 0 of a run started from a checkpoint's weights: `worker`'s stage from this peer's copy of it,
+    optimizer fresh. A peer without a copy cannot start then (it may join once the run runs).
+
+    :raises InitialWeightsRefused: no --init-from, or its stage file is not the run's
+    """
+    if not init_from:
+        raise InitialWeightsRefused("this run starts from a checkpoint's weights (run.init_from): pass --init-from "
+                                    "DIR, a copy of it, or join once the run has started (a same-stage peer then "
+                                    "sends the state)")
+    try:
+        load_initial_stage(init_from, worker, config.init_weights[worker.stage])
+    except CheckpointError as e:
+        raise InitialWeightsRefused(f"--init-from {init_from}: {e}") from None
+    logger.info("stage %d starts from the run's initial weights in %s", worker.stage, init_from,
+                extra=event("stage_loaded", stage=worker.stage, source="init_from"))
 
 
 def restore_source(schedule: Schedule, peer: str) -> str | None:
