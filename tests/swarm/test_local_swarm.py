@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections import defaultdict
 
 import pytest
@@ -22,6 +21,7 @@ from swarm.local.local_swarm import LocalSwarm
 from swarm.net.dht_shutdown import stop_dht
 from swarm.net.transport import TransportError
 from swarm.wire import Direction, HopHeader, PeerRecord, ScheduleMsg
+from tests.utils.waiting import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
@@ -49,14 +49,6 @@ def run(tmp_path_factory):
         assert not alive, f"processes left running: {alive}"
 
 
-def wait_for(predicate, timeout: float, what: str):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise TimeoutError(what)
 
 
 class Intruder:

@@ -11,7 +11,6 @@ import json
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 
 import pytest
@@ -19,6 +18,7 @@ import pytest
 from swarm.local.local_swarm import LocalSwarm
 from swarm.net.identity import ensure_identity
 from tests.utils.browser import rendered_dom, screenshot
+from tests.utils.waiting import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -26,14 +26,6 @@ RUN = "watched"
 PEERS = 3
 
 
-def wait_for(predicate, timeout: float, what: str):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise TimeoutError(what)
 
 
 def monitor_cmd(swarm: LocalSwarm, *args: str) -> list[str]:
