@@ -26,7 +26,8 @@ class IdentityTaken(ValueError):
 class FileLock:
     """An exclusive, non-blocking `flock` on `path`, held until `release` (or the process's end).
 
-    The lock is on the open file description: a forked child (hivemind's DHT process) holds it too while it lives.
+    A forked child (hivemind's DHT process) closes its copy of the descriptor at once, so that it never keeps the
+    lock after this process died: the lock lives exactly as long as the process that took it.
     """
 
     def __init__(self, path: str | Path) -> None:
@@ -49,12 +50,33 @@ class FileLock:
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
         self._fd = fd
+        _held.add(self)
         return True
 
     def release(self) -> None:
         if self._fd is not None:
             os.close(self._fd)  # closing the last descriptor drops the lock
             self._fd = None
+        _held.discard(self)
+
+
+_held: set[FileLock] = set()
+"""Every lock this process holds (also kept from the garbage collector: a lock is held until released)."""
+
+
+def _forget_in_child() -> None:
+    """In a forked child: close the copies of the parent's lock descriptors (the parent's locks stay held)."""
+    for lock in list(_held):
+        if lock._fd is not None:
+            try:
+                os.close(lock._fd)
+            except OSError:
+                pass
+            lock._fd = None
+    _held.clear()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
 
 
 def is_locked(path: str | Path) -> bool:

@@ -1,7 +1,10 @@
 """One identity key per live process on a machine: a second claimant gets the next slot, or a clear refusal."""
 
+import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -51,3 +54,30 @@ def test_a_lock_is_not_taken_twice_in_one_process(tmp_path):
     assert a.acquire() and not b.acquire()
     a.release()
     assert b.acquire()
+
+
+FORK_AND_DIE = "import os, sys, time; from swarm.net.identity_lock import claim_identity\n" \
+               "claim_identity(sys.argv[1]); pid = os.fork()\n" \
+               "if pid == 0: os.dup2(os.open(os.devnull, os.O_WRONLY), 1); time.sleep(30); os._exit(0)\n" \
+               "print(pid, flush=True); os._exit(0)"
+
+
+def test_a_forked_child_does_not_keep_the_lock_of_a_dead_parent(tmp_path):
+    """hivemind's DHT process is a fork of the peer: the key is free once the peer is dead, whatever its DHT does."""
+    key = tmp_path / "peer.key"
+    parent = subprocess.Popen([sys.executable, "-c", FORK_AND_DIE, str(key)], stdout=subprocess.PIPE, text=True)
+    child = int(parent.stdout.readline())
+    parent.wait(timeout=30)
+    parent.stdout.close()
+    try:
+        end = time.monotonic() + 5  # the child closes its copy as it starts running
+        while is_locked(lock_path(key)) and time.monotonic() < end:
+            time.sleep(0.05)
+        os.kill(child, 0)  # the child still lives
+        assert not is_locked(lock_path(key))
+    finally:
+        os.kill(child, signal.SIGKILL)
+        try:
+            os.waitpid(child, 0)  # reparented to this test process where it is a subreaper
+        except ChildProcessError:
+            pass
