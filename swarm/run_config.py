@@ -319,8 +319,8 @@ def _from_checkpoint(flat: dict[str, Any], data: DataConfig) -> tuple[dict[str, 
     path = flat["init_from"]
     if not isinstance(path, str):
         raise ValueError("run.init_from must be a checkpoint directory path")
-    step, manifest = resolve_checkpoint(path)
     try:
+        step, manifest = resolve_checkpoint(path)
         saved = ModelConfig.from_dict(manifest["model"])
     except (TypeError, ValueError) as e:
         raise ValueError(f"run.init_from {path}: {e}") from None
