@@ -90,3 +90,19 @@ def test_a_volunteers_init_from_copy_must_hold_the_runs_weights(ckpt, tmp_path):
         check_initial_weights(str(other), cfg, cfg.architecture)
     with pytest.raises(InitialWeightsRefused, match="this run starts from its seed"):
         check_initial_weights(str(ckpt), RunConfig(), FLAVORS["tiny"])
+
+
+def test_the_commands_refuse_a_model_that_cannot_hold_the_tokenizer(ckpt, tmp_path):
+    from swarm.cli.main import main
+
+    small = {**ModelConfig.from_dict(tomllib.loads((ckpt / "run.toml").read_text())["model"]).to_dict(),
+             "vocab_size": 100}
+    lines = ["[run]", "stages = 2", "skip = 0.0", "[model]"] + [f"{k} = {str(v).lower() if isinstance(v, bool) else v}"
+                                                               for k, v in small.items()]
+    lines += ["[data]", f'tokenizer = "{ckpt}/step-00000000/tokenizer.json"']
+    (tmp_path / "run.toml").write_text("\n".join(lines) + "\n")
+    r = CliRunner().invoke(main, ["coordinator", "start", "--config", str(tmp_path / "run.toml"),
+                                  "--identity", str(tmp_path / "id.key")])
+    assert r.exit_code == 2 and "the tokenizer has 280 tokens, more than model.vocab_size 100" in r.output, r.output
+    r = CliRunner().invoke(main, ["swarm", "local", "--init-from", str(ckpt), "--run-dir", str(tmp_path / "run")])
+    assert r.exit_code == 2 and "run.skip 0.33 with 2 stages" in r.output and not (tmp_path / "run").exists()
