@@ -25,4 +25,5 @@ def test_paths_that_reach_every_stage_are_accepted():
 
 
 def test_a_full_pipeline_planner_ignores_the_skip_ratio():
-    assert RunConfig.from_tables({"swarm": {"planner": "full-pipeline"}}, stages=2, skip=0.5).planner == "full-pipeline"
+    config = RunConfig.from_tables({"swarm": {"planner": "full-pipeline"}}, stages=2, skip=0.5)
+    assert config.planner == "full-pipeline"
