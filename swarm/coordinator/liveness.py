@@ -3,6 +3,10 @@
 A peer is live while its signed record was seen within its lifetime (three heartbeats and a grace), it has not
 announced that it leaves, and corroborated reports do not show it dead (`UnreachableReports`). One DHT read can
 miss a record on a busy swarm, so a record absent from one read does not make a peer gone.
+
+A peer declared gone that turns out alive and asks to be placed again is taken back only after a cool-down
+(`rejoin_after`), doubled each time it is declared gone again: a peer that keeps failing its neighbours (a
+corrupting or half-reachable relay) would otherwise be placed again at once, in every epoch, and stall each one.
 """
 
 from __future__ import annotations
@@ -16,6 +20,15 @@ from swarm.events import event
 from swarm.wire import PeerRecord, PeerState
 
 logger = logging.getLogger(__name__)
+
+REJOIN_COOLDOWN = 30.0
+"""Seconds a peer declared gone waits, the first time, before it may be placed again."""
+MAX_REJOIN_COOLDOWN = 600.0
+
+
+def rejoin_after(times_declared: int) -> float:
+    """Seconds before a peer declared gone `times_declared` times (>= 1) may be placed again."""
+    return min(MAX_REJOIN_COOLDOWN, REJOIN_COOLDOWN * 2 ** (max(1, times_declared) - 1))
 
 class Liveness:
     """The scheduler's view of who is alive. Fed each DHT read (`update`) and each unreachable report.
@@ -36,6 +49,9 @@ class Liveness:
         self._reports = UnreachableReports(heartbeat)
         self.declared_gone: set[str] = set()
         """Peers taken for gone on reports, before their records expire."""
+        self._declared_at: dict[str, float] = {}
+        self._times_declared: dict[str, int] = {}
+        self._now = 0.0
 
     def update(self, records: Mapping[str, tuple[PeerRecord, float]], now: float) -> dict[str, PeerRecord]:
         """Take in one DHT read (peer -> (record, seconds since its heartbeat)); returns the live peers."""
@@ -72,19 +88,26 @@ class Liveness:
         """Peers that recently reported `target` unreachable."""
         return self._reports.reporters(target, now)
 
-    def declare_gone(self, peer: str, why: str) -> None:
+    def declare_gone(self, peer: str, why: str, now: float | None = None) -> None:
         """Take `peer` for gone before its record expires (the next DHT read leaves it out)."""
         logger.warning("%s is gone: %s", peer, why, extra=event("declared_gone", peer=peer, why=why))
         self.declared_gone.add(peer)
+        self._declared_at[peer] = self._now if now is None else now
+        self._times_declared[peer] = self._times_declared.get(peer, 0) + 1
         self._reports.forget(peer)
 
     def _judge(self, now: float) -> None:
         """Declare gone the peers that corroborated reports show unreachable; take back those that rejoined."""
+        self._now = max(self._now, now)
         for p in list(self.declared_gone):
             record = self.records.get(p)
-            if record is not None and record.state == PeerState.JOINING:  # alive after all: it asks to be placed
-                logger.info("%s, declared gone, asks to be placed again", p)
+            if record is None or record.state != PeerState.JOINING:
+                continue
+            wait = rejoin_after(self._times_declared.get(p, 1))
+            if now - self._declared_at.get(p, now) >= wait:  # alive after all, and it asks to be placed
+                logger.info("%s, declared gone %.0f s ago, asks to be placed again: taken back", p,
+                            now - self._declared_at[p])
                 self.declared_gone.discard(p)
                 self._reports.forget(p)
         for p, why in self._reports.gone(self._heartbeat_age, now).items():
-            self.declare_gone(p, why)
+            self.declare_gone(p, why, now)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from swarm.constants import silent_after
-from swarm.coordinator.liveness import Liveness
+from swarm.coordinator.liveness import MAX_REJOIN_COOLDOWN, REJOIN_COOLDOWN, Liveness, rejoin_after
 from swarm.wire import PeerRecord, PeerState
 
 HEARTBEAT = 2.0
@@ -40,8 +40,29 @@ def test_reports_convict_with_two_reporters_or_an_overdue_heartbeat_and_a_rejoin
     assert "d" in live.live(1.0) and live.reporters("d", 1.0) == {"a"}
     live.update({**fresh, "d": (record("d"), 2.5 * HEARTBEAT)}, 1.0)  # its heartbeat is overdue: corroborated
     assert "d" not in live.live(1.0) and "d" in live.declared_gone
-    live.update({**fresh, "d": (dataclasses.replace(record("d"), state=PeerState.JOINING), 0.5)}, 2.0)
-    assert "d" in live.live(2.0)  # alive after all: it asks to be placed again
+    rejoining = {**fresh, "d": (dataclasses.replace(record("d"), state=PeerState.JOINING), 0.5)}
+    live.update(rejoining, 2.0)
+    assert "d" not in live.live(2.0)  # alive after all and asks to be placed again: not at once...
+    live.update(rejoining, 1.0 + REJOIN_COOLDOWN)
+    assert "d" in live.live(1.0 + REJOIN_COOLDOWN)  # ...but once its cool-down has passed
     live.report_unreachable("a", "c", 3.0)
     live.report_unreachable("b", "c", 3.0)  # two reporters: gone whatever its heartbeat says
     assert "c" not in live.live(3.0)
+
+
+def test_a_peer_declared_gone_again_and_again_waits_longer_each_time():
+    live = Liveness(HEARTBEAT)
+    fresh = {p: (record(p), 0.5) for p in "abc"}
+    joining = {**fresh, "c": (dataclasses.replace(record("c"), state=PeerState.JOINING), 0.5)}
+    now = 0.0
+    live.update(fresh, now)
+    for times in (1, 2, 3):
+        live.report_unreachable("a", "c", now)
+        live.report_unreachable("b", "c", now)  # two reporters: gone
+        assert "c" in live.declared_gone
+        wait = rejoin_after(times)
+        assert "c" not in live.update(joining, now + wait - 1)
+        assert "c" in live.update(joining, now + wait)
+        now += wait
+    assert rejoin_after(1) == REJOIN_COOLDOWN and rejoin_after(2) == 2 * REJOIN_COOLDOWN
+    assert rejoin_after(50) == MAX_REJOIN_COOLDOWN
