@@ -44,6 +44,7 @@ from peers.model import ModelConfig
 from peers.optim import OptimConfig
 from peers.stage import balanced_split, check_split, stage_template
 from peers.tokenizer import MAX_TOKENIZER_FILE_BYTES, TOKENIZER_CONFIG, end_of_text_id, special_token
+from scheduler.path_rules import never_trained_stages
 
 HF_CONFIG = "config.json"
 HF_WEIGHTS = "model.safetensors"
@@ -373,9 +374,16 @@ def _read_tokenizer(src: Path, cfg: ModelConfig, special: SpecialTokens
     return tok, bos, eos
 
 
+DEFAULT_SKIP = 0.33
+"""`RunConfig.skip`'s default, which the written run.toml keeps unless it leaves a stage untrained."""
+
+
 def _run_toml(src: Path, cfg: ModelConfig, stages: int, data: dict[str, Any] | None) -> str:
     lines = [f"# skippipe import-hf of {json.dumps(str(src.resolve()))}: the imported architecture", "",
-             "[run]", f"stages = {stages}", "", "[model]  # peers.model.ModelConfig fields"]
+             "[run]", f"stages = {stages}"]
+    if never_trained_stages(stages, DEFAULT_SKIP):  # the default skip would leave stages off every path
+        lines.append("skip = 0.0")
+    lines += ["", "[model]  # peers.model.ModelConfig fields"]
     lines += [f"{k} = {_toml_value(v)}" for k, v in cfg.to_dict().items() if v is not None]
     if data is not None:
         lines += ["", "[data]", f"tokenizer = {_toml_value(data['tokenizer'])}", f"seq_len = {data['seq_len']}"]

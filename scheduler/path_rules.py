@@ -66,6 +66,14 @@ class PathRules:
         return cls(num_stages=num_stages, stages_per_path=stages_per_path, **kwargs)
 
 
+def never_trained_stages(stages: int, skip: float) -> list[int]:
+    """The stages no valid path can visit with `skip` (R = round((1 - skip) * S) stages per path): a path makes
+    R - 1 hops past stage 0, each at most `max_jump` stages above the highest so far, so it reaches no stage above
+    (R - 1) * max_jump, and with R = 1 none at all. Peers placed there would receive nothing for the whole run."""
+    rules = PathRules.from_skip_ratio(stages, skip)
+    return list(range(rules.hops * rules.max_jump + 1, stages))
+
+
 def rules_around(rules: PathRules, unserved: set[int] | frozenset[int]) -> tuple[PathRules, bool]:
     """`rules` for a swarm in which the non-zero stages `unserved` have no peer: paths skip them, and when that
     leaves too few stages (or no valid path) for R, R is lowered until paths exist. Returns the rules and

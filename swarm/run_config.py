@@ -54,7 +54,7 @@ from peers.precision import run_loss_scale
 from peers.stage import balanced_split
 from peers.train_config import TrainConfig
 from scheduler.constants import DEFAULT_MEMORY_SLOTS
-from scheduler.path_rules import PathRules
+from scheduler.path_rules import never_trained_stages
 from swarm.wire import RunSpec
 
 WireDtype = Literal["float32", "float16", "bfloat16"]
@@ -67,14 +67,6 @@ MODEL_LIMITS = {"vocab_size": 1 << 21, "dim": 1 << 16, "n_layers": 1024, "n_head
                 "max_seq_len": 1 << 20}
 """Largest explicit model sizes accepted (a run spec is untrusted: a peer must not allocate whatever it says)."""
 MAX_MODEL_PARAMS = 2 * 10**12
-
-
-def never_trained_stages(stages: int, skip: float) -> list[int]:
-    """The stages no valid path can visit with `skip` (R = round((1 - skip) * S) stages per path): a path makes
-    R - 1 hops past stage 0, each at most `max_jump` stages above the highest so far, so it reaches no stage above
-    (R - 1) * max_jump, and with R = 1 none at all. Peers placed there would receive nothing for the whole run."""
-    rules = PathRules.from_skip_ratio(stages, skip)
-    return list(range(rules.hops * rules.max_jump + 1, stages))
 
 
 @dataclass(frozen=True)

@@ -259,9 +259,12 @@ def _model(root: Path, warnings: list[str]) -> str | None:
     try:
         if path.stat().st_size > MAX_SMALL_FILE_BYTES:
             raise ValueError("too large")
-        table = tomllib.loads(path.read_bytes().decode()).get("run", {})
+        config = tomllib.loads(path.read_bytes().decode())
     except (OSError, ValueError, RecursionError) as e:  # TOMLDecodeError and bad UTF-8 are ValueErrors
         warnings.append(f"run.toml: skipped, not readable ({_short(e)})")
         return None
+    if isinstance(config.get("model"), dict):  # an explicit [model] table (an imported checkpoint, say)
+        return "custom"
+    table = config.get("run", {})
     model = table.get("model", "tiny") if isinstance(table, dict) else None  # "tiny" is RunConfig's default
     return model if isinstance(model, str) and 0 < len(model) <= 64 else None

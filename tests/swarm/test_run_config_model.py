@@ -30,7 +30,8 @@ def ckpt(tmp_path_factory):
 
 
 def test_import_hf_run_toml_drives_a_run_spec(ckpt):
-    cfg = RunConfig.from_toml(ckpt / "run.toml", skip=0.0)  # 2 stages: every path visits both
+    cfg = RunConfig.from_toml(ckpt / "run.toml")  # as written: 2 stages, so skip 0 (every path visits both)
+    assert cfg.skip == 0.0
     model = ModelConfig.from_dict(tomllib.loads((ckpt / "run.toml").read_text())["model"])
     assert cfg.model == "custom" and cfg.architecture == model and cfg.stages == 2
     assert cfg.data.tokenizer.endswith("tokenizer.json") and not cfg.init_weights

@@ -2,8 +2,8 @@
 
 import pytest
 
-from scheduler.path_rules import PathRules, valid_stage_sequences
-from swarm.run_config import RunConfig, never_trained_stages
+from scheduler.path_rules import PathRules, never_trained_stages, valid_stage_sequences
+from swarm.run_config import RunConfig
 
 
 @pytest.mark.parametrize("stages", range(1, 9))

@@ -126,3 +126,12 @@ def test_a_metrics_only_directory_gives_the_time_series(tmp_path):
     assert [p.name for p in report.plots] == ["loss.png", "tokens_per_s.png", "iteration_time.png"]
     page = report.page.read_text()
     assert "validation 5.5000 at iteration 4" in page and "unknown (no events recorded)" in page
+
+
+@pytest.mark.parametrize(("toml", "model"), [('[run]\nmodel = "small"\n', "small"), ("[run]\nstages = 3\n", "tiny"),
+                                             ("[run]\nstages = 2\n[model]\ndim = 64\n", "custom")])
+def test_the_model_is_named_from_the_runs_config(tmp_path, toml, model):
+    """A flavor by name, the default when none is given, or `custom` for an explicit [model] table (import-hf)."""
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"iteration": 1, "loss": 8.0, "time": 1.0}) + "\n")
+    (tmp_path / "run.toml").write_text(toml)
+    assert read_run(tmp_path).model == model
