@@ -166,7 +166,8 @@ def start(config_path, run_id, iterations, min_peers, stages, skip, seed, microb
               help="the run's join token (the coordinator prints it; or set SKIPPIPE_JOIN_TOKEN)")
 @click.option("--device", default="cpu", show_default=True, help="torch device (cpu, cuda, cuda:1)")
 @click.option("--precision", type=click.Choice(["auto", "fp32", "bf16", "fp16"]), default="auto", show_default=True,
-              help="autocast of the compute (auto: bf16 on CUDA, fp32 on CPU)")
+              help="compute precision (auto: the run's train.precision; fp32 or bf16 may compute more precisely "
+                   "than the run; a device that cannot compute as asked is refused on joining)")
 @click.option("--threads", type=click.IntRange(1, 1024), default=None,
               help="torch threads [default: this machine's cores shared among the skippipe peers running on it]")
 @click.option("--stage", default="auto", show_default=True,

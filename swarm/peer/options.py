@@ -51,7 +51,7 @@ class PeerOptions:
     """Local training files: this peer becomes a data holder with its own data."""
     device: str = "cpu"
     precision: str = "auto"
-    """Autocast of the compute: fp32, bf16, fp16, or auto (bf16 on CUDA, fp32 on CPU)."""
+    """Compute precision: auto (the run's `train.precision`), fp32, bf16, or fp16 (in an fp16 run only)."""
     iteration_deadline: float = 300.0
     """Most seconds this peer waits for its part of one iteration; the deadline it uses is a multiple of how
     long iterations take (see `IterationClock.iteration_deadline`), capped by this."""

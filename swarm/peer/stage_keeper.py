@@ -26,6 +26,7 @@ from swarm.events import event
 from swarm.net.delivery import Inbound
 from swarm.peer.inbound_checks import InboundChecks
 from swarm.peer.mailbox import Inbox, Outbox
+from swarm.peer.members import NotAdmitted
 from swarm.peer.options import PeerOptions
 from swarm.peer.stage_session import (
     StageSession,
@@ -55,6 +56,10 @@ HANDOVER_TIMEOUT = 60.0
 hand-over to be delivered)."""
 
 
+class PrecisionRefused(NotAdmitted):
+    """This peer's device or `--precision` cannot compute in the run's `train.precision`."""
+
+
 class StageKeeper:
     """Peer `peer_id`'s stage. `stage` is what it announces (-1, or the stage it pins, until placed).
 
@@ -74,6 +79,10 @@ class StageKeeper:
         self.state = PeerState.JOINING
         self.session: StageSession | None = None
         check_initial_weights(options.init_from, config, model_config)
+        try:  # refused on joining, not after placement: a CPU peer in a bf16 run, say
+            self.precision = peer_precision(config.train.precision, options.precision, options.device)
+        except ValueError as e:
+            raise PrecisionRefused(f"this peer cannot compute as the run does: {e}") from None
 
     @property
     def worker(self) -> StageWorker | None:
@@ -191,9 +200,8 @@ class StageKeeper:
     def _new_session(self, schedule: Schedule) -> StageSession:
         """A fresh session for this peer's stage in `schedule`, its worker from the run's seed."""
         o = self.options
-        precision = peer_precision(self.config.train.precision, o.precision, o.device)
         worker = new_worker(self.peer_id, self.stage, schedule, self.model_config, self.config, device=o.device,
-                            precision=precision, emulate_seconds_per_layer=o.emulate_seconds_per_layer,
+                            precision=self.precision, emulate_seconds_per_layer=o.emulate_seconds_per_layer,
                             loss_seconds=self.loss_seconds)
         return StageSession(self.stage, worker, run_id=o.run_id, dht=self._dht)
 
