@@ -49,18 +49,37 @@ def import_hf_command(hf_dir: Path, output: Path, stages: int) -> None:
 
 
 @click.command("export-hf")
-@click.argument("checkpoint_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("checkpoint_dirs", nargs=-1, required=True,
+                type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("-o", "--output", type=click.Path(file_okay=False, path_type=Path), required=True,
               help="New or empty directory for the Hugging Face files.")
 @click.option("--max-shard-size", "max_shard", default="5GB", show_default=True,
               help="Larger weights are written as numbered shards with an index.")
-def export_hf_command(checkpoint_dir: Path, output: Path, max_shard: str) -> None:
-    """Write a skippipe checkpoint as a Hugging Face LlamaForCausalLM directory that transformers loads."""
+def export_hf_command(checkpoint_dirs: tuple[Path, ...], output: Path, max_shard: str) -> None:
+    """Write a skippipe checkpoint as a Hugging Face LlamaForCausalLM directory that transformers loads.
+
+    Given peers' --checkpoint-dir directories (several, or one directory holding them), gather them first, as
+    `skippipe gather` does, into a temporary checkpoint beside the output."""
+    import tempfile
+
+    from peers.checkpoint_gather import holds_peer_checkpoint
     from peers.hf_llama import export_hf
+    from swarm.cli.gather import gather_into
 
     limit = _size(max_shard)
+    if output.exists() and (not output.is_dir() or any(output.iterdir())):
+        raise ConversionRefused(f"output directory {output} exists and is not empty")
+    one = checkpoint_dirs[0]
+    gather = len(checkpoint_dirs) > 1 or holds_peer_checkpoint(one) \
+        or any(d.is_dir() and holds_peer_checkpoint(d) for d in one.iterdir())
     try:
-        result = export_hf(checkpoint_dir, output, max_shard_bytes=limit)
+        if gather:
+            output.resolve().parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(prefix=".skippipe-gather-", dir=output.resolve().parent) as tmp:
+                gather_into(checkpoint_dirs, Path(tmp) / "ckpt", None)
+                result = export_hf(Path(tmp) / "ckpt", output, max_shard_bytes=limit)
+        else:
+            result = export_hf(one, output, max_shard_bytes=limit)
     except (ValueError, OSError) as e:
         raise ConversionRefused(str(e)) from None
     click.echo(f"exported {result.num_params / 1e6:.1f}M parameters to {output}: {', '.join(result.files)}")

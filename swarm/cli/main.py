@@ -19,6 +19,7 @@ COMMANDS = {
     "coordinator": "swarm.cli.run:coordinator",
     "import-hf": "swarm.cli.hf:import_hf_command",
     "export-hf": "swarm.cli.hf:export_hf_command",
+    "gather": "swarm.cli.gather:gather_command",
     "monitor": "swarm.cli.monitor:monitor",
     "report": "swarm.cli.report:report",
 }
