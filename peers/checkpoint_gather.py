@@ -46,7 +46,8 @@ from peers.checkpoint import (
     resolve_checkpoint,
     tokenizer_sidecar,
 )
-from peers.tokenizer import TOKENIZER_CONFIG
+from peers.data import Corpus, DataConfig
+from peers.tokenizer import TOKENIZER_CONFIG, load_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +55,6 @@ _FIELDS = (("iteration", int), ("steps", int), ("stage", int), ("seed", int), ("
            ("split", list), ("files", dict))
 _RUN_FIELDS = ("model", "split", "seed", "optim", "run_id", "data")
 """Manifest fields every peer checkpoint of one run has in common (`run_id` and `data` only where recorded)."""
-MAX_TOKENIZER_BYTES = 64 << 20
 _DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64"}
 """safetensors dtype -> the name `save_checkpoint` records."""
 
@@ -223,7 +223,7 @@ def gather_checkpoint(paths: Sequence[str | os.PathLike], out: str | os.PathLike
     optimizer = all(f"stage-{s}-optimizer.safetensors" in c.manifest["files"] for s, c in sources.items())
     first = sources[0].manifest
     data = first.get("data") if isinstance(first.get("data"), dict) else None
-    tok_path = _tokenizer_file(tokenizer, data)
+    tok = _tokenizer(tokenizer, data, first["model"], warnings)
     dtype = _dtype(sources[0])
     dest = Path(out)
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
@@ -242,11 +242,10 @@ def gather_checkpoint(paths: Sequence[str | os.PathLike], out: str | os.PathLike
                 if files[name] != c.manifest["files"][name]:
                     raise CheckpointError(f"{c.step_dir / name} changed while it was gathered")
         files.update(_write_tensors(step, "rng.safetensors", {}))
-        if tok_path is not None:
-            files["tokenizer.json"] = _copy(tok_path, step, "tokenizer.json")
-            sidecar = tokenizer_sidecar(tok_path)
-            if sidecar is not None:
-                files[TOKENIZER_CONFIG] = _write_bytes(step / TOKENIZER_CONFIG, sidecar)
+        if tok is not None:
+            files["tokenizer.json"] = _write_bytes(step / "tokenizer.json", tok[0])
+            if tok[1] is not None:
+                files[TOKENIZER_CONFIG] = _write_bytes(step / TOKENIZER_CONFIG, tok[1])
         manifest = {
             "format": CHECKPOINT_FORMAT, "iteration": iteration, "steps": max(steps), "seed": first["seed"],
             "dtype": dtype, "model": first["model"], "optim": first["optim"],
@@ -258,21 +257,37 @@ def gather_checkpoint(paths: Sequence[str | os.PathLike], out: str | os.PathLike
         _write_bytes(step / MANIFEST, json.dumps(manifest, indent=1).encode())
 
     path = _save_step(dest, iteration, MANIFEST, write)
-    return GatherResult(path, iteration, sources, agreeing, optimizer, tok_path is not None, warnings)
+    return GatherResult(path, iteration, sources, agreeing, optimizer, tok is not None, warnings)
 
 
-def _tokenizer_file(given: str | os.PathLike | None, data: dict[str, Any] | None) -> Path | None:
-    if given is not None:
-        path = Path(given)
-        if not path.is_file():
-            raise CheckpointError(f"tokenizer {path} is not a file")
-    elif data is not None and isinstance(data.get("tokenizer"), str) and Path(data["tokenizer"]).is_file():
-        path = Path(data["tokenizer"])
-    else:
+def _tokenizer(given: str | os.PathLike | None, data: dict[str, Any] | None, model: dict[str, Any],
+               warnings: list[str]) -> tuple[bytes, bytes | None] | None:
+    """(tokenizer.json, its tokenizer_config.json or None) to store: file `given`, else the run's `data.tokenizer`
+    when that file is here, else the BPE the peers trained on the run's corpus, rebuilt here from the same corpus
+    (cached, as on the peers); None with a warning when the corpus is not here either.
+
+    :raises CheckpointError: `given` is not a tokenizer file this model can use
+    """
+    if given is None and data is None:
         return None
-    if path.stat().st_size > MAX_TOKENIZER_BYTES:
-        raise CheckpointError(f"tokenizer {path} is larger than {MAX_TOKENIZER_BYTES} bytes")
-    return path
+    named = given if given is not None else data.get("tokenizer")
+    named = named if isinstance(named, (str, os.PathLike)) else None
+    try:
+        if named is not None and (given is not None or Path(named).is_file()):
+            tok, sidecar = load_tokenizer(named), tokenizer_sidecar(named)
+            raw = Path(named).read_bytes()
+        else:
+            tok, sidecar = Corpus.build(DataConfig.from_dict(data)).tokenizer, None
+            raw = tok.to_str().encode()
+    except (ValueError, TypeError, OSError) as e:
+        if given is not None:
+            raise CheckpointError(str(e)) from None
+        warnings.append(f"no tokenizer stored: neither data.tokenizer nor the run's corpus is readable here ({e})")
+        return None
+    if tok.get_vocab_size() > model.get("vocab_size", 0):
+        raise CheckpointError(f"tokenizer {named or '(trained on the corpus)'} has {tok.get_vocab_size()} tokens, "
+                              f"more than the model's vocab_size {model.get('vocab_size')}")
+    return raw, sidecar
 
 
 def _copy(src: Path, step: Path, name: str | None = None) -> str:

@@ -142,3 +142,18 @@ def test_eval_and_export_hf_of_the_peer_checkpoints(run, tmp_path):
     with torch.no_grad():
         assert torch.allclose(ours.eval()(tokens), theirs(tokens).logits, atol=1e-4, rtol=0)
     assert transformers.AutoTokenizer.from_pretrained(tmp_path / "hf").eos_token == "</s>"
+
+
+def test_without_a_tokenizer_file_the_runs_bpe_is_rebuilt_from_its_corpus(tmp_path):
+    """A run on the bundled corpus with a trained BPE (data.tokenizer unset): gather stores the same tokenizer."""
+    data = DataConfig(vocab_size=300, seq_len=8, batch_size=2)
+    cfg = dataclasses.replace(MICRO, vocab_size=300)
+    for stage in range(2):
+        save_stage_checkpoint(tmp_path / f"p{stage}", StageWorker(f"p{stage}", stage, cfg, (2, 2), OPTIM),
+                              iteration=1, seed=0, extra={"data": data.to_dict()})
+    result = gather_checkpoint([tmp_path / "p0", tmp_path / "p1"], tmp_path / "g")
+    assert result.tokenizer and not result.warnings
+    step = result.manifest_path.parent
+    assert (step / "tokenizer.json").read_text() == Corpus.build(data).tokenizer.to_str()
+    r = _cli("eval", tmp_path / "g", "--batches", "1", "--json")
+    assert r.exit_code == 0, r.output

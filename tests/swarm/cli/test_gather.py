@@ -79,3 +79,11 @@ def test_gather_refuses_a_whole_checkpoint_and_export_hf_still_takes_one(tmp_pat
     refused(cli("gather", tmp_path / "whole", "-o", tmp_path / "out"), "(it holds a whole-model checkpoint)")
     r = cli("export-hf", tmp_path / "whole", "-o", tmp_path / "hf")
     assert r.exit_code == 0 and "gathered" not in r.output and (tmp_path / "hf" / "config.json").is_file(), r.output
+
+
+def test_gather_refuses_a_bad_tokenizer_file(tmp_path):
+    roots = [save(tmp_path / "a", 0, [1]), save(tmp_path / "b", 1, [1]), save(tmp_path / "c", 2, [1])]
+    (tmp_path / "tok.json").write_text("{not a tokenizer")
+    refused(cli("gather", *roots, "--tokenizer", tmp_path / "tok.json", "-o", tmp_path / "out"),
+            f"tokenizer file {tmp_path / 'tok.json'} could not be read")
+    assert not (tmp_path / "out").exists()
