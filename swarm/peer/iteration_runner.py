@@ -151,7 +151,8 @@ class IterationRunner:
         if self.checkpoint_dir and self.config.checkpoint_every and done % self.config.checkpoint_every == 0:
             save_stage_checkpoint(self.checkpoint_dir, session.worker, iteration=done, seed=self.config.seed,
                                   shard=data.shards.first() if data is not None else None,
-                                  extra={"run_id": self.run_id, "peer": self.peer_id, "epoch": schedule.epoch})
+                                  extra={"run_id": self.run_id, "peer": self.peer_id, "epoch": schedule.epoch,
+                                         "data": self.config.data.to_dict()})  # for `skippipe gather`, eval
             logger.info("checkpoint of stage %d at iteration %d written to %s", session.stage, done,
                         self.checkpoint_dir)
         if self.log_param_digest:
