@@ -54,7 +54,9 @@ logger = logging.getLogger(__name__)
 _FIELDS = (("iteration", int), ("steps", int), ("stage", int), ("seed", int), ("model", dict), ("optim", dict),
            ("split", list), ("files", dict))
 _RUN_FIELDS = ("model", "split", "seed", "optim", "run_id", "data")
-"""Manifest fields every peer checkpoint of one run has in common (`run_id` and `data` only where recorded)."""
+"""Manifest fields every peer checkpoint of one run has in common."""
+_RECORDED_LATER = ("run_id", "data")
+"""Compared only where both checkpoints record them (older builds' peers wrote no `data`)."""
 _DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64"}
 """safetensors dtype -> the name `save_checkpoint` records."""
 
@@ -148,7 +150,7 @@ def _check_one_run(candidates: list[Candidate]) -> int:
     for c in candidates[1:]:
         for key in _RUN_FIELDS:
             a, b = first.manifest.get(key), c.manifest.get(key)
-            if a == b:
+            if a == b or (key in _RECORDED_LATER and (a is None or b is None)):
                 continue
             where = key
             if isinstance(a, dict) and isinstance(b, dict):
@@ -222,7 +224,7 @@ def gather_checkpoint(paths: Sequence[str | os.PathLike], out: str | os.PathLike
                         f"{max(steps)}")
     optimizer = all(f"stage-{s}-optimizer.safetensors" in c.manifest["files"] for s, c in sources.items())
     first = sources[0].manifest
-    data = first.get("data") if isinstance(first.get("data"), dict) else None
+    data = next((c.manifest["data"] for c in candidates if isinstance(c.manifest.get("data"), dict)), None)
     tok = _tokenizer(tokenizer, data, first["model"], warnings)
     dtype = _dtype(sources[0])
     dest = Path(out)
@@ -250,7 +252,7 @@ def gather_checkpoint(paths: Sequence[str | os.PathLike], out: str | os.PathLike
             "format": CHECKPOINT_FORMAT, "iteration": iteration, "steps": max(steps), "seed": first["seed"],
             "dtype": dtype, "model": first["model"], "optim": first["optim"],
             "split": first["split"], "data": data, "shards": {}, "schedule": None, "files": files,
-            "run_id": first.get("run_id"),
+            "run_id": next((c.manifest["run_id"] for c in candidates if c.manifest.get("run_id")), None),
             "gathered_from": {str(s): {"step_dir": str(c.step_dir.resolve()), "peer": c.manifest.get("peer"),
                                        "agreeing": list(agreeing[s])} for s, c in sources.items()},
         }
