@@ -43,15 +43,15 @@ def gather_into(dirs: tuple[Path, ...], output: Path, tokenizer: Path | None) ->
 
 
 @click.command("gather")
-@click.argument("peer_dirs", nargs=-1, required=True,
-                type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("peer_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("more_dirs", nargs=-1, type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("-o", "--output", type=click.Path(file_okay=False, path_type=Path), required=True,
               help="New or empty checkpoint directory to write.")
 @click.option("--tokenizer", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="tokenizer.json to store with it (default: the run's data.tokenizer, if the file is here).")
-def gather_command(peer_dirs: tuple[Path, ...], output: Path, tokenizer: Path | None) -> None:
+def gather_command(peer_dir: Path, more_dirs: tuple[Path, ...], output: Path, tokenizer: Path | None) -> None:
     """Gather peers' --checkpoint-dir directories (or one directory holding them) into one whole-model
     checkpoint at the newest iteration every stage has, for `skippipe eval` and `skippipe export-hf`."""
-    result = gather_into(peer_dirs, output, tokenizer)
+    result = gather_into((peer_dir, *more_dirs), output, tokenizer)
     if not result.tokenizer:
         click.echo("no tokenizer stored: `skippipe eval` needs one (--tokenizer FILE)")

@@ -49,13 +49,13 @@ def import_hf_command(hf_dir: Path, output: Path, stages: int) -> None:
 
 
 @click.command("export-hf")
-@click.argument("checkpoint_dirs", nargs=-1, required=True,
-                type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("checkpoint_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("more_dirs", nargs=-1, type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("-o", "--output", type=click.Path(file_okay=False, path_type=Path), required=True,
               help="New or empty directory for the Hugging Face files.")
 @click.option("--max-shard-size", "max_shard", default="5GB", show_default=True,
               help="Larger weights are written as numbered shards with an index.")
-def export_hf_command(checkpoint_dirs: tuple[Path, ...], output: Path, max_shard: str) -> None:
+def export_hf_command(checkpoint_dir: Path, more_dirs: tuple[Path, ...], output: Path, max_shard: str) -> None:
     """Write a skippipe checkpoint as a Hugging Face LlamaForCausalLM directory that transformers loads.
 
     Given peers' --checkpoint-dir directories (several, or one directory holding them), gather them first, as
@@ -69,8 +69,8 @@ def export_hf_command(checkpoint_dirs: tuple[Path, ...], output: Path, max_shard
     limit = _size(max_shard)
     if output.exists() and (not output.is_dir() or any(output.iterdir())):
         raise ConversionRefused(f"output directory {output} exists and is not empty")
-    one = checkpoint_dirs[0]
-    gather = len(checkpoint_dirs) > 1 or holds_peer_checkpoint(one) \
+    checkpoint_dirs, one = (checkpoint_dir, *more_dirs), checkpoint_dir
+    gather = bool(more_dirs) or holds_peer_checkpoint(one) \
         or any(d.is_dir() and holds_peer_checkpoint(d) for d in one.iterdir())
     try:
         if gather:
