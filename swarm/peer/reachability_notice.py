@@ -1,0 +1,46 @@
+"""How a joining peer can be reached, decided once at start, and what it tells its volunteer when it cannot.
+
+A peer that cannot be dialled (behind NAT or a firewall, nothing forwarded) still trains: it keeps a reservation
+on the coordinator (its relay) and others reach it through that, at the relay's cost. It says so in its signed
+record (`PeerRecord.reachability`) and in one clear line to its volunteer, with what to do about it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from swarm.events import event
+from swarm.net.reachability import ADVICE, decide
+from swarm.peer.options import PeerOptions
+from swarm.wire import PeerRecord
+
+logger = logging.getLogger(__name__)
+
+
+def join_reachability(options: PeerOptions) -> dict[str, Any]:
+    """`Node.start_dht`'s reachability arguments for this peer; logs the notice if it will be relayed."""
+    reachability = decide(options.reachability, options.host, options.announce_addrs)
+    if reachability == "relayed":
+        logger.warning("this peer cannot be dialled from outside its network (it listens on %s and announces no "
+                       "public address): others reach it through the coordinator's relay, which costs bandwidth "
+                       "and latency; to be reached directly, %s", options.host, ADVICE,
+                       extra=event("reachability", reachability=reachability, advice=ADVICE))
+    else:
+        logger.info("this peer expects to be dialled directly (%s)",
+                    ", ".join(options.announce_addrs) or options.host,
+                    extra=event("reachability", reachability=reachability, advice=""))
+    return dict(reachability=reachability, announce=options.announce_addrs)
+
+
+def announced_addresses(announced: Callable[[], Mapping[str, PeerRecord] | None],
+                        fetch: Callable[[], Mapping[str, PeerRecord]]) -> Callable[[str], Sequence[str]]:
+    """The transport's `addresses` hook: a peer's addresses from the latest records this peer read, else from a
+    fresh read of the DHT (`fetch`; the transport calls the hook off its event loop)."""
+    def addresses(peer: str) -> Sequence[str]:
+        record = (announced() or {}).get(peer)
+        if record is None:
+            record = fetch().get(peer)
+        return record.addresses if record is not None else ()
+    return addresses
