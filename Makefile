@@ -25,6 +25,11 @@ system-packages:
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 			chromium >/dev/null) || echo "could not install chromium: the page test will skip"; \
 	fi
+	@if [ "$$(id -u)" = 0 ] && ! command -v iptables >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then \
+		echo "installing Debian's iptables for the NAT tests (routers in network namespaces)"; \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+			iptables >/dev/null) || echo "could not install iptables: the NAT tests will skip"; \
+	fi
 
 test: $(STAMP) system-packages
 	$(VENV)/bin/ruff check .

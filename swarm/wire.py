@@ -52,6 +52,7 @@ from swarm.constants import (
 )
 
 ADMISSION_MODES = ("token", "allow", "open")
+REACHABILITY_VALUES = ("", "public", "relayed")
 _TORCH_DTYPES: dict[str, torch.dtype] = {name: getattr(torch, name) for name in WIRE_DTYPES}
 _DTYPE_NAMES = {dtype: name for name, dtype in _TORCH_DTYPES.items()}
 
@@ -318,6 +319,9 @@ class PeerRecord:
     """Its proof of the run's join token (`swarm.control.membership.token_proof`), until it is admitted."""
     cert: bytes = b""
     """Its membership certificate, issued by the scheduler once it was admitted (`MembershipCert`)."""
+    reachability: str = ""
+    """"public" (it can be dialled), "relayed" (behind NAT: reached through the /p2p-circuit addresses among its
+    `addresses`), or "" (not said: an older peer). Optional on the wire (`swarm.net.reachability`)."""
     version: int = WIRE_VERSION
 
     def to_msgpack(self) -> bytes:
@@ -330,6 +334,7 @@ class PeerRecord:
             "addresses": list(self.addresses), "state": int(self.state), "data_holder": self.data_holder,
             "control_addrs": list(self.control_addrs),
             **({"jitter": [float(j) for j in self.jitter]} if self.jitter else {}),
+            **({"reachability": self.reachability} if self.reachability else {}),
         })
 
     @classmethod
@@ -368,6 +373,7 @@ class PeerRecord:
                          for j in read_list(d.get("jitter", []), "peer.jitter", JITTER_QUANTILES)),
             admission=read_bytes(d.get("admission", b""), "peer.admission", MAX_PROOF_BYTES),
             cert=read_bytes(d.get("cert", b""), "peer.cert", MAX_CERT_BYTES),
+            reachability=read_choice(d.get("reachability", ""), "peer.reachability", REACHABILITY_VALUES),
             version=version,
         )
 

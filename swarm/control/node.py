@@ -28,6 +28,7 @@ from swarm.control.records import Heartbeat, SwarmRecords
 from swarm.net.dht_pipe import make_commands_safe
 from swarm.net.dht_shutdown import stop_dht
 from swarm.net.identity import load_identity
+from swarm.net.reachability import Reachability, circuit_addresses, dht_options, reachable_addresses
 from swarm.net.reaper import Reaper
 from swarm.wire import PeerRecord
 
@@ -54,16 +55,26 @@ class Node:
         self.gossip: GossipClient | None = None
         self.gossip_info: GossipInfo | None = None
         self.heartbeat: Heartbeat | None = None
+        self.reachability: Reachability = "public"
+        self.relays: tuple[str, ...] = ()
 
-    def start_dht(self, initial_peers: Iterable[str] = (), *, client: bool = False) -> SwarmRecords:
+    def start_dht(self, initial_peers: Iterable[str] = (), *, client: bool = False,
+                  reachability: Reachability = "public", relays: Iterable[str] = (),
+                  announce: Iterable[str] = ()) -> SwarmRecords:
         """Join (or, without `initial_peers`, bootstrap) the DHT; returns the run's signed records over it.
 
         The DHT validates the run's records as it stores and relays them (`RunRecordValidator`). A `client` node
-        (an onlooker) reads and writes through others and stores nothing for them."""
+        (an onlooker) reads and writes through others and stores nothing for them. A "public" node relays for
+        others (within `RelayLimits`); a "relayed" one (it cannot be dialled) keeps a reservation on `relays`
+        (default: `initial_peers`) and announces its circuit addresses through them
+        (`swarm.net.reachability`). `announce` replaces the bound addresses in what the node announces."""
+        initial_peers = list(initial_peers)
+        self.reachability, self.relays = reachability, tuple(relays) or tuple(initial_peers)
+        options = dht_options(reachability, relays=self.relays, announce=tuple(announce))
         self.reaper = Reaper.acquire()
-        self.dht = hivemind.DHT(initial_peers=list(initial_peers), host_maddrs=[f"/ip4/{self.host}/tcp/{self.port}"],
+        self.dht = hivemind.DHT(initial_peers=initial_peers, host_maddrs=[f"/ip4/{self.host}/tcp/{self.port}"],
                                 identity_path=self.identity_path, start=True, client_mode=client,
-                                record_validators=[RunRecordValidator(self.run_id)])
+                                record_validators=[RunRecordValidator(self.run_id)], **options)
         self.reaper.watch()  # the DHT process and its p2pd are on the reaper's list from here
         make_commands_safe(self.dht)  # a schedule of tens of KiB must not kill the DHT process
         self.records = SwarmRecords(self.dht, self.identity, self.run_id)
@@ -91,7 +102,18 @@ class Node:
         return self.heartbeat
 
     def visible_maddrs(self) -> list[str]:
-        return [str(a) for a in self.dht.get_visible_maddrs()]
+        """Where others reach this node: what its p2pd announces, and for a relayed node its circuit addresses."""
+        direct = reachable_addresses([str(a) for a in self.dht.get_visible_maddrs()], self.host)
+        if self.reachability != "relayed":
+            return direct
+        return direct + circuit_addresses(self.relays, self.peer_id)
+
+    def control_addrs(self) -> tuple[str, ...]:
+        """Where others reach this node's gossip sidecar: nowhere for a relayed node (py-libp2p's sidecar dials no
+        relay, and a dial to its private address only times out); it keeps the links it opened itself."""
+        if self.reachability == "relayed" or self.gossip_info is None:
+            return ()
+        return tuple(self.gossip_info.maddrs)
 
     def stop_heartbeat(self) -> None:
         """Stop beating; the last record says this node leaves (the DHT may already be unreachable)."""

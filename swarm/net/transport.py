@@ -33,7 +33,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -71,6 +71,7 @@ from swarm.net.channels import (  # noqa: F401  (re-exported: the transport's pr
 from swarm.net.idle_streams import IdleStream, IdleStreams
 from swarm.net.receive_limits import Admitted, Expects, SenderLimits, StateGate
 from swarm.net.receiver import OK, Receiver
+from swarm.net.relay_dial import connect_via_addresses
 from swarm.wire import HopHeader, WireError, check_restore, encode_tensor, torch_dtype
 
 logger = logging.getLogger(__name__)
@@ -121,6 +122,9 @@ class Transport:
       (see `Expects`); e.g. the schedule's sender for that hop and the run's shape
     :param state_gate: if set, STATE messages only from the peers named in it (`StateGate.expect`); one from
       another waits up to ``state_wait`` seconds to be named, holding no buffer, then is refused
+    :param addresses: peer id -> the multiaddrs its record announces (circuit addresses through a relay
+      included): a peer no stream opens to is connected to through them, then tried once more (a peer behind NAT
+      is reached through its relay; `swarm.net.reachability`)
     :param link_delay: link emulation only: peer id -> one-way seconds each message to it waits before it is
       written (and each probe's reply after it is read), so that a local swarm pays a WAN's latencies
     """
@@ -131,12 +135,14 @@ class Transport:
                  min_rate: float = MIN_TRANSFER_RATE, max_pending: int = MAX_PENDING_BYTES_PER_SENDER,
                  max_streams: int = MAX_INBOUND_STREAMS_PER_SENDER, admitted: Admitted | None = None,
                  expects: Expects | None = None, state_gate: StateGate | None = None,
-                 state_wait: float = STATE_ADMISSION_WAIT, link_delay: Callable[[str], float] | None = None):
+                 state_wait: float = STATE_ADMISSION_WAIT, link_delay: Callable[[str], float] | None = None,
+                 addresses: Callable[[str], Sequence[str]] | None = None):
         if queue_size < 1 or min_rate <= 0:
             raise ValueError(f"queue_size must be >= 1 and min_rate > 0, got {queue_size} and {min_rate}")
         self.on_receive = consumers(on_receive)
         self.max_tensor_bytes, self.queue_size = max_tensor_bytes, queue_size
         self.run_id, self.recv_timeout, self.link_delay = run_id, recv_timeout, link_delay
+        self.addresses = addresses
         self.state_gate = state_gate
         self._receiver_args = dict(run_id=run_id, max_tensor_bytes=max_tensor_bytes, queue_size=queue_size,
                                    recv_timeout=recv_timeout, min_rate=min_rate, admitted=admitted, expects=expects,
@@ -302,12 +308,16 @@ class Transport:
         raise AssertionError("unreachable: the second attempt uses a new stream, which returns or raises")
 
     async def _open(self, peer_id: str, protocol: str) -> IdleStream:
-        try:
-            _, reader, writer = await self._p2p.call_binary_stream_handler(PeerID.from_base58(peer_id), protocol)
-        except (TimeoutError, asyncio.CancelledError):
-            raise
-        except Exception as e:  # p2pd reports unreachable peers with assorted error types
-            raise PeerUnreachable(f"cannot open a stream to {peer_id}: {type(e).__name__}: {e}") from None
+        for attempt in range(2):
+            try:
+                _, reader, writer = await self._p2p.call_binary_stream_handler(PeerID.from_base58(peer_id), protocol)
+                break
+            except (TimeoutError, asyncio.CancelledError):
+                raise
+            except Exception as e:  # p2pd reports unreachable peers with assorted error types
+                if attempt == 0 and await connect_via_addresses(self._p2p, peer_id, self.addresses):
+                    continue  # connected through an announced address (a relay): open the stream on that
+                raise PeerUnreachable(f"cannot open a stream to {peer_id}: {type(e).__name__}: {e}") from None
         self._stats["streams_opened"] += 1
         return IdleStream(reader, writer)
 

@@ -1,0 +1,60 @@
+"""End to end behind NAT: a coordinator and a public data holder on the hub, home peers behind two NAT routers that
+drop every inbound connection. Home peers reach each other only through the coordinator's relay; the run trains
+to the end with every peer placed, none declared gone, and each stage group bit-identical after every step."""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+
+import pytest
+
+from swarm.local.local_swarm import LocalSwarm
+from swarm.local.nat_network import NatNetwork, unavailable_reason
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300),
+              pytest.mark.skipif(unavailable_reason() is not None, reason=str(unavailable_reason()))]
+
+RUN = "nat"
+ITERATIONS = 6
+# host 0: public data holder on stage 0; hosts 1-3 at home: 1 (home 0) and 2 (home 1) pinned to stage 1, 3 (home 1)
+# a data holder on stage 0: a home peer in every stage, and stage 1's two copies behind two different routers
+HOMES = [None, 0, 1, 1]
+STAGES = [0, 1, 1, 0]
+COORDINATOR_ARGS = ["--iterations", str(ITERATIONS), "--min-peers", str(len(HOMES)), "--stages", "2", "--skip",
+                    "0", "--seed", "0", "--microbatches", "2"]
+
+
+def test_home_peers_behind_nat_train_through_the_relay(tmp_path):
+    net = NatNetwork(HOMES, tag="t" + str(int(time.time()) % 10000))
+    peer_args = [["--stage", str(s), "--log-param-digest", "--iteration-deadline", "90",
+                  *(["--reachability", "public"] if net.is_public(i) else [])] for i, s in enumerate(STAGES)]
+    with net:
+        swarm = LocalSwarm(tmp_path, len(HOMES), run_id=RUN, coordinator_args=COORDINATOR_ARGS, peer_args=peer_args,
+                           network=net)
+        try:
+            swarm.start()
+            records = swarm.watch(ITERATIONS, timeout=150)
+            for proc in swarm.peers:
+                proc.wait(timeout=60)
+        finally:
+            swarm.stop()
+    assert [r["iteration"] for r in records] == list(range(1, ITERATIONS + 1))
+    assert not swarm.events("declared_gone"), swarm.events("declared_gone")
+    verdicts = [[e["reachability"] for e in swarm.events("reachability", who=f"peer-{i:02d}")] for i in range(4)]
+    assert verdicts == [["public"], ["relayed"], ["relayed"], ["relayed"]], verdicts
+    for i in range(len(HOMES)):
+        placed = swarm.events("placed", who=f"peer-{i:02d}")
+        assert placed and placed[0]["stage"] == STAGES[i], (i, placed)
+    # both home copies of stage 1 trained every step and hold bit-identical weights after each
+    digests: dict[tuple[int, int], dict[int, str]] = defaultdict(dict)
+    for i in range(len(HOMES)):
+        for e in swarm.events("param_digest", who=f"peer-{i:02d}"):
+            digests[(e["iteration"], e["stage"])][i] = e["digest"]
+    assert len(digests) == 2 * ITERATIONS, sorted(digests)
+    for (it, stage), group in digests.items():
+        assert sorted(group) == [i for i, s in enumerate(STAGES) if s == stage], (it, stage, group)
+        assert len(set(group.values())) == 1, (it, stage, group)
+    went_ahead = [line for i in (1, 2) for line in (tmp_path / f"peer-{i:02d}.log").read_text().splitlines()
+                  if "went ahead without" in line]
+    assert not went_ahead, went_ahead
