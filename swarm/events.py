@@ -50,6 +50,9 @@ EVENTS: dict[str, tuple[str, ...]] = {
     # admission: the scheduler's decisions, and a joiner told it is not admitted
     "admitted": ("peer",),
     "refused_peer": ("peer", "why"),
+    # reachability (`swarm.net.reachability`): a peer's own verdict; the scheduler's dial-back of a joiner
+    "reachability": ("reachability", "advice"),
+    "joiner_unreachable": ("peer", "reachability", "why", "advice"),
 }
 """Event name -> its fields (an event may carry fewer, or extra context; never another name)."""
 

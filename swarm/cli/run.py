@@ -101,11 +101,13 @@ def coordinator() -> None:
 @click.option("--allow", "allow_file", type=click.Path(exists=True, dir_okay=False), default=None,
               help="admit the peer ids listed in this file (one a line, # comments) instead of join token holders")
 @click.option("--open", "open_run", is_flag=True, help="admit anyone who reaches the run (no join token)")
+@click.option("--relay", is_flag=True,
+              help="relay for peers that cannot be dialled (behind NAT; experimental, see docs/nat.md)")
 @click.option("--log-file", type=click.Path(dir_okay=False), default=None)
 @click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING"]), default="INFO")
 @click.option("--events", type=click.Path(dir_okay=False), default=None, help=EVENTS_HELP)
 def start(config_path, run_id, iterations, min_peers, stages, skip, seed, microbatches, checkpoint_every, init_from,
-          host, port, identity, run_dir, metrics, first_schedule, allow_file, open_run, log_file, log_level,
+          host, port, identity, run_dir, metrics, first_schedule, allow_file, open_run, relay, log_file, log_level,
           events) -> None:
     """Bootstrap the DHT, publish the run, plan from the live swarm and log its progress."""
     from peers.data import Corpus
@@ -152,7 +154,7 @@ def start(config_path, run_id, iterations, min_peers, stages, skip, seed, microb
     torch.set_num_threads(1)  # it plans and records; its peers need the cores
     node = Coordinator(CoordinatorOptions(config=config, identity_path=identity, host=host, port=port,
                                           run_dir=run_dir, metrics_path=metrics, first_schedule=saved,
-                                          admission=admission, allowed=allowed))
+                                          admission=admission, allowed=allowed, relay=relay))
     node.run(_stop_event())
 
 
@@ -178,6 +180,13 @@ def start(config_path, run_id, iterations, min_peers, stages, skip, seed, microb
 @click.option("--identity", type=click.Path(dir_okay=False), default=str(DEFAULT_IDENTITY), show_default=True)
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", type=int, default=0, show_default=True)
+@click.option("--announce-addr", "announce_addrs", multiple=True,
+              help="multiaddr to announce instead of the bound one, e.g. a forwarded port /ip4/PUBLIC_IP/tcp/PORT "
+                   "(repeatable)")
+@click.option("--reachability", type=click.Choice(["auto", "public", "relayed"]), default="auto", show_default=True,
+              help="relayed: this peer cannot be dialled and is reached through the coordinator's relay (which "
+                   "must run with --relay); public: it can, and relays for others; auto: public with "
+                   "--announce-addr, else neither (experimental, see docs/nat.md)")
 @click.option("--iteration-deadline", type=float, default=300.0, show_default=True,
               help="seconds an iteration may take before this peer gives up on it")
 @click.option("--log-file", type=click.Path(dir_okay=False), default=None)
@@ -203,7 +212,8 @@ def start(config_path, run_id, iterations, min_peers, stages, skip, seed, microb
 @click.option("--fault", type=click.Choice(FAULTS), default=None,
               help="misbehave on purpose, to test a swarm's defences (never on a run you care about)")
 def join(initial_peers, coordinator, run_id, token, device, precision, threads, stage, data_paths, identity, host,
-         port, iteration_deadline, log_file, log_level, log_param_digest, events, metrics_path, ledger, checkpoint_dir,
+         port, announce_addrs, reachability, iteration_deadline, log_file, log_level, log_param_digest, events,
+         metrics_path, ledger, checkpoint_dir,
          init_from, probe_sample, trace_path, emulate_speed, latency_file, fault) -> None:
     """Join a run: measure, announce, get placed, train; Ctrl+C leaves cleanly."""
     from swarm.control.membership import check_token
@@ -216,6 +226,10 @@ def join(initial_peers, coordinator, run_id, token, device, precision, threads, 
 
     if stage != "auto" and not stage.isdigit():
         _fail(f"--stage must be a stage number or auto, got {stage!r}")
+    from swarm.net.reachability import announce_problem
+
+    for problem in filter(None, map(announce_problem, announce_addrs)):
+        _fail(f"--announce-addr {problem}")
     try:
         coordinator = trusted_coordinator(tuple(initial_peers), coordinator)
         if token is not None:
@@ -249,8 +263,9 @@ def join(initial_peers, coordinator, run_id, token, device, precision, threads, 
     share = ThreadShare(threads, registry)
     logging.getLogger("swarm").info("identity %s; torch uses %d thread(s)", identity, share.apply())
     options = PeerOptions(initial_peers=tuple(initial_peers), identity_path=identity, coordinator=coordinator,
-                          token=token, run_id=run_id, host=host,
-                          port=port, stage=None if stage == "auto" else int(stage), data_paths=tuple(data_paths),
+                          token=token, run_id=run_id, host=host, announce_addrs=announce_addrs,
+                          reachability=reachability, port=port, stage=None if stage == "auto" else int(stage),
+                          data_paths=tuple(data_paths),
                           device=device, precision=precision, iteration_deadline=iteration_deadline,
                           log_gossip=(log_file + ".gossip") if log_file else None,
                           log_param_digest=log_param_digest, checkpoint_dir=checkpoint_dir, ledger_path=ledger,

@@ -55,19 +55,19 @@ class Node:
         self.gossip: GossipClient | None = None
         self.gossip_info: GossipInfo | None = None
         self.heartbeat: Heartbeat | None = None
-        self.reachability: Reachability = "public"
+        self.reachability: Reachability | None = None
         self.relays: tuple[str, ...] = ()
 
     def start_dht(self, initial_peers: Iterable[str] = (), *, client: bool = False,
-                  reachability: Reachability = "public", relays: Iterable[str] = (),
+                  reachability: Reachability | None = None, relays: Iterable[str] = (),
                   announce: Iterable[str] = ()) -> SwarmRecords:
         """Join (or, without `initial_peers`, bootstrap) the DHT; returns the run's signed records over it.
 
         The DHT validates the run's records as it stores and relays them (`RunRecordValidator`). A `client` node
         (an onlooker) reads and writes through others and stores nothing for them. A "public" node relays for
         others (within `RelayLimits`); a "relayed" one (it cannot be dialled) keeps a reservation on `relays`
-        (default: `initial_peers`) and announces its circuit addresses through them
-        (`swarm.net.reachability`). `announce` replaces the bound addresses in what the node announces."""
+        (default: `initial_peers`) and announces its circuit addresses through them (`swarm.net.reachability`);
+        None: neither, the daemon's defaults. `announce` replaces the bound addresses in what the node announces."""
         initial_peers = list(initial_peers)
         self.reachability, self.relays = reachability, tuple(relays) or tuple(initial_peers)
         options = dht_options(reachability, relays=self.relays, announce=tuple(announce))

@@ -46,6 +46,8 @@ class CoordinatorOptions:
     """Whom the run admits (`swarm.control.membership.AdmissionPolicy`): "token" holders, the "allow"ed peer ids,
     or anyone ("open")."""
     allowed: tuple[str, ...] = ()
+    relay: bool = False
+    """Serve as a circuit relay for peers that cannot be dialled (experimental: `swarm.net.reachability`)."""
     first_schedule: Schedule | None = None
     """A saved plan of these peers (an earlier run's `schedule-N.json`) to start from instead of planning: a run
     restarted on the same machines keeps its placement, and two runs compared on one plan differ only in what
@@ -86,7 +88,7 @@ class Coordinator:
         o, node = self.options, self.node
         if self.run_dir:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-        records = node.start_dht()
+        records = node.start_dht(reachability="public" if o.relay else None)
         corpus = Corpus.build(self.config.data)  # trains (and caches) the run's tokenizer once
         info = node.start_gossip()
         self.spec = dataclasses.replace(

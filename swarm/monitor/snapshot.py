@@ -53,7 +53,7 @@ def peer_row(s: PeerSighting, *, run_id: str, coordinator: str, issuers: Iterabl
         "loss_seconds": r.loss_seconds,
         "memory_slots": r.memory_slots,
         "addresses": list(r.addresses),
-        "reachability": "unknown",
+        "reachability": r.reachability or "unknown",
         "member": why_not is None,
         "member_problem": why_not,
         "heartbeat_age": round(age, 2),

@@ -63,26 +63,23 @@ def register_daemon_modes(limits: RelayLimits = RelayLimits()) -> None:
     P2P.FORCE_REACHABILITY_MAPPING[RELAYED_MODE] = {"forceReachabilityPrivate": 1, "relayDiscovery": 0}
 
 
-def decide(setting: str, host: str, announce: Sequence[str] = ()) -> Reachability:
-    """This peer's reachability: `setting` unless "auto", which says public when it announces an address or binds
-    a global or loopback one (a run on one machine), relayed otherwise (a private or unspecified address is
-    nobody's to dial from outside its network)."""
+def decide(setting: str, host: str, announce: Sequence[str] = ()) -> Reachability | None:
+    """This peer's reachability: `setting` unless "auto", which says public when the peer announces an address
+    (`--announce-addr`: a forwarded port) and otherwise None: the daemon runs as before, reached at the addresses
+    it binds, neither relaying nor relayed. Relaying is opt-in while it is experimental (docs/nat.md): a private
+    address is not proof of being unreachable (a lab network), and a relayed peer sends all its traffic through
+    the coordinator."""
     if setting not in REACHABILITY_SETTINGS:
         raise ValueError(f"reachability must be one of {', '.join(REACHABILITY_SETTINGS)}, got {setting!r}")
     if setting != "auto":
         return setting  # type: ignore[return-value]
-    if announce:
-        return "public"
-    try:
-        address = ipaddress.ip_address(host)
-    except ValueError:
-        return "relayed"
-    return "public" if address.is_global or address.is_loopback else "relayed"
+    return "public" if announce else None
 
 
-def dht_options(reachability: Reachability, *, relays: Sequence[str] = (), announce: Sequence[str] = ()
+def dht_options(reachability: Reachability | None, *, relays: Sequence[str] = (), announce: Sequence[str] = ()
                 ) -> dict[str, Any]:
-    """Keyword arguments for `hivemind.DHT` (its `P2P.create`) of a peer with this reachability.
+    """Keyword arguments for `hivemind.DHT` (its `P2P.create`) of a peer with this reachability (None: the
+    daemon's defaults, only `announce` applied).
 
     :param relays: multiaddrs (with /p2p/ID) of the public peers a relayed peer keeps a reservation on
     :param announce: multiaddrs to announce instead of the bound ones (a forwarded port, a public address)
@@ -91,6 +88,8 @@ def dht_options(reachability: Reachability, *, relays: Sequence[str] = (), annou
     out: dict[str, Any] = {}
     if announce:
         out["announce_maddrs"] = list(announce)
+    if reachability is None:
+        return out
     if reachability == "public":
         out["force_reachability"] = RELAY_MODE
     else:

@@ -3,6 +3,7 @@
 - peer.py: Peer, the process: joins, follows the schedule's epochs, loops over iterations, drains and leaves
 - options.py: PeerOptions, how a peer joins (the run itself is the coordinator's run spec)
 - schedule_follower.py: ScheduleFollower, the epoch in use and the next one, commits, 'gone' and 'finished'
+- departure.py: Departure, a peer asked to stop: drains while the scheduler plans without it, or leaves at once
 - succession.py: Succession, the watch on the scheduler's heartbeat and the scheduler role its successor takes on
 - stage_keeper.py: StageKeeper, which stage the peer serves with which state; moves, equipping and hand-over
 - stage_session.py: StageSession, a stage's worker and averager (rebuilt on a move), and how one is equipped
@@ -20,4 +21,8 @@
 - reports.py: Reports, what the peer tells the scheduler (done, stuck, broken, unrecoverable, unreachable)
 - link_watch.py: LinkWatch, the peer's link measurements, kept fresh in the background
 - timeline.py: Timeline, a peer's compute and send spans, and the Chrome trace of a whole run
+- console.py: iteration_line, the one line per iteration a volunteer's console shows
+- host_share.py: ThreadShare, torch threads sized to this peer's share of its machine's cores
+- reachability_notice.py: join_reachability, how the peer can be reached, and what it tells its volunteer
+- activation_watch.py: ActivationWatch, forwards with non-finite values refused before they are computed with
 """

@@ -45,6 +45,10 @@ class PeerOptions:
     run_id: str = "skippipe"
     host: str = LOOPBACK_HOST
     port: int = 0
+    announce_addrs: tuple[str, ...] = ()
+    """Multiaddrs to announce instead of the bound ones (a forwarded port, a public address; `--announce-addr`)."""
+    reachability: str = "auto"
+    """"public", "relayed" (behind NAT: reached through a relay), or "auto" (`swarm.net.reachability.decide`)."""
     stage: int | None = None
     """Serve this stage (None: the planner decides)."""
     data_paths: tuple[str, ...] = ()

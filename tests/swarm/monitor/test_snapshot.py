@@ -28,10 +28,10 @@ def sighting(record: PeerRecord, *, age: float = 1.0, live: bool = True) -> Peer
     return PeerSighting(record=record, age=age, seen_at=NOW, live=live)
 
 
-def record(identity, stage: int, *, cert: bytes = b"", links=None) -> PeerRecord:
+def record(identity, stage: int, *, cert: bytes = b"", links=None, reachability: str = "") -> PeerRecord:
     return PeerRecord(peer_id=identity.peer_id, stage=stage, seconds_per_layer=0.01, memory_slots=3,
                       links=links or {}, addresses=(f"/ip4/10.0.0.1/tcp/4000/p2p/{identity.peer_id}",),
-                      state=PeerState.ONLINE, data_holder=stage == 0, cert=cert)
+                      state=PeerState.ONLINE, data_holder=stage == 0, cert=cert, reachability=reachability)
 
 
 def test_peers_roles_membership_freshness_and_links(keys):
@@ -40,7 +40,8 @@ def test_peers_roles_membership_freshness_and_links(keys):
     forged = MembershipCert.issue(stranger, stranger.peer_id, RUN, NOW + 60).to_msgpack()
     sightings = {
         coordinator.peer_id: sighting(record(coordinator, -1)),
-        member.peer_id: sighting(record(member, 0, cert=cert, links={stranger.peer_id: (0.02, 5e7)})),
+        member.peer_id: sighting(record(member, 0, cert=cert, links={stranger.peer_id: (0.02, 5e7)},
+                                        reachability="relayed")),
         stranger.peer_id: sighting(record(stranger, 1, cert=forged), age=30.0),
         dead.peer_id: sighting(record(dead, 1, cert=cert), live=False),
     }
@@ -49,6 +50,7 @@ def test_peers_roles_membership_freshness_and_links(keys):
     rows = {p["peer_id"]: p for p in snap["peers"]}
     assert rows[coordinator.peer_id]["role"] == "coordinator"
     assert rows[member.peer_id]["member"] and not rows[member.peer_id]["stale"]
+    assert rows[member.peer_id]["reachability"] == "relayed" and rows[dead.peer_id]["reachability"] == "unknown"
     assert not rows[stranger.peer_id]["member"] and "does not admit" in rows[stranger.peer_id]["member_problem"]
     assert rows[stranger.peer_id]["stale"] and not rows[stranger.peer_id]["gone"]  # 30 s without a beat
     assert rows[dead.peer_id]["gone"] and rows[dead.peer_id]["stale"]

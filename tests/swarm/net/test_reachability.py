@@ -21,12 +21,14 @@ from swarm.net.reachability import (
 from swarm.wire import PeerRecord
 
 
-def test_auto_says_public_for_announced_global_and_loopback_addresses_relayed_for_private_ones():
-    assert decide("auto", "192.168.1.10") == "relayed"
-    assert decide("auto", "0.0.0.0") == "relayed"
+def test_auto_is_public_with_an_announced_address_and_otherwise_leaves_the_daemon_as_it_is():
+    """Relaying is opt-in while experimental: a private address is no proof of being unreachable (a lab)."""
+    assert decide("auto", "192.168.1.10") is None and decide("auto", "0.0.0.0") is None
+    assert decide("auto", "8.8.8.8") is None and decide("auto", "127.0.0.1") is None
     assert decide("auto", "192.168.1.10", ["/ip4/203.0.113.7/tcp/31337"]) == "public"
-    assert decide("auto", "8.8.8.8") == "public" and decide("auto", "127.0.0.1") == "public"
     assert decide("relayed", "8.8.8.8") == "relayed" and decide("public", "10.0.0.2") == "public"
+    assert dht_options(None) == {} and dht_options(None, announce=["/ip4/203.0.113.7/tcp/1"]) == {
+        "announce_maddrs": ["/ip4/203.0.113.7/tcp/1"]}
     with pytest.raises(ValueError, match="reachability must be one of"):
         decide("sometimes", "10.0.0.2")
 
