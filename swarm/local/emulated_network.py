@@ -16,40 +16,34 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
-import shutil
-import subprocess
-import zlib
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
 from swarm.constants import MAX_ID_CHARS, MAX_PEERS
-from swarm.local.interrupts import deferred_interrupts
+from swarm.local.namespaces import (
+    MAX_EMULATED_LATENCY,
+    add_namespace,
+    checked_latency,
+    checked_tag,
+    make_bridge,
+    missing_tools,
+    remove,
+    run,
+    subnet,
+    write_latency_file,
+)
 
 logger = logging.getLogger(__name__)
 
-MAX_EMULATED_LATENCY = 10.0
-"""Largest one-way latency a latency file may give a link (seconds)."""
 UNSHAPED_RATE = "10gbit"
 """Rate of the default class: traffic to the bridge (the coordinator) and anything unlisted."""
 
 
 def unavailable_reason() -> str | None:
     """Why this machine cannot emulate a network (None when it can)."""
-    if os.geteuid() != 0:
-        return "network emulation needs root (network namespaces and tc)"
-    for tool in ("ip", "tc"):
-        if shutil.which(tool) is None:
-            return f"network emulation needs iproute2's `{tool}`"
-    return None
-
-
-def _run(*cmd: str) -> None:
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"`{' '.join(cmd)}` failed: {proc.stderr.strip()}")
+    return missing_tools("network emulation", (("ip", "iproute2"), ("tc", "iproute2")))
 
 
 class EmulatedNetwork:
@@ -65,18 +59,13 @@ class EmulatedNetwork:
         if not 1 <= n <= 250 or latency.shape != (n, n) or bandwidth.shape != (n, n):
             raise ValueError(f"latency and bandwidth must be [n, n] with 1 <= n <= 250, got {latency.shape} and "
                              f"{bandwidth.shape}")
+        latency = checked_latency(latency, n)
         off = ~np.eye(n, dtype=bool)
-        if not np.all(np.isfinite(latency[off])) or np.any(latency[off] < 0) or \
-                np.any(latency[off] > MAX_EMULATED_LATENCY):
-            raise ValueError(f"latencies must be in [0, {MAX_EMULATED_LATENCY}] s")
         if not np.all(np.isfinite(bandwidth[off])) or np.any(bandwidth[off] < 1000):
             raise ValueError("bandwidths must be finite and at least 1000 bytes/s")
         self.latency, self.bandwidth, self.num_hosts = latency, bandwidth, n
-        self.tag = tag or str(os.getpid() % 100_000)
-        if not (self.tag.isascii() and self.tag.isalnum() and len(self.tag) <= 8):
-            raise ValueError(f"tag must be 1-8 ASCII letters or digits (it names interfaces), got {self.tag!r}")
-        digest = zlib.crc32(self.tag.encode())  # one subnet per tag: two networks of one process do not clash
-        self._subnet = f"10.{200 + digest % 50}.{(digest // 50) % 250}"
+        self.tag = checked_tag(tag)
+        self._subnet = subnet("", self.tag, 200)
         self.bridge = f"skpbr{self.tag}"
         self._namespaces: list[str] = []
         self._bridge_made = False
@@ -107,10 +96,8 @@ class EmulatedNetwork:
         if reason:
             raise RuntimeError(reason)
         try:
-            _run("ip", "link", "add", self.bridge, "type", "bridge")
             self._bridge_made = True
-            _run("ip", "addr", "add", f"{self.gateway}/24", "dev", self.bridge)
-            _run("ip", "link", "set", self.bridge, "up")
+            make_bridge(self.bridge, self.gateway)
             for i in range(self.num_hosts):
                 self._add_host(i)
         except BaseException:
@@ -121,41 +108,31 @@ class EmulatedNetwork:
 
     def _add_host(self, i: int) -> None:
         ns, veth = self.namespace(i), self._veth(i)
-        _run("ip", "netns", "add", ns)
         self._namespaces.append(ns)
-        _run("ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
-        _run("ip", "link", "set", veth, "master", self.bridge, "up")
-        _run("ip", "-n", ns, "addr", "add", f"{self.host(i)}/24", "dev", "eth0")
-        _run("ip", "-n", ns, "link", "set", "eth0", "up")
-        _run("ip", "-n", ns, "link", "set", "lo", "up")
+        add_namespace(ns)
+        run("ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
+        run("ip", "link", "set", veth, "master", self.bridge, "up")
+        run("ip", "-n", ns, "addr", "add", f"{self.host(i)}/24", "dev", "eth0")
+        run("ip", "-n", ns, "link", "set", "eth0", "up")
         tc = ["ip", "netns", "exec", ns, "tc"]
-        _run(*tc, "qdisc", "add", "dev", "eth0", "root", "handle", "1:", "htb", "default", "1")
-        _run(*tc, "class", "add", "dev", "eth0", "parent", "1:", "classid", "1:1", "htb", "rate", UNSHAPED_RATE,
+        run(*tc, "qdisc", "add", "dev", "eth0", "root", "handle", "1:", "htb", "default", "1")
+        run(*tc, "class", "add", "dev", "eth0", "parent", "1:", "classid", "1:1", "htb", "rate", UNSHAPED_RATE,
              "quantum", "60000")
         for j in range(self.num_hosts):
             if j == i:
                 continue
             rate = f"{max(8000, math.floor(self.bandwidth[i, j] * 8))}bit"
             classid = f"1:{j + 10:x}"
-            _run(*tc, "class", "add", "dev", "eth0", "parent", "1:", "classid", classid, "htb", "rate", rate,
+            run(*tc, "class", "add", "dev", "eth0", "parent", "1:", "classid", classid, "htb", "rate", rate,
                  "ceil", rate, "quantum", "1514")
-            _run(*tc, "filter", "add", "dev", "eth0", "parent", "1:", "protocol", "ip", "prio", "1", "u32",
+            run(*tc, "filter", "add", "dev", "eth0", "parent", "1:", "protocol", "ip", "prio", "1", "u32",
                  "match", "ip", "dst", f"{self.host(j)}/32", "flowid", classid)
 
     def stop(self) -> None:
         """Delete every namespace (with its interfaces and qdiscs) and the bridge (a Ctrl+C waits for it)."""
-        with deferred_interrupts():
-            self._remove()
-
-    def _remove(self) -> None:
-        for ns in self._namespaces:
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
-        for i in range(self.num_hosts):
-            subprocess.run(["ip", "link", "del", self._veth(i)], capture_output=True)
-        self._namespaces = []
-        if self._bridge_made:
-            subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
-            self._bridge_made = False
+        remove(self._namespaces, [self._veth(i) for i in range(self.num_hosts)],
+               self.bridge if self._bridge_made else None)
+        self._namespaces, self._bridge_made = [], False
 
     def __enter__(self) -> EmulatedNetwork:
         return self.start()
@@ -166,12 +143,7 @@ class EmulatedNetwork:
     # ---- latency for the transport ---------------------------------------------------------------
     def write_latency_file(self, i: int, peer_ids: Sequence[str], path: str | Path) -> Path:
         """Host `i`'s one-way latency to each other host, keyed by the peer id that runs there."""
-        if len(peer_ids) != self.num_hosts:
-            raise ValueError(f"need one peer id per host ({self.num_hosts}), got {len(peer_ids)}")
-        table = {p: float(self.latency[i, j]) for j, p in enumerate(peer_ids) if j != i}
-        path = Path(path)
-        path.write_text(json.dumps({"latency_s": table}, indent=1))
-        return path
+        return write_latency_file(self.latency, i, peer_ids, path)
 
 
 def read_latency_file(path: str | Path) -> dict[str, float]:

@@ -17,20 +17,24 @@ Needs root, iproute2 and iptables (in the namespaces only; nothing in the root n
 
 from __future__ import annotations
 
-import json
 import logging
 import math
-import os
-import shutil
-import subprocess
-import zlib
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
-from swarm.local.emulated_network import MAX_EMULATED_LATENCY
-from swarm.local.interrupts import deferred_interrupts
+from swarm.local.namespaces import (
+    add_namespace,
+    checked_latency,
+    checked_tag,
+    make_bridge,
+    missing_tools,
+    remove,
+    run,
+    subnet,
+    write_latency_file,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -39,19 +43,7 @@ MAX_HOMES = 50
 
 def unavailable_reason() -> str | None:
     """Why this machine cannot build NAT networks (None when it can)."""
-    if os.geteuid() != 0:
-        return "NAT emulation needs root (network namespaces, iptables in them)"
-    for tool, package in (("ip", "iproute2"), ("tc", "iproute2"), ("iptables", "iptables")):
-        if shutil.which(tool) is None:
-            return f"NAT emulation needs {package}'s `{tool}` (as root: apt-get install {package}, or make " \
-                   f"system-packages)"
-    return None
-
-
-def _run(*cmd: str) -> None:
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"`{' '.join(cmd)}` failed: {proc.stderr.strip()}")
+    return missing_tools("NAT emulation", (("ip", "iproute2"), ("tc", "iproute2"), ("iptables", "iptables")))
 
 
 class NatNetwork:
@@ -72,18 +64,12 @@ class NatNetwork:
             raise ValueError(f"homes must be None (public) or a home number in 0..{MAX_HOMES - 1}, got {list(homes)}")
         self.homes = list(homes)
         self.num_hosts = n
-        self.latency = np.zeros((n, n)) if latency is None else np.asarray(latency, dtype=float)
-        if self.latency.shape != (n, n) or not np.all(np.isfinite(self.latency)) or np.any(self.latency < 0) \
-                or np.any(self.latency > MAX_EMULATED_LATENCY):
-            raise ValueError(f"latency must be [n, n] with entries in [0, {MAX_EMULATED_LATENCY}] s")
+        self.latency = np.zeros((n, n)) if latency is None else checked_latency(latency, n)
         if uplink is not None and not 1000 <= uplink < 1e12:
             raise ValueError(f"uplink must be at least 1000 bytes/s, got {uplink}")
         self.uplink = uplink
-        self.tag = tag or str(os.getpid() % 100_000)
-        if not (self.tag.isascii() and self.tag.isalnum() and len(self.tag) <= 8):
-            raise ValueError(f"tag must be 1-8 ASCII letters or digits (it names interfaces), got {self.tag!r}")
-        digest = zlib.crc32(b"nat" + self.tag.encode())
-        self._subnet = f"10.{150 + digest % 50}.{(digest // 50) % 250}"
+        self.tag = checked_tag(tag)
+        self._subnet = subnet("nat", self.tag, 150)
         self.bridge = f"skn{self.tag}"
         self._namespaces: list[str] = []
         self._links: list[str] = []
@@ -128,10 +114,8 @@ class NatNetwork:
         if reason:
             raise RuntimeError(reason)
         try:
-            _run("ip", "link", "add", self.bridge, "type", "bridge")
             self._bridge_made = True
-            _run("ip", "addr", "add", f"{self.gateway}/24", "dev", self.bridge)
-            _run("ip", "link", "set", self.bridge, "up")
+            make_bridge(self.bridge, self.gateway)
             for home in self.routers:
                 self._add_router(home)
             for i in range(self.num_hosts):
@@ -144,64 +128,56 @@ class NatNetwork:
         return self
 
     def _netns(self, name: str) -> None:
-        _run("ip", "netns", "add", name)
         self._namespaces.append(name)
-        _run("ip", "-n", name, "link", "set", "lo", "up")
+        add_namespace(name)
 
     def _add_router(self, home: int) -> None:
         ns, wan = self.router_namespace(home), f"skn{self.tag}w{home}"
         self._netns(ns)
-        _run("ip", "link", "add", wan, "type", "veth", "peer", "name", "wan", "netns", ns)
+        run("ip", "link", "add", wan, "type", "veth", "peer", "name", "wan", "netns", ns)
         self._links.append(wan)
-        _run("ip", "link", "set", wan, "master", self.bridge, "up")
-        _run("ip", "-n", ns, "addr", "add", f"{self.router_address(home)}/24", "dev", "wan")
-        _run("ip", "-n", ns, "link", "set", "wan", "up")
-        _run("ip", "-n", ns, "link", "add", "lan", "type", "bridge")
-        _run("ip", "-n", ns, "addr", "add", f"192.168.{home + 1}.1/24", "dev", "lan")
-        _run("ip", "-n", ns, "link", "set", "lan", "up")
+        run("ip", "link", "set", wan, "master", self.bridge, "up")
+        run("ip", "-n", ns, "addr", "add", f"{self.router_address(home)}/24", "dev", "wan")
+        run("ip", "-n", ns, "link", "set", "wan", "up")
+        run("ip", "-n", ns, "link", "add", "lan", "type", "bridge")
+        run("ip", "-n", ns, "addr", "add", f"192.168.{home + 1}.1/24", "dev", "lan")
+        run("ip", "-n", ns, "link", "set", "lan", "up")
         ipt = ["ip", "netns", "exec", ns, "iptables"]
-        _run("ip", "netns", "exec", ns, "sysctl", "-q", "-w", "net.ipv4.ip_forward=1")
-        _run(*ipt, "-t", "nat", "-A", "POSTROUTING", "-o", "wan", "-j", "MASQUERADE")
-        _run(*ipt, "-A", "FORWARD", "-i", "wan", "-m", "state", "--state", "ESTABLISHED,RELATED", "-j", "ACCEPT")
-        _run(*ipt, "-A", "FORWARD", "-i", "wan", "-j", "DROP")
-        _run(*ipt, "-A", "INPUT", "-i", "wan", "-m", "state", "--state", "ESTABLISHED,RELATED", "-j", "ACCEPT")
-        _run(*ipt, "-A", "INPUT", "-i", "wan", "-j", "DROP")
+        run("ip", "netns", "exec", ns, "sysctl", "-q", "-w", "net.ipv4.ip_forward=1")
+        run(*ipt, "-t", "nat", "-A", "POSTROUTING", "-o", "wan", "-j", "MASQUERADE")
+        run(*ipt, "-A", "FORWARD", "-i", "wan", "-m", "state", "--state", "ESTABLISHED,RELATED", "-j", "ACCEPT")
+        run(*ipt, "-A", "FORWARD", "-i", "wan", "-j", "DROP")
+        run(*ipt, "-A", "INPUT", "-i", "wan", "-m", "state", "--state", "ESTABLISHED,RELATED", "-j", "ACCEPT")
+        run(*ipt, "-A", "INPUT", "-i", "wan", "-j", "DROP")
 
     def _add_host(self, i: int) -> None:
         ns, home = self.namespace(i), self.homes[i]
         self._netns(ns)
         if home is None:
             veth = f"skn{self.tag}v{i}"
-            _run("ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
+            run("ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
             self._links.append(veth)
-            _run("ip", "link", "set", veth, "master", self.bridge, "up")
-            _run("ip", "-n", ns, "addr", "add", f"{self.host(i)}/24", "dev", "eth0")
-            _run("ip", "-n", ns, "link", "set", "eth0", "up")  # no default route: the hub is the whole internet
+            run("ip", "link", "set", veth, "master", self.bridge, "up")
+            run("ip", "-n", ns, "addr", "add", f"{self.host(i)}/24", "dev", "eth0")
+            run("ip", "-n", ns, "link", "set", "eth0", "up")  # no default route: the hub is the whole internet
         else:
             router, leg = self.router_namespace(home), f"h{i}"
-            _run("ip", "-n", router, "link", "add", leg, "type", "veth", "peer", "name", "eth0", "netns", ns)
-            _run("ip", "-n", router, "link", "set", leg, "master", "lan", "up")
-            _run("ip", "-n", ns, "addr", "add", f"{self.host(i)}/24", "dev", "eth0")
-            _run("ip", "-n", ns, "link", "set", "eth0", "up")
-            _run("ip", "-n", ns, "route", "add", "default", "via", f"192.168.{home + 1}.1")
+            run("ip", "-n", router, "link", "add", leg, "type", "veth", "peer", "name", "eth0", "netns", ns)
+            run("ip", "-n", router, "link", "set", leg, "master", "lan", "up")
+            run("ip", "-n", ns, "addr", "add", f"{self.host(i)}/24", "dev", "eth0")
+            run("ip", "-n", ns, "link", "set", "eth0", "up")
+            run("ip", "-n", ns, "route", "add", "default", "via", f"192.168.{home + 1}.1")
         if self.uplink is not None:
             rate = f"{max(8000, math.floor(self.uplink * 8))}bit"
-            _run("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "eth0", "root", "handle", "1:", "htb",
+            run("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "eth0", "root", "handle", "1:", "htb",
                  "default", "1")
-            _run("ip", "netns", "exec", ns, "tc", "class", "add", "dev", "eth0", "parent", "1:", "classid", "1:1",
+            run("ip", "netns", "exec", ns, "tc", "class", "add", "dev", "eth0", "parent", "1:", "classid", "1:1",
                  "htb", "rate", rate, "ceil", rate, "quantum", "1514")
 
     def stop(self) -> None:
         """Delete every namespace (with its interfaces, rules and qdiscs) and the hub bridge; a Ctrl+C waits."""
-        with deferred_interrupts():
-            for ns in reversed(self._namespaces):
-                subprocess.run(["ip", "netns", "del", ns], capture_output=True)
-            for link in self._links:
-                subprocess.run(["ip", "link", "del", link], capture_output=True)
-            self._namespaces, self._links = [], []
-            if self._bridge_made:
-                subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
-                self._bridge_made = False
+        remove(self._namespaces, self._links, self.bridge if self._bridge_made else None)
+        self._namespaces, self._links, self._bridge_made = [], [], False
 
     def __enter__(self) -> NatNetwork:
         return self.start()
@@ -213,9 +189,4 @@ class NatNetwork:
     def write_latency_file(self, i: int, peer_ids: Sequence[str], path: str | Path) -> Path:
         """Host `i`'s one-way latency to each other host, keyed by the peer id that runs there
         (`swarm.local.emulated_network.read_latency_file` reads it)."""
-        if len(peer_ids) != self.num_hosts:
-            raise ValueError(f"need one peer id per host ({self.num_hosts}), got {len(peer_ids)}")
-        table = {p: float(self.latency[i, j]) for j, p in enumerate(peer_ids) if j != i}
-        path = Path(path)
-        path.write_text(json.dumps({"latency_s": table}, indent=1))
-        return path
+        return write_latency_file(self.latency, i, peer_ids, path)
