@@ -42,7 +42,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from peers.durable import fsync_dir
+from peers.durable import fsync_dir, fsync_file, sha256_file, write_durable
 from peers.model import ModelConfig, Transformer
 from peers.optim import OptimConfig
 from peers.tokenizer import TOKENIZER_CONFIG
@@ -133,10 +133,10 @@ def save_checkpoint(path: str | os.PathLike, swarm: Any) -> Path:
         files.update(_write_tensors(out, "rng.safetensors", {"torch_cpu": torch.get_rng_state()}))
         data = None
         if swarm.corpus is not None:
-            files["tokenizer.json"] = _write_bytes(out / "tokenizer.json", swarm.corpus.tokenizer.to_str().encode())
+            files["tokenizer.json"] = write_durable(out / "tokenizer.json", swarm.corpus.tokenizer.to_str().encode())
             sidecar = tokenizer_sidecar(swarm.corpus.config.tokenizer)
             if sidecar is not None:  # an imported tokenizer's eos/bos names: eval and export-hf need them
-                files[TOKENIZER_CONFIG] = _write_bytes(out / TOKENIZER_CONFIG, sidecar)
+                files[TOKENIZER_CONFIG] = write_durable(out / TOKENIZER_CONFIG, sidecar)
             data = swarm.corpus.config.to_dict()
             data["paths"] = [str(Path(p).resolve()) for p in data["paths"]]
         first = next(iter(swarm.workers.values()))
@@ -154,7 +154,7 @@ def save_checkpoint(path: str | os.PathLike, swarm: Any) -> Path:
             "schedule": swarm.schedule.to_dict(),
             "files": files,
         }
-        _write_bytes(out / MANIFEST, json.dumps(manifest, indent=1).encode())
+        write_durable(out / MANIFEST, json.dumps(manifest, indent=1).encode())
 
     return _save_step(Path(path), swarm.iteration, MANIFEST, write)
 
@@ -176,7 +176,7 @@ def save_stage_checkpoint(path: str | os.PathLike, worker: StageWorker, *, itera
             "split": list(worker.split), "shard": shard.state_dict() if shard is not None else None,
             "files": files, **(extra or {}),
         }
-        _write_bytes(out / PEER_MANIFEST, json.dumps(manifest, indent=1).encode())
+        write_durable(out / PEER_MANIFEST, json.dumps(manifest, indent=1).encode())
 
     return _save_step(Path(path), iteration, PEER_MANIFEST, write)
 
@@ -200,7 +200,7 @@ def _save_step(root: Path, iteration: int, manifest_name: str, write: Callable[[
         raise
     fsync_dir(root)
     pointer = root / f".{LATEST}.tmp"
-    _write_bytes(pointer, f"{name}\n".encode())
+    write_durable(pointer, f"{name}\n".encode())
     os.replace(pointer, root / LATEST)
     fsync_dir(root)
     for d in _step_dirs(root):
@@ -211,21 +211,8 @@ def _save_step(root: Path, iteration: int, manifest_name: str, write: Callable[[
 
 def _write_tensors(out: Path, name: str, tensors: dict[str, torch.Tensor]) -> dict[str, str]:
     save_file(tensors, str(out / name), metadata={"format": str(CHECKPOINT_FORMAT)})
-    _fsync_file(out / name)
-    return {name: _sha256(out / name)}
-
-
-def _write_bytes(path: Path, data: bytes) -> str:
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    return hashlib.sha256(data).hexdigest()
-
-
-def _fsync_file(path: Path) -> None:
-    with open(path, "rb") as f:
-        os.fsync(f.fileno())
+    fsync_file(out / name)
+    return {name: sha256_file(out / name)}
 
 
 def _step_key(name: str) -> tuple[int, int] | None:
@@ -346,7 +333,7 @@ def _check_manifest(root: Path, name: str, fields: tuple[tuple[str, type], ...])
         f = root / file
         if not f.is_file():
             raise CheckpointError(f"checkpoint file {f} is missing")
-        if _sha256(f) != digest:
+        if sha256_file(f) != digest:
             raise CheckpointError(f"checkpoint file {f} is corrupted (SHA-256 differs from the manifest)")
     return manifest
 
@@ -505,14 +492,6 @@ def _expect_equal(name: str, saved: Any, current: Any) -> None:
                 raise CheckpointError(f"checkpoint was made with {name}.{key}={saved.get(key)!r}, this run has "
                                       f"{current.get(key)!r}")
     raise CheckpointError(f"checkpoint was made with {name}={saved!r}, this run has {current!r}")
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def param_digest(worker: StageWorker) -> str:

@@ -20,7 +20,6 @@ exact resume of the networked run). A step directory that fails its hash check i
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -38,15 +37,14 @@ from peers.checkpoint import (
     MANIFEST,
     PEER_MANIFEST,
     CheckpointError,
-    _fsync_file,
     _save_step,
     _step_dirs,
-    _write_bytes,
     _write_tensors,
     resolve_checkpoint,
     tokenizer_sidecar,
 )
 from peers.data import Corpus, DataConfig
+from peers.durable import fsync_file, sha256_file, write_durable
 from peers.tokenizer import TOKENIZER_CONFIG, load_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -245,9 +243,9 @@ def gather_checkpoint(paths: Sequence[str | os.PathLike], out: str | os.PathLike
                     raise CheckpointError(f"{c.step_dir / name} changed while it was gathered")
         files.update(_write_tensors(step, "rng.safetensors", {}))
         if tok is not None:
-            files["tokenizer.json"] = _write_bytes(step / "tokenizer.json", tok[0])
+            files["tokenizer.json"] = write_durable(step / "tokenizer.json", tok[0])
             if tok[1] is not None:
-                files[TOKENIZER_CONFIG] = _write_bytes(step / TOKENIZER_CONFIG, tok[1])
+                files[TOKENIZER_CONFIG] = write_durable(step / TOKENIZER_CONFIG, tok[1])
         manifest = {
             "format": CHECKPOINT_FORMAT, "iteration": iteration, "steps": max(steps), "seed": first["seed"],
             "dtype": dtype, "model": first["model"], "optim": first["optim"],
@@ -256,7 +254,7 @@ def gather_checkpoint(paths: Sequence[str | os.PathLike], out: str | os.PathLike
             "gathered_from": {str(s): {"step_dir": str(c.step_dir.resolve()), "peer": c.manifest.get("peer"),
                                        "agreeing": list(agreeing[s])} for s, c in sources.items()},
         }
-        _write_bytes(step / MANIFEST, json.dumps(manifest, indent=1).encode())
+        write_durable(step / MANIFEST, json.dumps(manifest, indent=1).encode())
 
     path = _save_step(dest, iteration, MANIFEST, write)
     return GatherResult(path, iteration, sources, agreeing, optimizer, tok is not None, warnings)
@@ -296,12 +294,8 @@ def _copy(src: Path, step: Path, name: str | None = None) -> str:
     """Copy `src` into step directory `step` byte for byte; the SHA-256 of what was written."""
     dst = step / (name or src.name)
     shutil.copyfile(src, dst)
-    _fsync_file(dst)
-    h = hashlib.sha256()
-    with open(dst, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    fsync_file(dst)
+    return sha256_file(dst)
 
 
 def _dtype(c: Candidate) -> str:

@@ -22,7 +22,6 @@ each document with that eos, `peers.tokenizer.end_of_text_id`), the manifest, an
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -39,7 +38,7 @@ from tokenizers import Tokenizer
 
 from peers.checkpoint import CHECKPOINT_FORMAT, LATEST, MANIFEST, resolve_checkpoint
 from peers.data import DataConfig
-from peers.durable import fsync_dir
+from peers.durable import fsync_dir, fsync_file, sha256_file, write_durable
 from peers.model import ModelConfig
 from peers.optim import OptimConfig
 from peers.stage import balanced_split, check_split, stage_template
@@ -316,10 +315,10 @@ def import_hf(hf_dir: str | os.PathLike, out: str | os.PathLike, stages: int) ->
         files["rng.safetensors"] = _save(tmp / "rng.safetensors", {})
         data = None
         if tok is not None:
-            files[HF_TOKENIZER] = _write(tmp / HF_TOKENIZER, (src / HF_TOKENIZER).read_bytes())
+            files[HF_TOKENIZER] = write_durable(tmp / HF_TOKENIZER, (src / HF_TOKENIZER).read_bytes())
             names = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": tok.id_to_token(eos),
                      "bos_token": None if bos is None else tok.id_to_token(bos)}
-            files[TOKENIZER_CONFIG] = _write(tmp / TOKENIZER_CONFIG, json.dumps(names, indent=1).encode())
+            files[TOKENIZER_CONFIG] = write_durable(tmp / TOKENIZER_CONFIG, json.dumps(names, indent=1).encode())
             data = DataConfig(tokenizer=str((step / HF_TOKENIZER).resolve()), vocab_size=tok.get_vocab_size(),
                               seq_len=min(64, cfg.max_seq_len)).to_dict()
         manifest = {
@@ -328,17 +327,17 @@ def import_hf(hf_dir: str | os.PathLike, out: str | os.PathLike, stages: int) ->
             "shards": {}, "schedule": None, "files": files,
             "imported_from": {"huggingface": str(src.resolve()), "bos_token_id": bos, "eos_token_id": eos},
         }
-        _write(tmp / MANIFEST, json.dumps(manifest, indent=1).encode())
+        write_durable(tmp / MANIFEST, json.dumps(manifest, indent=1).encode())
         fsync_dir(tmp)
         os.rename(tmp, step)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    _write(root / f".{LATEST}.tmp", f"{step.name}\n".encode())
+    write_durable(root / f".{LATEST}.tmp", f"{step.name}\n".encode())
     os.replace(root / f".{LATEST}.tmp", root / LATEST)
     fsync_dir(root)
     run_toml = root / "run.toml"
-    _write(run_toml, _run_toml(src, cfg, len(split), data).encode())
+    write_durable(run_toml, _run_toml(src, cfg, len(split), data).encode())
     return ImportResult(step, run_toml, cfg, split, dtype, tok is not None)
 
 
@@ -400,25 +399,8 @@ def _toml_value(v: Any) -> str:
 
 def _save(path: Path, tensors: dict[str, torch.Tensor]) -> str:
     save_file(tensors, str(path), metadata={"format": str(CHECKPOINT_FORMAT)})
-    with open(path, "rb") as f:
-        os.fsync(f.fileno())
-    return _sha256(path)
-
-
-def _write(path: Path, data: bytes) -> str:
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    return hashlib.sha256(data).hexdigest()
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    fsync_file(path)
+    return sha256_file(path)
 
 
 # ---- export ----------------------------------------------------------------------------------
@@ -487,12 +469,12 @@ def export_hf(ckpt: str | os.PathLike, out: str | os.PathLike, *,
         written.append(fname)
     if len(shards) > 1:
         index = {"metadata": {"total_size": sum(e[2] for e in plan)}, "weight_map": weight_map}
-        _write(dest / HF_INDEX, json.dumps(index, indent=2).encode())
+        write_durable(dest / HF_INDEX, json.dumps(index, indent=2).encode())
         written.append(HF_INDEX)
     bos, eos = _export_tokenizer(step, manifest, dest, written)
     dtype = str(FLOAT_DTYPES[dtypes.pop()] if len(dtypes) == 1 else torch.float32).removeprefix("torch.")
-    _write(dest / HF_CONFIG, json.dumps(hf_config(cfg, bos, eos, dtype), indent=2).encode())
-    _write(dest / "generation_config.json",
+    write_durable(dest / HF_CONFIG, json.dumps(hf_config(cfg, bos, eos, dtype), indent=2).encode())
+    write_durable(dest / "generation_config.json",
            json.dumps({"bos_token_id": bos, "eos_token_id": eos, "do_sample": False}, indent=2).encode())
     written += [HF_CONFIG, "generation_config.json"]
     return ExportResult(tuple(written), cfg, cfg.num_params())
@@ -518,7 +500,7 @@ def _export_tokenizer(step: Path, manifest: dict[str, Any], dest: Path, written:
         names = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": tok.id_to_token(eos), "bos_token": None}
         if tok.token_to_id("<pad>") is not None:
             names["pad_token"] = "<pad>"
-        _write(dest / TOKENIZER_CONFIG, json.dumps(names, indent=1).encode())
+        write_durable(dest / TOKENIZER_CONFIG, json.dumps(names, indent=1).encode())
     written += [HF_TOKENIZER, TOKENIZER_CONFIG]
     return bos, eos
 
