@@ -36,11 +36,14 @@ def join_reachability(options: PeerOptions) -> dict[str, Any]:
 
 def announced_addresses(announced: Callable[[], Mapping[str, PeerRecord] | None],
                         fetch: Callable[[], Mapping[str, PeerRecord]]) -> Callable[[str], Sequence[str]]:
-    """The transport's `addresses` hook: a peer's addresses from the latest records this peer read, else from a
-    fresh read of the DHT (`fetch`; the transport calls the hook off its event loop)."""
+    """The transport's `addresses` hook: a relayed peer's circuit addresses, from the latest records this peer
+    read, or a fresh read of the DHT before there are any (`fetch`; the transport calls the hook off its loop).
+    A peer that is not relayed gets none: p2pd's own peer routing knows its direct addresses, and a dead peer is
+    then taken for unreachable at once instead of after another dial."""
     def addresses(peer: str) -> Sequence[str]:
-        record = (announced() or {}).get(peer)
-        if record is None:
-            record = fetch().get(peer)
-        return record.addresses if record is not None else ()
+        records = announced()
+        record = (records if records is not None else fetch()).get(peer)
+        if record is None or record.reachability != "relayed":
+            return ()
+        return tuple(a for a in record.addresses if "/p2p-circuit" in a)
     return addresses

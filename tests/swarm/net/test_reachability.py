@@ -79,3 +79,20 @@ def test_the_record_carries_the_verdict_and_refuses_anything_else():
     forged = record.to_msgpack().replace(b"relayed", b"maybe!!")
     with pytest.raises(WireError, match="peer.reachability"):
         PeerRecord.from_msgpack(forged)
+
+
+def test_the_transport_dials_announced_addresses_of_relayed_peers_only():
+    """A peer that is not relayed is left to p2pd's own routing: a dead one is unreachable at once, not redialled."""
+    from swarm.peer.reachability_notice import announced_addresses
+    from swarm.wire import PeerRecord
+
+    circuit = "/ip4/10.0.0.254/tcp/4000/p2p/QmRelay/p2p-circuit/p2p/QmHome"
+    records = {"home": PeerRecord(peer_id="home", stage=1, seconds_per_layer=0.1, memory_slots=2,
+                                  addresses=("/ip4/192.168.1.10/tcp/5000", circuit), reachability="relayed"),
+               "pub": PeerRecord(peer_id="pub", stage=1, seconds_per_layer=0.1, memory_slots=2,
+                                 addresses=("/ip4/10.0.0.1/tcp/5000",), reachability="public")}
+    fetched = []
+    lookup = announced_addresses(lambda: records, lambda: fetched.append(1) or {})
+    assert lookup("home") == (circuit,) and lookup("pub") == () and lookup("stranger") == () and not fetched
+    before_any_read = announced_addresses(lambda: None, lambda: records)
+    assert before_any_read("home") == (circuit,)
