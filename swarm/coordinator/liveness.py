@@ -5,8 +5,9 @@ announced that it leaves, and corroborated reports do not show it dead (`Unreach
 miss a record on a busy swarm, so a record absent from one read does not make a peer gone.
 
 A peer declared gone that turns out alive and asks to be placed again is taken back only after a cool-down
-(`rejoin_after`), doubled each time it is declared gone again: a peer that keeps failing its neighbours (a
-corrupting or half-reachable relay) would otherwise be placed again at once, in every epoch, and stall each one.
+(`rejoin_after`): a few seconds the first time, so that the scheduler publishes an epoch without it first, then
+30 s, doubled each time it is declared gone again. A peer that keeps failing its neighbours (a corrupting or
+half-reachable relay) would otherwise be placed again at once, in every epoch, and stall each one.
 """
 
 from __future__ import annotations
@@ -21,14 +22,19 @@ from swarm.wire import PeerRecord, PeerState
 
 logger = logging.getLogger(__name__)
 
+FIRST_REJOIN_COOLDOWN = 5.0
+"""Seconds a peer declared gone for the first time waits before it may be placed again: long enough for the
+scheduler to publish an epoch without it (a joiner wrongly taken for gone once, say, is back within seconds)."""
 REJOIN_COOLDOWN = 30.0
-"""Seconds a peer declared gone waits, the first time, before it may be placed again."""
+"""Seconds it waits the second time; doubled each time after."""
 MAX_REJOIN_COOLDOWN = 600.0
 
 
 def rejoin_after(times_declared: int) -> float:
     """Seconds before a peer declared gone `times_declared` times (>= 1) may be placed again."""
-    return min(MAX_REJOIN_COOLDOWN, REJOIN_COOLDOWN * 2 ** (max(1, times_declared) - 1))
+    if times_declared <= 1:
+        return FIRST_REJOIN_COOLDOWN
+    return min(MAX_REJOIN_COOLDOWN, REJOIN_COOLDOWN * 2 ** (times_declared - 2))
 
 class Liveness:
     """The scheduler's view of who is alive. Fed each DHT read (`update`) and each unreachable report.

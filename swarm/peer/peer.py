@@ -157,6 +157,8 @@ class Peer:
                     logger.warning("%s; waiting for the scheduler to replace the schedule", e)
                     self.reports.stuck(self.iteration, self.schedule.epoch)
                     if not self.follower.wait_for_replacement(self.iteration, self._halt, COMMIT_TIMEOUT):
+                        if self.follower.finished.is_set():  # the run ended meanwhile: nothing to replace
+                            break
                         raise
                     self._abandon_iteration()
             why = "run finished" if self.follower.finished.is_set() else "scheduler silent" if stop.is_set() and \

@@ -174,9 +174,9 @@ class ScheduleFollower:
         return None
 
     def wait_for_replacement(self, iteration: int, stop: threading.Event, timeout: float) -> bool:
-        """Wait up to `timeout` seconds for an epoch that replaces `iteration`."""
+        """Wait up to `timeout` seconds for an epoch that replaces `iteration`; False at once if the run finishes."""
         end = time.monotonic() + timeout
-        while not stop.is_set() and time.monotonic() < end:
+        while not stop.is_set() and not self.finished.is_set() and time.monotonic() < end:
             if self.replaced(iteration):
                 return True
             time.sleep(0.2)

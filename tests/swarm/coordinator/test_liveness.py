@@ -6,7 +6,13 @@ from __future__ import annotations
 import dataclasses
 
 from swarm.constants import silent_after
-from swarm.coordinator.liveness import MAX_REJOIN_COOLDOWN, REJOIN_COOLDOWN, Liveness, rejoin_after
+from swarm.coordinator.liveness import (
+    FIRST_REJOIN_COOLDOWN,
+    MAX_REJOIN_COOLDOWN,
+    REJOIN_COOLDOWN,
+    Liveness,
+    rejoin_after,
+)
 from swarm.wire import PeerRecord, PeerState
 
 HEARTBEAT = 2.0
@@ -43,8 +49,8 @@ def test_reports_convict_with_two_reporters_or_an_overdue_heartbeat_and_a_rejoin
     rejoining = {**fresh, "d": (dataclasses.replace(record("d"), state=PeerState.JOINING), 0.5)}
     live.update(rejoining, 2.0)
     assert "d" not in live.live(2.0)  # alive after all and asks to be placed again: not at once...
-    live.update(rejoining, 1.0 + REJOIN_COOLDOWN)
-    assert "d" in live.live(1.0 + REJOIN_COOLDOWN)  # ...but once its cool-down has passed
+    live.update(rejoining, 1.0 + FIRST_REJOIN_COOLDOWN)
+    assert "d" in live.live(1.0 + FIRST_REJOIN_COOLDOWN)  # ...but once its (first, short) cool-down has passed
     live.report_unreachable("a", "c", 3.0)
     live.report_unreachable("b", "c", 3.0)  # two reporters: gone whatever its heartbeat says
     assert "c" not in live.live(3.0)
@@ -64,5 +70,5 @@ def test_a_peer_declared_gone_again_and_again_waits_longer_each_time():
         assert "c" not in live.update(joining, now + wait - 1)
         assert "c" in live.update(joining, now + wait)
         now += wait
-    assert rejoin_after(1) == REJOIN_COOLDOWN and rejoin_after(2) == 2 * REJOIN_COOLDOWN
-    assert rejoin_after(50) == MAX_REJOIN_COOLDOWN
+    assert rejoin_after(1) == FIRST_REJOIN_COOLDOWN < rejoin_after(2) == REJOIN_COOLDOWN
+    assert rejoin_after(3) == 2 * REJOIN_COOLDOWN and rejoin_after(50) == MAX_REJOIN_COOLDOWN

@@ -11,7 +11,7 @@ import pytest
 
 from scheduler.schedule import Schedule, validate
 from swarm.control.messages import Broken, Commit, Done, Finished, Gone, Stuck, Unreachable, Unrecoverable
-from swarm.coordinator.liveness import REJOIN_COOLDOWN
+from swarm.coordinator.liveness import FIRST_REJOIN_COOLDOWN
 from swarm.coordinator.restart_reports import MIN_STUCK_SECONDS
 from swarm.coordinator.scheduler import (
     LINK_WAIT_SECONDS,
@@ -149,7 +149,7 @@ def test_corroborated_unreachable_reports_declare_a_peer_gone_before_its_record_
     records[relay] = dataclasses.replace(records[relay], state=PeerState.JOINING)
     ages[relay] = 1.0
     assert relay not in s.liveness.update(read(), 3.0)  # alive after all, asks to be placed again: not at once
-    back = 3.0 + REJOIN_COOLDOWN
+    back = 3.0 + FIRST_REJOIN_COOLDOWN
     assert relay in s.liveness.update(read(), back)  # taken back once its cool-down has passed
     s.handle(a, Unreachable(peer=b), back)
     s.handle(relay, Unreachable(peer=b), back)  # two reporters: gone at once, whatever its heartbeat says

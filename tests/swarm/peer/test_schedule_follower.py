@@ -3,6 +3,7 @@ the scheduler's would-be successor is trusted only once the scheduler has missed
 
 from __future__ import annotations
 
+import threading
 import time
 
 from swarm.control.messages import Commit, Finished, Gone, Join, ScheduleNotice
@@ -47,3 +48,12 @@ def test_the_successor_is_trusted_once_the_scheduler_missed_a_heartbeat():
     assert not f.scheduler_silent()
     f.scheduler_seen = time.monotonic() - 10.0  # past its record's lifetime and a grace
     assert f.scheduler_silent()
+
+
+def test_waiting_for_a_replacement_ends_when_the_run_finishes():
+    """A peer stuck in an iteration when the run ends leaves, instead of waiting out the commit timeout."""
+    f = follower()
+    threading.Timer(0.2, f.finished.set).start()
+    start = time.monotonic()
+    assert not f.wait_for_replacement(3, threading.Event(), timeout=30)
+    assert time.monotonic() - start < 5
