@@ -33,7 +33,7 @@ system-packages:
 
 test: $(STAMP) system-packages
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -q -ra
+	$(PY) -m pytest -q -ra --durations=25
 
 bench: $(STAMP)
 	$(PY) benchmarks/planner.py
