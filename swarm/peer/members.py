@@ -4,7 +4,9 @@ A joiner's record carries its proof of the join token until the scheduler admits
 gossip (`Admitted`), goes into its record from then on, and the joiner only then measures links and asks to be
 placed; a refusal (`Refused`) ends the join with the scheduler's reason. Every other peer is a stranger until
 this peer has seen a valid certificate of it, in its record or on gossip, from a trusted issuer (the coordinator,
-the scheduler it follows, or a successor the scheduler named): the transport refuses strangers' streams.
+the scheduler it follows, or a successor the scheduler named): the transport refuses strangers' streams. The
+peers of a schedule this peer adopted are members too: its scheduler signed it and plans members only, so a
+joiner takes its new group's messages before it has read their certificates.
 """
 
 from __future__ import annotations
@@ -47,13 +49,20 @@ class Members:
         self._decided = threading.Event()
         self._expiry: dict[str, float] = {}
         self._banned: set[str] = set()
+        self._planned: frozenset[str] = frozenset()
         self._lock = threading.Lock()
 
     def admits(self, peer: str) -> bool:
         """Whether `peer` is a member (or an issuer): the transport's `admitted` hook, so quick and lock-light."""
         if peer == self.me or peer in self._issuers():
             return True
-        return self._expiry.get(peer, 0.0) > get_dht_time()
+        if peer in self._banned:
+            return False
+        return peer in self._planned or self._expiry.get(peer, 0.0) > get_dht_time()
+
+    def follow(self, placement: Collection[str]) -> None:
+        """The peers of the schedule this peer now follows (signed by its scheduler) are members."""
+        self._planned = frozenset(placement)
 
     def on_control(self, sender: str, message: Admitted | Refused) -> None:
         """The scheduler's `Admitted` or `Refused` (the caller checked that `sender` is the scheduler)."""

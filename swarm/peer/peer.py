@@ -210,6 +210,7 @@ class Peer:
                                   checks=checks)
         node.start_heartbeat(self._record, period=self.config.heartbeat)  # with its proof of the join token
         self.members.wait(stop, o.join_timeout, over=self.follower.finished)  # then: links, placement
+        self.members.observe(records.fetch_peers())  # the members' certificates, before they probe this joiner
         self.succession = Succession(self.peer_id, records, node.gossip, self.follower, make_role=self._make_role,
                                      role_args=self._role_args, on_records=self.members.observe)
         self.departure = Departure(self.peer_id, stop, node, self.follower, self.succession, self.keeper)
@@ -292,6 +293,7 @@ class Peer:
     def _use(self, schedule: Schedule) -> None:
         """`schedule` is the epoch in use from now on."""
         self.follower.schedule = schedule
+        self.members.follow(schedule.placement)
         self.inbox.adopt(schedule.epoch)
 
     def _start_on(self, schedule: Schedule) -> None:

@@ -1,0 +1,49 @@
+"""Members: which peers a peer takes streams from: the issuers, peers with a valid certificate from them, and the
+peers of the schedule it follows (signed by its scheduler); never a peer the scheduler evicted."""
+
+from __future__ import annotations
+
+import pytest
+from hivemind.utils import get_dht_time
+
+from swarm.control.membership import MembershipCert
+from swarm.control.messages import Admitted, Refused
+from swarm.net.identity import ensure_identity, load_identity
+from swarm.peer.members import Members
+
+RUN = "r"
+
+
+@pytest.fixture(scope="module")
+def scheduler(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("keys") / "scheduler.key")
+    ensure_identity(path)
+    return load_identity(path)
+
+
+def members(scheduler) -> Members:
+    return Members("me", RUN, token=None, issuers=lambda: {scheduler.peer_id})
+
+
+def cert(scheduler, peer: str, *, lifetime: float = 60.0) -> bytes:
+    return MembershipCert.issue(scheduler, peer, RUN, get_dht_time() + lifetime).to_msgpack()
+
+
+def test_strangers_are_refused_and_certified_peers_taken(scheduler):
+    m = members(scheduler)
+    assert m.admits("me") and m.admits(scheduler.peer_id) and not m.admits("a")
+    m.on_control(scheduler.peer_id, Admitted(peer="a", cert=cert(scheduler, "a")))
+    assert m.admits("a") and not m.admits("b")
+    m.on_control(scheduler.peer_id, Admitted(peer="b", cert=cert(scheduler, "b", lifetime=-1.0)))
+    assert not m.admits("b")  # an expired certificate
+
+
+def test_the_peers_of_the_followed_schedule_are_members_until_evicted(scheduler):
+    """A joiner takes its new group's messages before it has read their certificates."""
+    m = members(scheduler)
+    m.follow({"me", "a", "b"})
+    assert m.admits("a") and m.admits("b") and not m.admits("c")
+    m.on_control(scheduler.peer_id, Refused(peer="b", why="evicted: faulty"))
+    assert not m.admits("b")  # evicted: refused even though the schedule still names it
+    m.follow({"me", "c"})
+    assert m.admits("c") and not m.admits("a")  # only the schedule followed now
