@@ -90,6 +90,11 @@ class PeerUnreachable(TransportError):
     """No stream to the peer could be opened: the message certainly did not arrive (safe to send elsewhere)."""
 
 
+class MessageRefused(TransportError):
+    """The peer answered and refused the message (the reason says why): it is reachable, the message was not
+    taken (an epoch it does not know yet, a check it failed)."""
+
+
 async def read_reply(reader: asyncio.StreamReader, peer_id: str) -> tuple[int, str]:
     """The receiver's (status, reason) for the message just sent; TransportError if it closed the stream first."""
     try:
@@ -266,7 +271,7 @@ class Transport:
 
         status, reason = await self._exchange(peer_id, CHANNELS[channel_of(header.direction)][0], write)
         if status != OK:
-            raise TransportError(f"{peer_id} refused the message: {reason}")
+            raise MessageRefused(f"{peer_id} refused the message: {reason}")
         self._stats["sent"] += 1
         self._stats["bytes_sent"] += len(data)
 

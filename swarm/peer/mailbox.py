@@ -23,7 +23,7 @@ import torch
 
 from swarm.constants import INBOX_SIZE, MAX_BUFFERED_MESSAGES, OUTBOX_SIZE, SEND_CONCURRENCY
 from swarm.net.delivery import Inbound, Undelivered
-from swarm.net.transport import PeerUnreachable, Transport, TransportError
+from swarm.net.transport import MessageRefused, PeerUnreachable, Transport, TransportError
 from swarm.peer.faults import Tamper
 from swarm.peer.pipeline import Requeue
 from swarm.peer.timeline import Timeline
@@ -248,7 +248,7 @@ class Outbox:
                 logger.warning("could not send %s of microbatch %d to %s: %s", header.direction.name.lower(),
                                header.microbatch, peer, e)
                 unreachable = isinstance(e, PeerUnreachable)
-                if self._failed is not None:
+                if self._failed is not None and not isinstance(e, MessageRefused):  # it answered: reachable
                     self._failed(peer, unreachable)
                 if header.direction in PIPELINE:
                     self._inbox.signal(Undelivered(peer, header, tensor, unreachable=unreachable))

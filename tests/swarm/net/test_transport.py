@@ -13,7 +13,7 @@ import pytest
 import torch
 from hivemind.p2p import PeerID
 
-from swarm.net.transport import HOP_PROTOCOL, Transport, TransportError
+from swarm.net.transport import HOP_PROTOCOL, MessageRefused, Transport, TransportError
 from swarm.wire import Direction, HopHeader, pack
 from tests.utils.swarm_workers import TRANSPORT_RUN as RUN
 
@@ -186,7 +186,7 @@ def test_refused_message_closes_its_stream_and_the_next_one_reopens(local, remot
     local.send(remote.id, header(local, remote), torch.zeros(4))  # leaves one idle stream
     remote.received()
     assert local.stats()["streams_opened"] == opened + 1
-    with pytest.raises(TransportError, match="refused.*run"):
+    with pytest.raises(MessageRefused, match="refused.*run"):  # it answered: reachable, not taken for gone
         local.send(remote.id, header(local, remote, run="other"), torch.zeros(4))
     assert local.stats()["streams_opened"] == opened + 1  # the refused message went on the idle stream
     t = torch.randn(1000)
