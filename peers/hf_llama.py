@@ -42,7 +42,12 @@ from peers.durable import fsync_dir, fsync_file, sha256_file, write_durable
 from peers.model import ModelConfig
 from peers.optim import OptimConfig
 from peers.stage import balanced_split, check_split, stage_template
-from peers.tokenizer import MAX_TOKENIZER_FILE_BYTES, TOKENIZER_CONFIG, end_of_text_id, special_token
+from peers.tokenizer import (
+    TOKENIZER_CONFIG,
+    end_of_text_id,
+    read_tokenizer_file,
+    special_token,
+)
 from scheduler.path_rules import never_trained_stages
 
 HF_CONFIG = "config.json"
@@ -347,12 +352,10 @@ def _read_tokenizer(src: Path, cfg: ModelConfig, special: SpecialTokens
     path = src / HF_TOKENIZER
     if not path.is_file():
         return None, special.bos_token_id, special.eos_token_id
-    if path.stat().st_size > MAX_TOKENIZER_FILE_BYTES:
-        raise HFFormatError(f"{path} is larger than {MAX_TOKENIZER_FILE_BYTES} bytes")
     try:
-        tok = Tokenizer.from_file(str(path))
-    except Exception as e:  # the tokenizers library raises its own exception types
-        raise HFFormatError(f"{path} could not be read: {e}") from None
+        tok = read_tokenizer_file(path)
+    except ValueError as e:
+        raise HFFormatError(str(e)) from None
     if tok.get_vocab_size() > cfg.vocab_size:
         raise HFFormatError(f"{path} has {tok.get_vocab_size()} tokens, more than the model's vocab_size "
                             f"{cfg.vocab_size}")
@@ -487,11 +490,11 @@ def _export_tokenizer(step: Path, manifest: dict[str, Any], dest: Path, written:
         return None, None
     src = step / HF_TOKENIZER
     try:
-        tok = Tokenizer.from_file(str(src))
+        tok = read_tokenizer_file(src)
         eos = end_of_text_id(tok, src)
         bos_token = special_token(src, "bos_token")
-    except Exception as e:  # the tokenizers library raises its own exception types
-        raise HFFormatError(f"{src} could not be read: {e}") from None
+    except ValueError as e:
+        raise HFFormatError(str(e)) from None
     bos = None if bos_token is None else tok.token_to_id(bos_token)
     shutil.copyfile(src, dest / HF_TOKENIZER)
     if TOKENIZER_CONFIG in manifest["files"]:

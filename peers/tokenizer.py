@@ -43,6 +43,16 @@ def train_bpe(texts: Sequence[str], vocab_size: int) -> Tokenizer:
     return tok
 
 
+def read_tokenizer_file(path: Path) -> Tokenizer:
+    """A tokenizer.json, refused (ValueError naming the file) if it is too large or not one."""
+    if path.stat().st_size > MAX_TOKENIZER_FILE_BYTES:
+        raise ValueError(f"tokenizer file {path} is larger than {MAX_TOKENIZER_FILE_BYTES} bytes")
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as e:  # the tokenizers library raises its own exception types
+        raise ValueError(f"tokenizer file {path} could not be read: {e}") from None
+
+
 def load_tokenizer(path: str | os.PathLike | None, texts: Sequence[str] | None = None, *,
                    vocab_size: int = 4096) -> Tokenizer:
     """Load `path` (a tokenizer.json), or train a BPE on `texts` once and reuse the cached file.
@@ -53,12 +63,7 @@ def load_tokenizer(path: str | os.PathLike | None, texts: Sequence[str] | None =
         p = Path(path)
         if not p.is_file():
             raise ValueError(f"tokenizer file {p} does not exist")
-        if p.stat().st_size > MAX_TOKENIZER_FILE_BYTES:
-            raise ValueError(f"tokenizer file {p} is larger than {MAX_TOKENIZER_FILE_BYTES} bytes")
-        try:
-            tok = Tokenizer.from_file(str(p))
-        except Exception as e:  # the tokenizers library raises its own exception types
-            raise ValueError(f"tokenizer file {p} could not be read: {e}") from None
+        tok = read_tokenizer_file(p)
         end_of_text_id(tok, p)  # refuses a tokenizer without a known end-of-text token
         return tok
     if texts is None:
