@@ -16,15 +16,21 @@ from scheduler.costs import CostTables, tables_to_dict
 from scheduler.expected_makespan import expected_makespan
 from scheduler.path_rules import PathRules, rules_around
 from scheduler.paths import PathProblem, PlannedRoute, evaluate, plan_paths, to_sim_routes
-from scheduler.placement import PlacementGoal, place
+from scheduler.placement import PlacementGoal, place, stage_sizes
 from scheduler.profiles import swarm_from
 from scheduler.schedule import Route, Schedule
 from scheduler.simulator import Priority
+from scheduler.swarm_balance import swarm_placement
 from scheduler.swarm_view import ModelCost, SwarmView
+from scheduler.swarm_wiring import expected_makespan_over_draws, redraw
 
 REPLAN_JITTER_POLISH = 20
 """Jitter-aware local-search moves of a re-plan (a first plan makes `PlanOptions.jitter_polish`): a membership
 change holds the swarm until the new epoch is out, and each such move costs 1 + jitter_draws simulations."""
+
+SWARM_SCORE_DRAWS = 16
+"""Independent wirings a SWARM-style schedule is also scored on (`meta["over_draws_seconds"]`): the iterations a
+per-iteration redraw would run, next to the one draw the schedule carries."""
 
 DEFAULT_MODEL = ModelCost.balanced(num_layers=24, num_stages=6, activation_bytes=8 * 1024 * 1024 * 4)
 """The paper's 500M-class model: 24 layers, an 8-sample x 1024-token x 1024-dim fp32 activation (32 MiB)."""
@@ -137,8 +143,9 @@ def plan(view: SwarmView, model: ModelCost, rules: PathRules, options: PlanOptio
 def baseline_schedule(schedule: Schedule, tables: CostTables, method: str, *, seed: int = 0,
                       tune: bool = False, priority: Priority = "backward_first",
                       microbatch_counts: dict[int, int] | None = None) -> Schedule:
-    """`full_pipeline` (DT-FM; `tune` = columns tuned on the simulator) or `random_skip`, for the same swarm,
-    placement and work (every data holder's microbatches) as `schedule`.
+    """`full_pipeline` (DT-FM; `tune` = columns tuned on the simulator), `random_skip` or `swarm` (SWARM-style
+    stochastic wiring on its own throughput-balanced placement of the peers off stage 0), for the same swarm, data
+    holders and work (every data holder's microbatches) as `schedule`.
 
     :param microbatch_counts: peer index -> microbatches it injects, as in `plan_tables`
     """
@@ -152,6 +159,13 @@ def baseline_schedule(schedule: Schedule, tables: CostTables, method: str, *, se
         problem = problem_for(tables, stage_of, rules, mb, microbatch_counts)
         columns = tune_columns(problem, seed=seed, priority=priority)[0] if tune else None
         routes = full_pipeline(problem, columns)
+    elif method == "swarm":
+        pinned = {int(v): 0 for v in np.flatnonzero(stage_of == 0)}
+        own = swarm_placement(tables, schedule.num_stages, len(pinned), pinned=pinned) if np.all(stage_of >= 0) \
+            else stage_of
+        return swarm_schedule(tables, own, schedule.num_stages, microbatches_per_holder=mb,
+                              microbatch_counts=microbatch_counts, seed=seed, epoch=schedule.epoch,
+                              run_id=schedule.run_id, priority=priority)
     elif method == "random_skip":
         rules = schedule.rules
         problem = problem_for(tables, stage_of, rules, mb, microbatch_counts)
@@ -162,6 +176,57 @@ def baseline_schedule(schedule: Schedule, tables: CostTables, method: str, *, se
     return make_schedule(tables, stage_of, routes, rules, epoch=schedule.epoch, planner=method,
                          predicted=res.makespan, run_id=schedule.run_id, priority=priority,
                          meta={"microbatches_per_holder": mb, "seed": seed})
+
+
+def swarm_schedule(tables: CostTables, stage_of: np.ndarray, num_stages: int, *, microbatches_per_holder: int,
+                   microbatch_counts: dict[int, int] | None = None, seed: int = 0, epoch: int = 0, run_id: str = "",
+                   priority: Priority = "backward_first", draws: int = SWARM_SCORE_DRAWS) -> Schedule:
+    """The SWARM-style schedule on placement `stage_of`: every microbatch visits every stage that has peers, in
+    order, each hop to a peer drawn in proportion to its throughput (`scheduler.swarm_wiring`), from the seed and
+    epoch (a re-plan redraws the wiring). The runtime keeps one draw for the whole epoch.
+
+    `predicted_iteration_seconds` is this draw's simulated iteration; `meta["over_draws_seconds"]` gives the mean,
+    min and max over `draws` other draws (what a fresh draw per iteration, as in SWARM, would run).
+    """
+    unserved = {s for s in range(1, num_stages) if not np.any(stage_of == s)}
+    rules = PathRules(num_stages, num_stages, max_swaps=0)
+    if unserved:  # a stage without peers: the pipeline runs without it until a peer takes it over
+        rules = rules_around(rules, unserved)[0]
+    t0 = time.perf_counter()
+    problem = problem_for(tables, stage_of, rules, microbatches_per_holder, microbatch_counts)
+    routes = redraw(problem, seed, epoch, 0)
+    _, res = evaluate(problem, routes, priority)
+    over = expected_makespan_over_draws(problem, seed=seed + 1, draws=draws, priority=priority) if draws else None
+    meta = {"microbatches_per_holder": microbatches_per_holder, "seed": seed, "priority": priority,
+            "wiring": {"seed": seed, "epoch": epoch, "redrawn": "per epoch"},
+            "plan_seconds": round(time.perf_counter() - t0, 4)}
+    if over is not None:
+        meta["over_draws_seconds"] = {"mean": round(float(over.mean()), 4), "min": round(float(over.min()), 4),
+                                      "max": round(float(over.max()), 4), "draws": int(len(over))}
+    return make_schedule(tables, stage_of, routes, rules, epoch=epoch, planner="swarm", predicted=res.makespan,
+                         run_id=run_id, priority=priority, meta=meta)
+
+
+def plan_swarm(view: SwarmView, model: ModelCost, rules: PathRules, options: PlanOptions = PlanOptions(), *,
+               epoch: int = 0, run_id: str = "", placement: dict[str, int] | None = None) -> Schedule:
+    """A SWARM-style schedule for `view` on SWARM's own placement (`swarm_balance.swarm_placement`): data holders
+    and `placement` (peer id -> stage) kept, as many data holders as SkipPipe's sizing rule gives for `rules`
+    (the same samples per iteration), the other peers balanced over the stages by throughput. `rules` only size
+    stage 0: the paths visit every stage."""
+    if model.num_stages != rules.num_stages:
+        raise ValueError(f"model has {model.num_stages} stages, rules {rules.num_stages}")
+    tables = CostTables.from_view(view, model)
+    pinned = {i: 0 for i, p in enumerate(view.peers) if p.data_holder}
+    for pid, st in (placement or {}).items():
+        pinned[view.index(pid)] = st
+    if len(pinned) == len(view.peers):
+        stage_of = np.array([pinned[i] for i in range(len(view.peers))])
+    else:
+        have = sum(1 for st in pinned.values() if st == 0)
+        holders = max(have, stage_sizes(len(view.peers), rules, have or None)[0])
+        stage_of = swarm_placement(tables, rules.num_stages, holders, pinned=pinned)
+    return swarm_schedule(tables, stage_of, rules.num_stages, microbatches_per_holder=options.microbatches_per_holder,
+                          seed=options.seed, epoch=epoch, run_id=run_id, priority=options.priority)
 
 
 def plan_for_profile(profile: str = "single-cluster", *, num_peers: int, num_stages: int, skip: float,
