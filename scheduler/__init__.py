@@ -12,6 +12,7 @@ The code is organized as follows:
 - baselines.py: the DT-FM full pipeline and network-oblivious random skip
 - swarm_balance.py: SWARM-style placement by throughput and rebalancing toward the bottleneck stage
 - swarm_wiring.py: SWARM-style stochastic wiring (each hop's peer drawn in proportion to its throughput)
+- swarm_tuning.py: the SWARM baseline's own best placement (its throughput balance tuned on the simulator)
 - detour.py: how a microbatch in flight goes around a gone peer, and which detours a receiver accepts
 - simulator.py: discrete-event simulation of one iteration (makespan, busy time, collisions, memory)
 - expected_makespan.py: the iteration a schedule can expect when message times jitter as measured

@@ -21,6 +21,7 @@ from scheduler.profiles import swarm_from
 from scheduler.schedule import Route, Schedule
 from scheduler.simulator import Priority
 from scheduler.swarm_balance import swarm_placement
+from scheduler.swarm_tuning import tune_swarm_placement
 from scheduler.swarm_view import ModelCost, SwarmView
 from scheduler.swarm_wiring import expected_makespan_over_draws, redraw
 
@@ -160,9 +161,8 @@ def baseline_schedule(schedule: Schedule, tables: CostTables, method: str, *, se
         columns = tune_columns(problem, seed=seed, priority=priority)[0] if tune else None
         routes = full_pipeline(problem, columns)
     elif method == "swarm":
-        pinned = {int(v): 0 for v in np.flatnonzero(stage_of == 0)}
-        own = swarm_placement(tables, schedule.num_stages, len(pinned), pinned=pinned) if np.all(stage_of >= 0) \
-            else stage_of
+        own = swarm_own_placement(tables, stage_of, schedule.num_stages, mb, microbatch_counts, seed=seed) \
+            if np.all(stage_of >= 0) else stage_of
         return swarm_schedule(tables, own, schedule.num_stages, microbatches_per_holder=mb,
                               microbatch_counts=microbatch_counts, seed=seed, epoch=schedule.epoch,
                               run_id=schedule.run_id, priority=priority)
@@ -176,6 +176,20 @@ def baseline_schedule(schedule: Schedule, tables: CostTables, method: str, *, se
     return make_schedule(tables, stage_of, routes, rules, epoch=schedule.epoch, planner=method,
                          predicted=res.makespan, run_id=schedule.run_id, priority=priority,
                          meta={"microbatches_per_holder": mb, "seed": seed})
+
+
+def swarm_own_placement(tables: CostTables, stage_of: np.ndarray, num_stages: int, microbatches_per_holder: int,
+                        microbatch_counts: dict[int, int] | None = None, *, seed: int = 0,
+                        iterations: int = 100) -> np.ndarray:
+    """The SWARM baseline's own placement of the peers off stage 0 of `stage_of` (its data holders stay): balanced by
+    throughput (`swarm_balance`), then tuned on the simulated iteration of its wiring (`swarm_tuning`)."""
+    pinned = {int(v): 0 for v in np.flatnonzero(stage_of == 0)}
+    balanced = swarm_placement(tables, num_stages, len(pinned), pinned=pinned)
+    if iterations <= 0 or num_stages < 3:
+        return balanced
+    problem = problem_for(tables, balanced, PathRules(num_stages, num_stages, max_swaps=0), microbatches_per_holder,
+                          microbatch_counts)
+    return tune_swarm_placement(problem, seed=seed, iterations=iterations)[0]
 
 
 def swarm_schedule(tables: CostTables, stage_of: np.ndarray, num_stages: int, *, microbatches_per_holder: int,
@@ -209,10 +223,11 @@ def swarm_schedule(tables: CostTables, stage_of: np.ndarray, num_stages: int, *,
 
 def plan_swarm(view: SwarmView, model: ModelCost, rules: PathRules, options: PlanOptions = PlanOptions(), *,
                epoch: int = 0, run_id: str = "", placement: dict[str, int] | None = None) -> Schedule:
-    """A SWARM-style schedule for `view` on SWARM's own placement (`swarm_balance.swarm_placement`): data holders
-    and `placement` (peer id -> stage) kept, as many data holders as SkipPipe's sizing rule gives for `rules`
-    (the same samples per iteration), the other peers balanced over the stages by throughput. `rules` only size
-    stage 0: the paths visit every stage."""
+    """A SWARM-style schedule for `view` on SWARM's own placement: data holders and `placement` (peer id -> stage)
+    kept, as many data holders as SkipPipe's sizing rule gives for `rules` (the same samples per iteration), the
+    other peers balanced over the stages by throughput (`swarm_balance.swarm_placement`), then, unless some are
+    pinned off stage 0, tuned on the simulated iteration of the wiring for `options.placement_iterations` steps
+    (`swarm_tuning`). `rules` only size stage 0: the paths visit every stage."""
     if model.num_stages != rules.num_stages:
         raise ValueError(f"model has {model.num_stages} stages, rules {rules.num_stages}")
     tables = CostTables.from_view(view, model)
@@ -225,6 +240,10 @@ def plan_swarm(view: SwarmView, model: ModelCost, rules: PathRules, options: Pla
         have = sum(1 for st in pinned.values() if st == 0)
         holders = max(have, stage_sizes(len(view.peers), rules, have or None)[0])
         stage_of = swarm_placement(tables, rules.num_stages, holders, pinned=pinned)
+        if not any(st > 0 for st in pinned.values()) and rules.num_stages >= 3:  # nothing pinned off stage 0: tune
+            problem = problem_for(tables, stage_of, PathRules(rules.num_stages, rules.num_stages, max_swaps=0),
+                                  options.microbatches_per_holder)
+            stage_of = tune_swarm_placement(problem, seed=options.seed, iterations=options.placement_iterations)[0]
     return swarm_schedule(tables, stage_of, rules.num_stages, microbatches_per_holder=options.microbatches_per_holder,
                           seed=options.seed, epoch=epoch, run_id=run_id, priority=options.priority)
 

@@ -21,6 +21,7 @@ from scheduler.swarm_balance import (
     stage_throughput,
     swarm_placement,
 )
+from scheduler.swarm_tuning import score_over_draws, tune_swarm_placement
 from scheduler.swarm_wiring import (
     draw_routes,
     expected_makespan_over_draws,
@@ -40,7 +41,8 @@ def tables_of(forward_per_peer: list[float], stages: int, message: np.ndarray | 
 
 def test_every_path_visits_every_stage_in_order_on_placed_peers():
     view = random_swarm(20, seed=3)
-    schedule = plan_swarm(view, default_model(6), PathRules(6, 4), PlanOptions(microbatches_per_holder=5, seed=3))
+    schedule = plan_swarm(view, default_model(6), PathRules(6, 4), PlanOptions(microbatches_per_holder=5, seed=3,
+                                                                                  placement_iterations=10))
     validate(schedule)  # placement, hops served by their stage, stage balance
     assert schedule.planner == "swarm"
     assert {r.stages for r in schedule.routes} == {(1, 2, 3, 4, 5)}
@@ -186,3 +188,20 @@ def test_invalid_inputs_are_refused():
     with pytest.raises(ValueError, match="draws"):
         expected_makespan_over_draws(PathProblem(tables, np.array([0, 1, 2, 3, 3]), (0,), (2,),
                                                  PathRules(4, 4, max_swaps=0)), draws=0)
+
+
+def test_the_tuned_placement_keeps_holders_and_scores_no_worse_than_throughput_balance():
+    tables = CostTables.from_view(random_swarm(12, seed=6), default_model(4))
+    balanced = swarm_placement(tables, 4, 3)
+    holders = tuple(int(h) for h in np.flatnonzero(balanced == 0))
+    problem = PathProblem(tables, balanced, holders, (3,) * 3, PathRules(4, 4, max_swaps=0))
+    tuned, score = tune_swarm_placement(problem, seed=6, iterations=25, draws=3)
+    assert list(np.flatnonzero(tuned == 0)) == list(holders)
+    assert np.all(np.bincount(tuned, minlength=4) >= 1)
+    assert score <= score_over_draws(problem, seed=6, draws=3)
+    again = PathProblem(tables, tuned, holders, (3,) * 3, PathRules(4, 4, max_swaps=0))
+    assert score == pytest.approx(score_over_draws(again, seed=6, draws=3))
+    with pytest.raises(ValueError, match="iterations"):
+        tune_swarm_placement(problem, iterations=-1)
+    with pytest.raises(ValueError, match="draws"):
+        score_over_draws(problem, seed=0, draws=0)
