@@ -224,10 +224,11 @@ def swarm_schedule(tables: CostTables, stage_of: np.ndarray, num_stages: int, *,
 def plan_swarm(view: SwarmView, model: ModelCost, rules: PathRules, options: PlanOptions = PlanOptions(), *,
                epoch: int = 0, run_id: str = "", placement: dict[str, int] | None = None) -> Schedule:
     """A SWARM-style schedule for `view` on SWARM's own placement: data holders and `placement` (peer id -> stage)
-    kept, as many data holders as SkipPipe's sizing rule gives for `rules` (the same samples per iteration), the
-    other peers balanced over the stages by throughput (`swarm_balance.swarm_placement`), then, unless some are
-    pinned off stage 0, tuned on the simulated iteration of the wiring for `options.placement_iterations` steps
-    (`swarm_tuning`). `rules` only size stage 0: the paths visit every stage."""
+    kept, as many data holders as the sizing rule gives for paths through every stage (the holders pinned, if more;
+    about one peer in S: stage 0 balanced with the others, as for the full pipeline's own placement), the other
+    peers balanced over the stages by throughput (`swarm_balance.swarm_placement`), then, unless some are pinned off
+    stage 0, tuned on the simulated iteration of the wiring for `options.placement_iterations` steps
+    (`swarm_tuning`). Of `rules` only the number of stages counts: the paths visit every stage."""
     if model.num_stages != rules.num_stages:
         raise ValueError(f"model has {model.num_stages} stages, rules {rules.num_stages}")
     tables = CostTables.from_view(view, model)
@@ -238,7 +239,8 @@ def plan_swarm(view: SwarmView, model: ModelCost, rules: PathRules, options: Pla
         stage_of = np.array([pinned[i] for i in range(len(view.peers))])
     else:
         have = sum(1 for st in pinned.values() if st == 0)
-        holders = max(have, stage_sizes(len(view.peers), rules, have or None)[0])
+        full = PathRules(rules.num_stages, rules.num_stages, max_swaps=0)  # sized for paths through every stage
+        holders = max(have, stage_sizes(len(view.peers), full, have or None)[0])
         stage_of = swarm_placement(tables, rules.num_stages, holders, pinned=pinned)
         if not any(st > 0 for st in pinned.values()) and rules.num_stages >= 3:  # nothing pinned off stage 0: tune
             problem = problem_for(tables, stage_of, PathRules(rules.num_stages, rules.num_stages, max_swaps=0),
