@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/jitter_planning.py [--peers 12] [--seeds 3]
 
 The WAN benchmark's setting without running it: 12 peers of the geo-distributed profile, 6 stages of one layer at
-0.11 s, 33% skip, 4 microbatches per data holder, the tiny model's 4 x 32-token activations (16 KiB); the
+0.11 s, 33% skip, 4 microbatches per data holder, the tiny model's 4 x 32-token activations (64 KiB); the
 message-time jitter the WAN benchmark's peers measured (run 7), and the same scaled 2x and 3x (a more loaded
 network; runs 5-6 saw about twice run 7's spread). For each planner seed, the paths are planned on time (as
 before) and with the polish (`PlanOptions.jitter_polish` moves scored on `jitter_draws` jittered simulations),

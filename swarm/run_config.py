@@ -35,6 +35,7 @@ wire_dtype = "float32"  # or float16 / bfloat16 on the wire
 profile = ""            # plan on a network preset instead of the measured links (studies, emulation)
 planner = "skippipe"    # or skippipe-no-collision / full-pipeline / random-skip (baselines, for benchmarks)
 rebalance = true        # a survivor may move to a stage group a departure left the bottleneck
+message_bytes = 0       # emulation: pad each activation and gradient to this many bytes (0 = their own size)
 ```
 """
 
@@ -67,6 +68,10 @@ MODEL_LIMITS = {"vocab_size": 1 << 21, "dim": 1 << 16, "n_layers": 1024, "n_head
                 "max_seq_len": 1 << 20}
 """Largest explicit model sizes accepted (a run spec is untrusted: a peer must not allocate whatever it says)."""
 MAX_MODEL_PARAMS = 2 * 10**12
+WIRE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+"""Bytes per element of each wire dtype."""
+MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+"""Largest `message_bytes` accepted (a run spec is untrusted: every peer would allocate and send it)."""
 
 
 @dataclass(frozen=True)
@@ -99,6 +104,10 @@ class RunConfig:
     rebalance: bool = True
     """After a departure, move a survivor into a stage group it shrank when that shortens the planned iteration by
     `REBALANCE_MIN_GAIN` or more, state transfer included (false: survivors keep their stages until a peer joins)."""
+    message_bytes: int = 0
+    """Emulation: pad every activation and gradient on the wire with zero rows (along the batch) to at least this
+    many bytes, so a small model's run carries a bigger model's messages (`wire_activation_shape`); the planner's
+    cost tables and the peers' link probes use the same size. 0 = the messages' own size."""
     heartbeat: float = 2.0
     """Seconds between a peer's record refreshes; a record expires after three missed ones (failure detection)."""
     averaging: Averaging = "allgather"
@@ -140,6 +149,10 @@ class RunConfig:
             raise ValueError(f"run.seed must be an integer, got {self.seed!r}")
         if self.wire_dtype not in ("float32", "float16", "bfloat16"):
             raise ValueError(f"swarm.wire_dtype must be float32, float16 or bfloat16, got {self.wire_dtype!r}")
+        if isinstance(self.message_bytes, bool) or not isinstance(self.message_bytes, int) or \
+                not 0 <= self.message_bytes <= MAX_MESSAGE_BYTES:
+            raise ValueError(f"swarm.message_bytes must be an integer in [0, {MAX_MESSAGE_BYTES}], got "
+                             f"{self.message_bytes!r}")
         if isinstance(self.heartbeat, bool) or not isinstance(self.heartbeat, (int, float)) or \
                 not 0.2 <= self.heartbeat <= 60:
             raise ValueError(f"swarm.heartbeat must be 0.2-60 seconds, got {self.heartbeat!r}")
@@ -213,6 +226,17 @@ class RunConfig:
         """Whether every stage recomputes its blocks' activations in the backward (`train.recompute`)."""
         return self.train.recompute_blocks(self.model)
 
+    def wire_activation_shape(self, dim: int) -> tuple[int, int, int]:
+        """Shape of every activation and gradient on the wire for a model of width `dim`: (batch_size, seq_len,
+        dim), its batch padded with zero rows up to `message_bytes` where that is larger (emulation)."""
+        row = self.data.seq_len * dim * WIRE_BYTES[self.wire_dtype]
+        return (max(self.data.batch_size, -(-self.message_bytes // row)), self.data.seq_len, dim)
+
+    def message_size(self, dim: int) -> int:
+        """Bytes of one activation (or gradient) on the wire, padding included: what the planner costs."""
+        rows, seq_len, dim = self.wire_activation_shape(dim)
+        return rows * seq_len * dim * WIRE_BYTES[self.wire_dtype]
+
     @property
     def loss_scale(self) -> float:
         """What every data holder multiplies its loss by and every stage divides its gradient by (fp16 runs)."""
@@ -272,6 +296,8 @@ class RunConfig:
         hyper = {k: getattr(self, k) for k in ("microbatches", "memory", "iterations", "seed", "min_peers",
                                                "wire_dtype", "profile", "model", "checkpoint_every",
                                                "averaging", "heartbeat", "planner", "rebalance")}
+        if self.message_bytes:  # a spec without it stays readable by peers that predate it
+            hyper["message_bytes"] = self.message_bytes
         hyper["init_weights"] = list(self.init_weights)
         hyper["optim"] = dataclasses.asdict(self.optim)
         hyper["train"] = self.train.to_dict()

@@ -37,7 +37,6 @@ from swarm.wire import PeerRecord
 
 logger = logging.getLogger(__name__)
 
-WIRE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 BASELINE_METHODS = {"full-pipeline": "full_pipeline", "random-skip": "random_skip"}
 """`swarm.planner` baselines -> `baseline_schedule`'s method, which their schedules carry as `planner`."""
 
@@ -129,7 +128,7 @@ class Replanner:
         forward as the peers measured it (it depends on the vocabulary, which a decoder block does not show)."""
         cfg, model = self.config, self.model
         layers = balanced_split(model["n_layers"], cfg.stages)
-        activation = cfg.data.batch_size * cfg.data.seq_len * model["dim"] * WIRE_BYTES[cfg.wire_dtype]
+        activation = cfg.message_size(model["dim"])  # as the peers send it: padded where emulation says so
         ratios = [r.loss_seconds / (r.seconds_per_layer * max(1, layers[0])) for r in peers.values()
                   if r.loss_seconds > 0]
         loss_factor = statistics.median(ratios) if ratios else LOSS_FACTOR

@@ -25,6 +25,7 @@ from swarm.constants import INBOX_SIZE, MAX_BUFFERED_MESSAGES, OUTBOX_SIZE, SEND
 from swarm.net.delivery import Inbound, Undelivered
 from swarm.net.transport import MessageRefused, PeerUnreachable, Transport, TransportError
 from swarm.peer.faults import Tamper
+from swarm.peer.message_padding import MessagePadding
 from swarm.peer.pipeline import Requeue
 from swarm.peer.timeline import Timeline
 from swarm.wire import Direction, HopHeader
@@ -219,6 +220,8 @@ class Outbox:
                  tamper: Tamper | None = None) -> None:
         self._transport, self._inbox, self._timeline, self._tamper = transport, inbox, timeline, tamper
         self.wire_dtype = wire_dtype
+        self.padding: MessagePadding | None = None
+        """Pads pipeline tensors to the run's emulated message size (`swarm.message_bytes`), None = sent as is."""
         self._failed = failed
         self._pools = {kind: ThreadPoolExecutor(n, thread_name_prefix=f"skippipe-send-{kind}")
                        for kind, n in self.THREADS.items()}
@@ -239,10 +242,11 @@ class Outbox:
                 if transport is None:
                     raise TransportError("the transport is shut down")
                 start = time.time()
-                transport.send(peer, header, tensor, wire_dtype=wire)
+                padded = self.padding.pad(tensor) if self.padding and header.direction in PIPELINE else tensor
+                transport.send(peer, header, padded, wire_dtype=wire)
                 self._timeline.record(f"send_{header.direction.name.lower()}", start, time.time(), to=peer,
                                       microbatch=header.microbatch, iteration=header.iteration,
-                                      bytes=tensor.numel() * tensor.element_size())
+                                      bytes=padded.numel() * padded.element_size())
                 return True
             except (TransportError, ValueError) as e:
                 logger.warning("could not send %s of microbatch %d to %s: %s", header.direction.name.lower(),

@@ -29,6 +29,7 @@ import torch
 
 from peers.device_speed import announced_speed
 from scheduler.schedule import Schedule
+from swarm.constants import MAX_PROBE_BYTES, PROBE_GOODPUT_BYTES
 from swarm.control.gossip import GossipMessage
 from swarm.control.messages import Admitted, Broken, Join, Leave, Refused, publish, received
 from swarm.control.node import Node
@@ -49,6 +50,7 @@ from swarm.peer.iteration_runner import COMMIT_TIMEOUT, IterationRunner
 from swarm.peer.link_watch import LinkWatch
 from swarm.peer.mailbox import Inbox, Kind, Outbox
 from swarm.peer.members import Members
+from swarm.peer.message_padding import MessagePadding
 from swarm.peer.options import PeerOptions, trusted_coordinator
 from swarm.peer.pipeline import IterationAborted, IterationTimeout, Requeue
 from swarm.peer.reachability_notice import announced_addresses, join_reachability
@@ -82,6 +84,8 @@ class Peer:
         """Placed but no iteration committed since (a joiner): an epoch rerunning the iteration before may take it."""
         self.seconds_per_layer, self.loss_seconds = 1.0, 0.0
         self.jitter = MessageJitter()
+        self._padding: MessagePadding | None = None
+        """Strips the emulated padding off received pipeline tensors (`swarm.message_bytes`; None = none)."""
         """Deviations of the pipeline messages (and probes) it receives from their links' medians."""
         self.timeline = Timeline(options.trace_path, peer=self.peer_id)
         self.node = Node(options.identity_path, options.run_id, host=options.host, port=options.port,
@@ -180,7 +184,10 @@ class Peer:
         self.members = Members(self.peer_id, o.run_id, o.token, self._issuers)
         latency = dict(o.link_latency or {})
         data = self.config.data
-        checks = InboundChecks(self.peer_id, o.run_id, (data.batch_size, data.seq_len, self.model_config.dim),
+        wire_shape = self.config.wire_activation_shape(self.model_config.dim)  # padded where emulation says so
+        if wire_shape[0] > data.batch_size:
+            self._padding = self.outbox.padding = MessagePadding(data.batch_size, wire_shape[0])
+        checks = InboundChecks(self.peer_id, o.run_id, wire_shape,
                                lambda: (self.schedule, self.follower.newer if self.follower else None))
         self._transport = Transport(node.dht, {"hop": self._on_hop, "average": self._receiver("average"),
                                                 "state": self._receiver("state")}, run_id=o.run_id,
@@ -216,7 +223,10 @@ class Peer:
         self.departure = Departure(self.peer_id, stop, node, self.follower, self.succession, self.keeper)
         announced = lambda: self.succession.announced if self.succession.announced is not None \
             else records.fetch_peers()  # noqa: E731
-        self.links = LinkWatch(LinkProber(self._transport, sample_size=o.probe_sample, jitter=self.jitter),
+        # the goodput probe carries a pipeline message's bytes where they are more than its usual size
+        probe_bytes = min(max(PROBE_GOODPUT_BYTES, self.config.message_size(self.model_config.dim)), MAX_PROBE_BYTES)
+        self.links = LinkWatch(LinkProber(self._transport, sample_size=o.probe_sample, jitter=self.jitter,
+                                          goodput_bytes=probe_bytes),
                                self.peer_id, announced, skip=frozenset({spec.coordinator}))
         self.links.probe()
         try:
@@ -358,6 +368,12 @@ class Peer:
         delay noted as jitter; waits while the inbox is full, which makes the senders wait."""
         if header.sent_at:
             self.jitter.observe(f"{sender}/{header.direction.name}", time.time() - header.sent_at)
+        if self._padding is not None:
+            try:
+                tensor = self._padding.strip(tensor)
+            except ValueError as e:  # the transport checked the shape: not expected
+                logger.warning("dropped a %s from %s: %s", header.direction.name.lower(), sender, e)
+                return
         if self.activations.take(m := Inbound(sender, header, tensor)):
             self.inbox.put(m)
 
