@@ -96,3 +96,14 @@ def test_a_full_pipeline_gives_every_shard_to_the_holders_its_columns_start_at()
     (successor,) = {route.origin for route in again.routes}
     assert sorted(again.meta["shards"][successor]) == [0, 1, 2]
     assert injector not in again.meta["shards"]
+
+
+def test_a_full_pipeline_gets_its_own_placement_with_as_many_columns_as_the_peers_allow(records):
+    """SkipPipe's groups on 12 peers (3, 2, 2, 2, 2, 1) would leave a full pipeline one column and half its peers
+    idle; its own placement sizes the groups for paths through every stage: two columns, every peer in one."""
+    skippipe = make_replanner("skippipe").plan(records, epoch=0, start_iteration=0)
+    full = make_replanner("full-pipeline").plan(records, epoch=0, start_iteration=0)
+    groups = lambda s: sorted(np.bincount(list(s.placement.values()), minlength=STAGES).tolist())  # noqa: E731
+    assert min(groups(skippipe)) == 1 and groups(full) == [2] * STAGES
+    assert len({route.peers for route in full.routes}) == 2
+    assert {p for route in full.routes for p in (route.origin, *route.peers)} == set(records)
