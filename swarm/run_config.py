@@ -33,7 +33,7 @@ recompute = "auto"      # blocks / none; auto = blocks for the 500m and 1.5b fla
 [swarm]
 wire_dtype = "float32"  # or float16 / bfloat16 on the wire
 profile = ""            # plan on a network preset instead of the measured links (studies, emulation)
-planner = "skippipe"    # or skippipe-no-collision / full-pipeline / random-skip (baselines, for benchmarks)
+planner = "skippipe"    # or skippipe-no-collision / full-pipeline / random-skip / swarm (baselines, for benchmarks)
 rebalance = true        # a survivor may move to a stage group a departure left the bottleneck
 message_bytes = 0       # emulation: pad each activation and gradient to this many bytes (0 = their own size)
 ```
@@ -60,8 +60,10 @@ from swarm.wire import RunSpec
 
 WireDtype = Literal["float32", "float16", "bfloat16"]
 Averaging = Literal["allgather", "hivemind"]
-Planner = Literal["skippipe", "skippipe-no-collision", "full-pipeline", "random-skip"]
-PLANNERS: tuple[str, ...] = ("skippipe", "skippipe-no-collision", "full-pipeline", "random-skip")
+Planner = Literal["skippipe", "skippipe-no-collision", "full-pipeline", "random-skip", "swarm"]
+PLANNERS: tuple[str, ...] = ("skippipe", "skippipe-no-collision", "full-pipeline", "random-skip", "swarm")
+FULL_PATH_PLANNERS = ("full-pipeline", "swarm")
+"""Planners whose microbatches visit every stage (`run.skip` does not apply to them)."""
 CUSTOM_MODEL = "custom"
 """`run.model` of a run whose architecture is a [model] table (or an init_from checkpoint's), not a flavor."""
 MODEL_LIMITS = {"vocab_size": 1 << 21, "dim": 1 << 16, "n_layers": 1024, "n_heads": 1024, "ffn_dim": 1 << 18,
@@ -100,7 +102,9 @@ class RunConfig:
     """Plan on this network preset or profile file instead of measured links ("" = measured)."""
     planner: Planner = "skippipe"
     """How paths are chosen: SkipPipe (with or without collision awareness), or a baseline on the same placement:
-    the DT-FM full pipeline (every stage in order, columns tuned on the simulator) or network-oblivious random skip."""
+    the DT-FM full pipeline (every stage in order, columns tuned on the simulator), network-oblivious random skip, or
+    SWARM-style stochastic wiring (`swarm`: every stage in order, each hop's peer drawn in proportion to its
+    throughput, peers rebalanced toward the bottleneck stage at each re-plan; the wiring is drawn per epoch)."""
     rebalance: bool = True
     """After a departure, move a survivor into a stage group it shrank when that shortens the planned iteration by
     `REBALANCE_MIN_GAIN` or more, state transfer included (false: survivors keep their stages until a peer joins)."""
@@ -158,7 +162,7 @@ class RunConfig:
             raise ValueError(f"swarm.heartbeat must be 0.2-60 seconds, got {self.heartbeat!r}")
         if self.planner not in PLANNERS:
             raise ValueError(f"swarm.planner must be one of {', '.join(PLANNERS)}, got {self.planner!r}")
-        never = never_trained_stages(self.stages, self.skip) if self.planner != "full-pipeline" else []
+        never = never_trained_stages(self.stages, self.skip) if self.planner not in FULL_PATH_PLANNERS else []
         if never:
             raise ValueError(f"run.skip {self.skip} with {self.stages} stages: no path can visit stage(s) "
                              f"{', '.join(map(str, never))}, whose peers would never train; lower run.skip or "

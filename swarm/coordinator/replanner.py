@@ -6,6 +6,11 @@ peer leaves gracefully to a peer of another group, moves a survivor into a group
 pays (`swarm.rebalance`), refills an emptied stage for a full pipeline, and hands departed holders' shards to the
 holders that inject. Every schedule carries in its `meta` what the peers need to follow it: where it starts, the
 shards and their positions, joiners, and who equips a moved or restarted peer. No I/O here: the caller publishes.
+
+The SWARM-style baseline (`swarm.planner = "swarm"`) plans its own way: its own placement (balanced by throughput,
+tuned on its simulated wiring), joiners sent to the bottleneck stage, at each re-plan one peer moved from the
+least-loaded stage to the bottleneck (an emptied stage refilled first), and a fresh draw of its stochastic wiring,
+which the peers then follow for the whole epoch.
 """
 
 from __future__ import annotations
@@ -24,9 +29,18 @@ from scheduler.constants import LOSS_FACTOR
 from scheduler.costs import CostTables, tables_from_dict
 from scheduler.path_rules import PathRules, rules_around
 from scheduler.placement import PlacementGoal, movers_to, place_after_departure, place_joining, rebalance
-from scheduler.planner import REPLAN_JITTER_POLISH, PlanOptions, baseline_schedule, plan, plan_tables
+from scheduler.planner import (
+    REPLAN_JITTER_POLISH,
+    PlanOptions,
+    baseline_schedule,
+    plan,
+    plan_swarm,
+    plan_tables,
+    swarm_schedule,
+)
 from scheduler.profiles import swarm_from
 from scheduler.schedule import Schedule, validate
+from scheduler.swarm_balance import join_stage, rebalance_once
 from scheduler.swarm_view import ModelCost, PeerSpec, SwarmView
 from swarm.coordinator.epochs import EpochHistory
 from swarm.coordinator.shard_assignment import assign_shards, shard_drawers, shards_to_injectors
@@ -44,7 +58,7 @@ BASELINE_METHODS = {"full-pipeline": "full_pipeline", "random-skip": "random_ski
 def saved_plan_mismatch(schedule: Schedule, config: RunConfig) -> str | None:
     """Why a saved plan cannot start a run of `config` (None if it can)."""
     planner = BASELINE_METHODS.get(config.planner) or \
-        ("skippipe" if config.planner == "skippipe" else "skippipe_without_collision_awareness")
+        (config.planner if config.planner in ("skippipe", "swarm") else "skippipe_without_collision_awareness")
     if schedule.num_stages != config.stages:
         return f"it has {schedule.num_stages} stages, the run {config.stages}"
     if schedule.planner != planner:
@@ -158,6 +172,9 @@ class Replanner:
         pinned = {p: r.stage for p, r in peers.items() if r.stage >= 0}
         if cfg.planner == "full-pipeline":
             schedule = self._full_pipeline_placement(peers, pinned, epoch)
+        elif cfg.planner == "swarm":  # its own placement (balanced by throughput, tuned) and wiring
+            schedule = plan_swarm(self.view(peers), self.model_cost(peers), rules, self._plan_options(), epoch=epoch,
+                                  run_id=cfg.run_id, placement=pinned or None)
         else:
             schedule = plan(self.view(peers), self.model_cost(peers), rules, self._plan_options(), epoch=epoch,
                             run_id=cfg.run_id, placement=pinned or None)
@@ -256,14 +273,19 @@ class Replanner:
             if stage_of[i] < 0:
                 # a shard carried by a holder not its own
                 wanted = len(shard_drawers([ids[j] for j in np.flatnonzero(stage_of == 0)], peers)) < num_shards
-                stage_of = place_joining(tables, stage_of, i, goal, data_holder=peers[p].data_holder,
-                                         holder_wanted=wanted)
+                if cfg.planner == "swarm":  # SWARM: a joiner serves the bottleneck stage
+                    stage_of[i] = 0 if peers[p].data_holder or wanted else join_stage(tables, stage_of, cfg.stages)
+                else:
+                    stage_of = place_joining(tables, stage_of, i, goal, data_holder=peers[p].data_holder,
+                                             holder_wanted=wanted)
                 logger.info("placing joining peer %s on stage %d%s", p, stage_of[i],
                             " (a data shard lost its holder)" if wanted and stage_of[i] == 0 else "",
                             extra=event("joiner_placed", peer=p, stage=int(stage_of[i])))
         if not np.any(stage_of == 0):
             raise RuntimeError("every data holder (stage 0) is gone: no microbatch can be injected until one joins")
-        if cfg.rebalance:
+        if cfg.planner == "swarm":
+            stage_of = self._swarm_rebalance(tables, stage_of, peers, handover, unsettled)
+        elif cfg.rebalance:
             stage_of = self._rebalance(old, tables, goal, stage_of, peers, handover, unsettled)
         if cfg.planner == "full-pipeline":  # every microbatch visits every stage: an empty one is refilled
             was = stage_of.copy()
@@ -286,9 +308,13 @@ class Replanner:
         counts = {ids.index(h): cfg.microbatches * max(1, len(ks)) for h, ks in shards.items()}
         options = self._plan_options()
         options = replace(options, jitter_polish=min(options.jitter_polish, REPLAN_JITTER_POLISH))  # the swarm waits
-        schedule = plan_tables(tables, rules, options, stage_of=stage_of, epoch=old.epoch + 1,
-                               run_id=cfg.run_id, microbatch_counts=counts)
-        schedule = self._as_configured(schedule, counts)
+        if cfg.planner == "swarm":  # a fresh draw of the wiring on the new placement
+            schedule = swarm_schedule(tables, stage_of, cfg.stages, microbatches_per_holder=cfg.microbatches,
+                                      microbatch_counts=counts, seed=cfg.seed, epoch=old.epoch + 1, run_id=cfg.run_id)
+        else:
+            schedule = plan_tables(tables, rules, options, stage_of=stage_of, epoch=old.epoch + 1,
+                                   run_id=cfg.run_id, microbatch_counts=counts)
+            schedule = self._as_configured(schedule, counts)
         shards = self._injected_shards(schedule, shards, peers, old)
         joiners = [p for p in schedule.placement if before is None or p not in before.placement]
         # a move not yet taken (this epoch replaces the one that made it, from the same iteration) stands
@@ -324,6 +350,36 @@ class Replanner:
                                        source=ids[source], why="rebalance"))
             handover[ids[v]] = ids[source]
         return out
+
+    def _swarm_rebalance(self, tables: CostTables, stage_of: np.ndarray, peers: Mapping[str, PeerRecord],
+                         handover: dict[str, str], unsettled: set[int]) -> np.ndarray:
+        """SWARM's rebalancing at a re-plan (`swarm_balance.rebalance_once`): a stage left without peers is refilled
+        from the least-loaded stage first (every microbatch visits every stage), then, with `swarm.rebalance`, one
+        peer moves from the least-loaded stage to the bottleneck if that raises the slowest stage's throughput. Data
+        holders, peers with their own data and unsettled peers stay. Each mover is added to `handover` with the peer
+        of its new stage that sends it the stage's state (none for an emptied stage: it restarts from a neighbour)."""
+        ids, stages = list(tables.ids), self.config.stages
+        fixed = set(unsettled) | {i for i in range(len(ids)) if peers[ids[i]].data_holder or stage_of[i] == 0}
+        steps = 0
+        while True:
+            emptied = any(not np.any(stage_of == st) for st in range(1, stages))
+            if not emptied and (steps or not self.config.rebalance):
+                return stage_of
+            out, move = rebalance_once(tables, stage_of, stages, fixed=fixed)
+            if move is None:
+                return stage_of
+            v, was, to = move
+            keepers = [int(m) for m in np.flatnonzero(stage_of == to) if int(m) not in unsettled]
+            why = "refill" if not keepers else "rebalance"
+            if keepers:
+                source = min(keepers, key=lambda m: (float(tables.message[m, v]), m))
+                handover[ids[v]] = ids[source]
+            logger.warning("SWARM rebalancing: %s moves from stage %d, the least loaded, to stage %d, the bottleneck",
+                           ids[v], was, to,
+                           extra=event("peer_moved", peer=ids[v], from_stage=int(was), to_stage=int(to),
+                                       why=why, **({"source": handover[ids[v]]} if keepers else {})))
+            stage_of, steps = out, steps + 1
+            fixed.add(v)
 
     @staticmethod
     def _injected_shards(schedule: Schedule, shards: dict[str, list[int]], peers: Mapping[str, PeerRecord],

@@ -11,7 +11,7 @@ import pytest
 from scheduler.schedule import validate
 from swarm.coordinator.epochs import EpochHistory
 from swarm.coordinator.replanner import saved_plan_mismatch
-from swarm.run_config import PLANNERS, RunConfig
+from swarm.run_config import FULL_PATH_PLANNERS, PLANNERS, RunConfig
 from swarm.wire import PeerState
 from tests.swarm.coordinator.conftest import STAGES, make_config, make_records, make_replanner
 
@@ -22,10 +22,10 @@ def test_each_planner_gives_a_valid_schedule_and_keeps_its_method_on_replanning(
     schedule = r.plan(records, epoch=0, start_iteration=0)
     validate(schedule)
     expected = {"skippipe": "skippipe", "skippipe-no-collision": "skippipe_without_collision_awareness",
-                "full-pipeline": "full_pipeline", "random-skip": "random_skip"}[planner]
+                "full-pipeline": "full_pipeline", "random-skip": "random_skip", "swarm": "swarm"}[planner]
     assert schedule.planner == expected and schedule.run_id == "plan-test"
     lengths = {len(route.stages) for route in schedule.routes}
-    assert lengths == ({STAGES - 1} if planner == "full-pipeline" else {3})  # R = 4 of 6 stages with skip 0.33
+    assert lengths == ({STAGES - 1} if planner in FULL_PATH_PLANNERS else {3})  # R = 4 of 6 stages with skip 0.33
     assert sum(len(schedule.routes_from(h)) for h in schedule.data_holders) == 4 * len(schedule.data_holders)
     gone = next(p for p in schedule.placement if schedule.placement[p] == 3)
     again = r.replan({p: rec for p, rec in records.items() if p != gone}, EpochHistory([schedule]),
@@ -33,8 +33,10 @@ def test_each_planner_gives_a_valid_schedule_and_keeps_its_method_on_replanning(
     assert again.planner == expected and gone not in again.placement and again.epoch == 1
     # survivors keep their stages, but for a move into the shrunk group, which takes its state from a peer there
     moved = {p for p, s in schedule.placement.items() if p != gone and again.placement[p] != s}
-    assert moved == set(again.meta["handover"]) and all(again.placement[p] == 3 for p in moved)
-    assert all(schedule.placement[again.meta["handover"][p]] == 3 for p in moved)
+    # (SWARM's move goes to its bottleneck by throughput, which need not be the shrunk group)
+    target = {p: 3 if planner != "swarm" else again.placement[p] for p in moved}
+    assert moved == set(again.meta["handover"]) and all(again.placement[p] == target[p] for p in moved)
+    assert all(schedule.placement[again.meta["handover"][p]] == target[p] for p in moved)
 
 
 def test_skippipe_beats_the_full_pipeline_on_the_geo_links(records):
