@@ -6,13 +6,13 @@ Also the baselines' schedules for the same swarm and a convenience for planning 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from scheduler.baselines import full_pipeline, random_skip, tune_columns
 from scheduler.constants import DEFAULT_MEMORY_SLOTS
-from scheduler.costs import CostTables, tables_to_dict
+from scheduler.costs import CostTables, tables_from_dict, tables_to_dict
 from scheduler.expected_makespan import expected_makespan
 from scheduler.path_rules import PathRules, rules_around
 from scheduler.paths import PathProblem, PlannedRoute, evaluate, plan_paths, to_sim_routes
@@ -219,6 +219,36 @@ def swarm_schedule(tables: CostTables, stage_of: np.ndarray, num_stages: int, *,
                                       "max": round(float(over.max()), 4), "draws": int(len(over))}
     return make_schedule(tables, stage_of, routes, rules, epoch=epoch, planner="swarm", predicted=res.makespan,
                          run_id=run_id, priority=priority, meta=meta)
+
+
+def swarm_wiring_for_iteration(schedule: Schedule, iteration: int) -> Schedule:
+    """The SWARM-style `schedule` with the wiring of `iteration` of its epoch: the same placement, microbatch ids,
+    origins and stages, each hop's peer drawn afresh from the schedule's own costs and wiring seed. Pure and
+    deterministic, so every peer derives the same wiring; iteration 0 is the schedule's own.
+
+    The runtime does not call it yet (peers follow one wiring per epoch): redrawing per iteration, as SWARM does,
+    needs each peer to run each iteration under this schedule instead of the epoch's.
+
+    :raises ValueError: not a SWARM-style schedule, or one without its costs and wiring seed
+    """
+    if schedule.planner != "swarm" or "wiring" not in schedule.meta or "costs" not in schedule.meta:
+        raise ValueError("only a SWARM-style schedule with its costs and wiring seed can be rewired")
+    tables = tables_from_dict(schedule.meta["costs"])
+    stage_of = np.array([schedule.placement.get(i, -1) for i in tables.ids])
+    wiring = schedule.meta["wiring"]
+    seed, epoch = wiring.get("seed"), wiring.get("epoch")
+    try:
+        holders = tuple(tables.index(h) for h in dict.fromkeys(r.origin for r in schedule.routes))
+    except KeyError as e:
+        raise ValueError(f"a route's origin is not in the schedule's costs: {e}") from None
+    counts = tuple(sum(1 for r in schedule.routes if r.origin == tables.ids[h]) for h in holders)
+    problem = PathProblem(tables, stage_of, holders, counts, schedule.rules)
+    drawn = redraw(problem, seed, epoch, iteration)
+    if [tables.ids[r.origin] for r in drawn] != [r.origin for r in schedule.routes]:
+        raise ValueError("the schedule's routes are not in the order its wiring draws them")
+    routes = tuple(replace(old, peers=tuple(tables.ids[v] for v in new.nodes))
+                   for old, new in zip(schedule.routes, drawn))
+    return replace(schedule, routes=routes)
 
 
 def plan_swarm(view: SwarmView, model: ModelCost, rules: PathRules, options: PlanOptions = PlanOptions(), *,

@@ -4,6 +4,7 @@ rebalancing toward the bottleneck stage."""
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -11,7 +12,15 @@ import pytest
 from scheduler.costs import CostTables
 from scheduler.path_rules import PathRules
 from scheduler.paths import PathProblem
-from scheduler.planner import PlanOptions, baseline_schedule, default_model, plan, plan_swarm, swarm_schedule
+from scheduler.planner import (
+    PlanOptions,
+    baseline_schedule,
+    default_model,
+    plan,
+    plan_swarm,
+    swarm_schedule,
+    swarm_wiring_for_iteration,
+)
 from scheduler.profiles import random_swarm
 from scheduler.schedule import validate
 from scheduler.swarm_balance import (
@@ -206,3 +215,25 @@ def test_the_tuned_placement_keeps_holders_and_scores_no_worse_than_throughput_b
         tune_swarm_placement(problem, iterations=-1)
     with pytest.raises(ValueError, match="draws"):
         score_over_draws(problem, seed=0, draws=0)
+
+
+def test_the_wiring_of_any_iteration_follows_from_the_schedule_alone():
+    view = random_swarm(10, seed=8)
+    schedule = plan_swarm(view, default_model(4), PathRules(4, 3), PlanOptions(microbatches_per_holder=3, seed=8,
+                                                                                placement_iterations=5))
+    same = swarm_wiring_for_iteration(schedule, 0)
+    assert same.routes == schedule.routes
+    later = [swarm_wiring_for_iteration(schedule, i) for i in (1, 2)]
+    for other in later:
+        validate(other)
+        assert [(r.microbatch, r.origin, r.stages) for r in other.routes] == \
+            [(r.microbatch, r.origin, r.stages) for r in schedule.routes]
+        assert other.placement == schedule.placement and other.epoch == schedule.epoch
+    assert len({tuple(r.peers for r in s.routes) for s in (schedule, *later)}) == 3
+    assert swarm_wiring_for_iteration(schedule, 2).routes == later[1].routes
+    with pytest.raises(ValueError, match="SWARM-style"):
+        swarm_wiring_for_iteration(replace(schedule, planner="skippipe"), 1)
+    with pytest.raises(ValueError, match="non-negative"):
+        swarm_wiring_for_iteration(replace(schedule, meta={**schedule.meta, "wiring": {"seed": -3, "epoch": 0}}), 1)
+    with pytest.raises(ValueError, match="iteration"):
+        swarm_wiring_for_iteration(schedule, -1)
