@@ -24,7 +24,9 @@ from scheduler.schedule import Schedule
 from swarm.constants import LOOPBACK_HOST, RUN_SPEC_TTL
 from swarm.control.membership import TOKEN_BYTES, check_token
 from swarm.control.node import Node
+from swarm.coordinator.run_members import RunMembers
 from swarm.coordinator.scheduler_role import SchedulerRole
+from swarm.net.forwarding import Forwarder
 from swarm.net.identity import ensure_identity
 from swarm.run_config import RunConfig
 from swarm.wire import PeerRecord, PeerState
@@ -47,7 +49,8 @@ class CoordinatorOptions:
     or anyone ("open")."""
     allowed: tuple[str, ...] = ()
     relay: bool = False
-    """Serve as a circuit relay for peers that cannot be dialled (experimental: `swarm.net.reachability`)."""
+    """Relay for peers that cannot be dialled: hold their circuit-relay reservations (which keep their connections
+    up) and forward members' streams to them (`swarm.net.forwarding`)."""
     first_schedule: Schedule | None = None
     """A saved plan of these peers (an earlier run's `schedule-N.json`) to start from instead of planning: a run
     restarted on the same machines keeps its placement, and two runs compared on one plan differ only in what
@@ -64,6 +67,7 @@ class Coordinator:
         self.peer_id = ensure_identity(options.identity_path)
         self.run_dir = Path(options.run_dir) if options.run_dir else None
         self.role: SchedulerRole | None = None
+        self.forwarder: Forwarder | None = None
         self.node = Node(options.identity_path, self.config.run_id, host=options.host, port=options.port,
                          on_message=self._on_message)
 
@@ -78,6 +82,8 @@ class Coordinator:
                 self.role.tick()
             self.role.finish(stop)
         finally:
+            if self.forwarder is not None:
+                self.forwarder.shutdown()
             self.node.stop()
 
     def _on_message(self, msg) -> None:
@@ -89,6 +95,8 @@ class Coordinator:
         if self.run_dir:
             self.run_dir.mkdir(parents=True, exist_ok=True)
         records = node.start_dht(reachability="public" if o.relay else None)
+        if o.relay:
+            self.forwarder = Forwarder(node.dht, RunMembers(records.fetch_peers, self.config.run_id, {self.peer_id}))
         corpus = Corpus.build(self.config.data)  # trains (and caches) the run's tokenizer once
         info = node.start_gossip()
         self.spec = dataclasses.replace(

@@ -68,10 +68,17 @@ from swarm.net.channels import (  # noqa: F401  (re-exported: the transport's pr
     channel_of,
     consumers,
 )
+from swarm.net.forwarding import (
+    ForwardError,
+    forwarded_protocol,
+    open_forwarded,
+    origin_info,
+    read_preamble,
+    relays_in,
+)
 from swarm.net.idle_streams import IdleStream, IdleStreams
 from swarm.net.receive_limits import Admitted, Expects, SenderLimits, StateGate
 from swarm.net.receiver import OK, Receiver
-from swarm.net.relay_dial import connect_via_addresses
 from swarm.wire import HopHeader, WireError, check_restore, encode_tensor, torch_dtype
 
 logger = logging.getLogger(__name__)
@@ -80,6 +87,12 @@ _ONE_WRITE_BYTES = 64 * 1024
 """Messages up to this size go out in a single write (one syscall, one p2pd frame)."""
 HANDLER_REMOVAL_TIMEOUT = 2.0
 """Seconds the daemon gets to drop a stream handler at shutdown; the client is closed either way."""
+DIRECT_DIAL_TIMEOUT = 3.0
+"""Seconds a direct stream to a peer announcing a relay may take to open before the relay carries it."""
+VIA_RELAY_FOR = 300.0
+"""Seconds a peer reached only through its relay is sent to through it first, skipping the direct dial."""
+RELAYS_CACHE = 10.0
+"""Seconds this peer's own relays (whom it accepts forwarded streams from) are remembered before a new read."""
 
 
 class TransportError(RuntimeError):
@@ -127,9 +140,10 @@ class Transport:
       (see `Expects`); e.g. the schedule's sender for that hop and the run's shape
     :param state_gate: if set, STATE messages only from the peers named in it (`StateGate.expect`); one from
       another waits up to ``state_wait`` seconds to be named, holding no buffer, then is refused
-    :param addresses: peer id -> the multiaddrs its record announces (circuit addresses through a relay
-      included): a peer no stream opens to is connected to through them, then tried once more (a peer behind NAT
-      is reached through its relay; `swarm.net.reachability`)
+    :param addresses: peer id -> the circuit addresses its record announces (a peer behind NAT names its relays
+      there, `swarm.net.reachability`): a stream to such a peer that does not open directly within
+      `DIRECT_DIAL_TIMEOUT` is carried by its relay (`swarm.net.forwarding`); and this peer accepts forwarded
+      streams only from the relays its own record names
     :param link_delay: link emulation only: peer id -> one-way seconds each message to it waits before it is
       written (and each probe's reply after it is read), so that a local swarm pays a WAN's latencies
     """
@@ -155,6 +169,8 @@ class Transport:
         self._limits_args = dict(max_streams=max_streams, max_pending=max_pending)
         self._stats = {"sent": 0, "bytes_sent": 0, "streams_opened": 0}
         self._idle = IdleStreams()  # touched only in the loop's thread
+        self._via_relay: dict[str, float] = {}  # peer -> until when its streams go through its relay first
+        self._own_relays: tuple[float, frozenset[str]] = (-RELAYS_CACHE, frozenset())
         self._receiver: Receiver | None = None
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="skippipe-transport", daemon=True)
@@ -174,7 +190,11 @@ class Transport:
                                       limits=SenderLimits(**self._limits_args), **self._receiver_args)
         for name, (protocol, _) in CHANNELS.items():
             await self._p2p.add_binary_stream_handler(protocol, functools.partial(r.serve, name))
+            forwarded = functools.partial(self._serve_forwarded, functools.partial(r.serve, name))
+            await self._p2p.add_binary_stream_handler(forwarded_protocol(protocol), forwarded)
         await self._p2p.add_binary_stream_handler(PROBE_PROTOCOL, r.serve_probes)
+        await self._p2p.add_binary_stream_handler(forwarded_protocol(PROBE_PROTOCOL),
+                                                  functools.partial(self._serve_forwarded, r.serve_probes))
 
     # ---- public API --------------------------------------------------------------------------------------------
     def send(self, peer_id: str, header: HopHeader, tensor: torch.Tensor, *, wire_dtype: str | None = None,
@@ -228,7 +248,7 @@ class Transport:
             self._receiver.close()
         await asyncio.sleep(0)
         try:
-            for name in PROTOCOLS:
+            for name in (*PROTOCOLS, *map(forwarded_protocol, PROTOCOLS)):
                 try:
                     await asyncio.wait_for(self._p2p.remove_binary_stream_handler(name), HANDLER_REMOVAL_TIMEOUT)
                 except Exception as e:  # the daemon may already be gone with its DHT, or not answer
@@ -301,6 +321,8 @@ class Transport:
                 return status, reason
             except TransportError:
                 if not reused:
+                    if attempt == 0 and await self._relay_instead(peer_id):
+                        continue  # a direct stream that died midway (a limited libp2p circuit): through the relay
                     raise
                 # closed before any reply: nothing was delivered on it; its idle siblings are likely dead too
                 logger.debug("a reused stream to %s was closed; sending again on a new one", peer_id)
@@ -313,18 +335,84 @@ class Transport:
         raise AssertionError("unreachable: the second attempt uses a new stream, which returns or raises")
 
     async def _open(self, peer_id: str, protocol: str) -> IdleStream:
-        for attempt in range(2):
+        """A new stream to `peer_id`: direct, or carried by the relay its record names when it cannot be dialled."""
+        relay = await self._relay_of(peer_id)
+        if relay is not None and self._via_relay.get(peer_id, 0.0) > time.monotonic():
             try:
-                _, reader, writer = await self._p2p.call_binary_stream_handler(PeerID.from_base58(peer_id), protocol)
-                break
-            except (TimeoutError, asyncio.CancelledError):
+                return await self._open_forwarded(relay, peer_id, protocol)
+            except ForwardError as e:  # the relay lost it: perhaps it is reachable directly now
+                logger.info("%s; dialling %s directly", e, peer_id)
+                self._via_relay.pop(peer_id, None)
+        try:
+            call = self._p2p.call_binary_stream_handler(PeerID.from_base58(peer_id), protocol)
+            _, reader, writer = await (asyncio.wait_for(call, DIRECT_DIAL_TIMEOUT) if relay is not None else call)
+        except asyncio.CancelledError:
+            raise
+        except TimeoutError:
+            if relay is None:
                 raise
-            except Exception as e:  # p2pd reports unreachable peers with assorted error types
-                if attempt == 0 and await connect_via_addresses(self._p2p, peer_id, self.addresses):
-                    continue  # connected through an announced address (a relay): open the stream on that
-                raise PeerUnreachable(f"cannot open a stream to {peer_id}: {type(e).__name__}: {e}") from None
+            direct: Exception = TimeoutError(f"no direct stream within {DIRECT_DIAL_TIMEOUT:.0f}s")
+        except Exception as e:  # p2pd reports unreachable peers with assorted error types
+            direct = e
+        else:
+            self._stats["streams_opened"] += 1
+            return IdleStream(reader, writer)
+        why = f"cannot open a stream to {peer_id}: {type(direct).__name__}: {direct}"
+        if relay is None:
+            raise PeerUnreachable(why) from None
+        try:
+            stream = await self._open_forwarded(relay, peer_id, protocol)
+        except ForwardError as e:
+            raise PeerUnreachable(f"{why}; nor through its relay: {e}") from None
+        logger.info("%s reached through its relay %s", peer_id, relay)
+        self._via_relay[peer_id] = time.monotonic() + VIA_RELAY_FOR
+        return stream
+
+    async def _relay_instead(self, peer_id: str) -> bool:
+        """Whether to send to `peer_id` through its relay from now on, a direct stream to it having failed."""
+        if self._via_relay.get(peer_id, 0.0) > time.monotonic() or await self._relay_of(peer_id) is None:
+            return False
+        self._via_relay[peer_id] = time.monotonic() + VIA_RELAY_FOR
+        return True
+
+    async def _open_forwarded(self, relay: str, peer_id: str, protocol: str) -> IdleStream:
+        reader, writer = await open_forwarded(self._p2p, relay, peer_id, protocol)
         self._stats["streams_opened"] += 1
         return IdleStream(reader, writer)
+
+    async def _relay_of(self, peer_id: str) -> str | None:
+        """The relay `peer_id` announces itself through, if any (the hook may read the DHT: off the loop)."""
+        if self.addresses is None:
+            return None
+        try:
+            found = await asyncio.get_running_loop().run_in_executor(None, self.addresses, peer_id)
+        except Exception as e:
+            logger.debug("addresses of %s unknown: %s", peer_id, e)
+            return None
+        return next(iter(relays_in(found)), None)
+
+    async def _serve_forwarded(self, serve: Callable[..., Awaitable[None]], info: Any, reader: asyncio.StreamReader,
+                               writer: asyncio.StreamWriter) -> None:
+        """A stream a relay carries from another peer: served as that peer's if the relay is one this peer
+        announces itself through (nobody else may speak for a sender), closed otherwise."""
+        relay = info.peer_id.to_base58()
+        try:
+            if relay not in await self._trusted_relays():
+                raise ForwardError(f"{relay} is not a relay of this peer")
+            sender = (await read_preamble(reader, ("sender",)))["sender"]
+        except ForwardError as e:
+            logger.warning("refused a forwarded stream from %s: %s", relay, e)
+            writer.close()
+            return
+        await serve(origin_info(sender), reader, writer)
+
+    async def _trusted_relays(self) -> frozenset[str]:
+        read_at, relays = self._own_relays
+        if time.monotonic() - read_at > RELAYS_CACHE:
+            relays = frozenset(relays_in(await asyncio.get_running_loop().run_in_executor(
+                None, self.addresses, self.peer_id))) if self.addresses is not None else frozenset()
+            self._own_relays = (time.monotonic(), relays)
+        return relays
 
     # ---- probing -----------------------------------------------------------------------------------------------
     async def _probe(self, peer_id: str, nbytes: int) -> float:
