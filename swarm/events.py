@@ -50,9 +50,10 @@ EVENTS: dict[str, tuple[str, ...]] = {
     # admission: the scheduler's decisions, and a joiner told it is not admitted
     "admitted": ("peer",),
     "refused_peer": ("peer", "why"),
-    # reachability (`swarm.net.reachability`): a peer's own verdict; the scheduler's dial-back of a joiner
+    # reachability (`swarm.net.reachability`): a peer's own verdict; the coordinator's dial-back of a member that
+    # took no connection (logged by the coordinator with `peer`, by the peer told with `relay` and `advice`)
     "reachability": ("reachability", "advice"),
-    "joiner_unreachable": ("peer", "reachability", "why", "advice"),
+    "not_dialable": ("peer", "tried", "relay", "advice"),
 }
 """Event name -> its fields (an event may carry fewer, or extra context; never another name)."""
 

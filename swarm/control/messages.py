@@ -14,6 +14,8 @@ from typing import Any, ClassVar, Literal
 
 from scheduler.constants import MAX_PEERS
 from swarm.constants import (
+    MAX_ADDRESS_CHARS,
+    MAX_ADDRESSES,
     MAX_CERT_BYTES,
     MAX_ERROR_CHARS,
     MAX_ID_CHARS,
@@ -326,11 +328,31 @@ class Refused:
         return cls(peer=_peer(d, name), why=_why(d, name))
 
 
+@dataclass(frozen=True)
+class NotDialable:
+    """The coordinator dialled back the direct addresses `peer` announces (`tried`) and none took a connection:
+    others cannot open one to it either. `relay`: the coordinator relays for peers behind NAT (`--relay`)."""
+
+    TOPIC: ClassVar[Topic] = "membership"
+    peer: str
+    tried: tuple[str, ...]
+    relay: bool = False
+
+    def _fields(self) -> dict[str, Any]:
+        return {"peer": self.peer, "tried": list(self.tried), "relay": self.relay}
+
+    @classmethod
+    def _decode(cls, d: dict, name: str) -> NotDialable:
+        tried = tuple(read_str(a, f"{name}.tried", MAX_ADDRESS_CHARS)
+                      for a in read_list(d.get("tried"), f"{name}.tried", MAX_ADDRESSES))
+        return cls(peer=_peer(d, name), tried=tried, relay=_flag(d, "relay", name))
+
+
 ControlMessage = Join | Leave | Gone | Finished | Stuck | Broken | Unrecoverable | Unreachable | ScheduleNotice | \
-    Done | Commit | Faulty | Admitted | Refused
+    Done | Commit | Faulty | Admitted | Refused | NotDialable
 MESSAGE_TYPES: dict[str, type] = {cls.__name__.lower(): cls for cls in
                                   (Join, Leave, Gone, Finished, Stuck, Broken, Unrecoverable, Unreachable,
-                                   ScheduleNotice, Done, Commit, Faulty, Admitted, Refused)}
+                                   ScheduleNotice, Done, Commit, Faulty, Admitted, Refused, NotDialable)}
 
 
 def encode(message: ControlMessage) -> dict[str, Any]:

@@ -23,7 +23,9 @@ from peers.data import Corpus
 from scheduler.schedule import Schedule
 from swarm.constants import LOOPBACK_HOST, RUN_SPEC_TTL
 from swarm.control.membership import TOKEN_BYTES, check_token
+from swarm.control.messages import publish
 from swarm.control.node import Node
+from swarm.coordinator.dial_back import DialBack
 from swarm.coordinator.run_members import RunMembers
 from swarm.coordinator.scheduler_role import SchedulerRole
 from swarm.net.forwarding import Forwarder
@@ -68,6 +70,7 @@ class Coordinator:
         self.run_dir = Path(options.run_dir) if options.run_dir else None
         self.role: SchedulerRole | None = None
         self.forwarder: Forwarder | None = None
+        self.dial_back: DialBack | None = None
         self.node = Node(options.identity_path, self.config.run_id, host=options.host, port=options.port,
                          on_message=self._on_message)
 
@@ -82,6 +85,8 @@ class Coordinator:
                 self.role.tick()
             self.role.finish(stop)
         finally:
+            if self.dial_back is not None:
+                self.dial_back.stop()
             if self.forwarder is not None:
                 self.forwarder.shutdown()
             self.node.stop()
@@ -95,8 +100,9 @@ class Coordinator:
         if self.run_dir:
             self.run_dir.mkdir(parents=True, exist_ok=True)
         records = node.start_dht(reachability="public" if o.relay else None)
+        members = RunMembers(records.fetch_peers, self.config.run_id, {self.peer_id})
         if o.relay:
-            self.forwarder = Forwarder(node.dht, RunMembers(records.fetch_peers, self.config.run_id, {self.peer_id}))
+            self.forwarder = Forwarder(node.dht, members)
         corpus = Corpus.build(self.config.data)  # trains (and caches) the run's tokenizer once
         info = node.start_gossip()
         self.spec = dataclasses.replace(
@@ -114,6 +120,8 @@ class Coordinator:
                                                 state=PeerState.ONLINE, control_addrs=tuple(info.maddrs)),
                              period=self.config.heartbeat)
         self.initial_peers = node.visible_maddrs()
+        self.dial_back = DialBack(records.fetch_peers, members, lambda m: publish(node.gossip, self.config.run_id, m),
+                                  relay=o.relay, exempt={self.peer_id}).start()
         if self.run_dir:
             write_private(self.run_dir / "coordinator.json", json.dumps(
                 {"run_id": self.config.run_id, "initial_peers": self.initial_peers, "coordinator": self.peer_id,

@@ -31,7 +31,7 @@ from peers.device_speed import announced_speed
 from scheduler.schedule import Schedule
 from swarm.constants import MAX_PROBE_BYTES, PROBE_GOODPUT_BYTES
 from swarm.control.gossip import GossipMessage
-from swarm.control.messages import Admitted, Broken, Join, Leave, Refused, publish, received
+from swarm.control.messages import Admitted, Broken, Join, Leave, NotDialable, Refused, publish, received
 from swarm.control.node import Node
 from swarm.events import event
 from swarm.net.delivery import Inbound
@@ -53,7 +53,7 @@ from swarm.peer.members import Members
 from swarm.peer.message_padding import MessagePadding
 from swarm.peer.options import PeerOptions, trusted_coordinator
 from swarm.peer.pipeline import IterationAborted, IterationTimeout, Requeue
-from swarm.peer.reachability_notice import announced_addresses, join_reachability
+from swarm.peer.reachability_notice import DialVerdict, announced_addresses, join_reachability
 from swarm.peer.reports import Reports
 from swarm.peer.run_spec import await_run_spec
 from swarm.peer.schedule_follower import ScheduleFollower
@@ -182,6 +182,7 @@ class Peer:
         self.config, self.model_config = RunConfig.from_spec(spec)
         self.spec = spec
         self.members = Members(self.peer_id, o.run_id, o.token, self._issuers)
+        self.dial_verdict = DialVerdict(self.peer_id)
         latency = dict(o.link_latency or {})
         data = self.config.data
         wire_shape = self.config.wire_activation_shape(self.model_config.dim)  # padded where emulation says so
@@ -401,6 +402,8 @@ class Peer:
             return
         if isinstance(message, (Admitted, Refused)) and self.follower.trusted(msg.sender):
             self.members.on_control(msg.sender, message)
+        elif isinstance(message, NotDialable) and msg.sender == self.spec.coordinator:
+            self.dial_verdict.on_not_dialable(message)
         elif self.follower.on_message(msg.sender, message):
             self.inbox.wake()
         elif isinstance(message, Broken) and self.stage == 0 and self.schedule is not None and \

@@ -11,6 +11,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from swarm.control.messages import NotDialable
 from swarm.events import event
 from swarm.net.reachability import ADVICE, decide
 from swarm.peer.options import PeerOptions
@@ -47,3 +48,27 @@ def announced_addresses(announced: Callable[[], Mapping[str, PeerRecord] | None]
             return ()
         return tuple(a for a in record.addresses if "/p2p-circuit" in a)
     return addresses
+
+
+class DialVerdict:
+    """What this peer heard from the coordinator's dial-back (`NotDialable`): its volunteer is told once per set of
+    addresses found undialable, with what will happen and what to do."""
+
+    def __init__(self, me: str) -> None:
+        self.me = me
+        self.heard: set[tuple[str, ...]] = set()
+
+    def on_not_dialable(self, message: NotDialable) -> None:
+        """The coordinator's verdict (the caller checked that the coordinator sent it)."""
+        if message.peer != self.me or message.tried in self.heard:
+            return
+        self.heard.add(message.tried)
+        if message.relay:
+            what = ("others reach it only over connections it opens itself; restart it with --reachability "
+                    "relayed and the coordinator relays for it")
+        else:
+            what = ("streams from others to it fail, so it is routed around and may be declared gone (this run's "
+                    "coordinator does not relay)")
+        logger.warning("the coordinator could not connect to this peer at %s: %s; to be reached directly, %s",
+                       ", ".join(message.tried), what, ADVICE,
+                       extra=event("not_dialable", tried=list(message.tried), relay=message.relay, advice=ADVICE))

@@ -21,6 +21,7 @@ from swarm.control.messages import (
     Gone,
     Join,
     Leave,
+    NotDialable,
     Refused,
     ScheduleNotice,
     Stuck,
@@ -46,6 +47,7 @@ EXAMPLES = [
     Commit(iteration=4, epoch=1, shards={"1": POSITION}),
     Faulty(peer="QmA", suspect="QmB", iteration=4, epoch=1, why="weight cut"),
     Admitted(peer="QmA", cert=b"\x85signed"), Refused(peer="QmA", why="its join token is not this run's"),
+    NotDialable(peer="QmA", tried=("/ip4/192.168.1.11/tcp/4001",), relay=True),
 ]
 
 
@@ -94,6 +96,12 @@ def test_every_message_type_has_an_example():
                   "shards": {"0": {**POSITION, "cursor": -1}}}, "commit.shards[0].cursor"),
     ("progress", {"type": "commit", "version": WIRE_VERSION, "iteration": 1, "epoch": 0,
                   "shards": {str(k): POSITION for k in range(MAX_SHARDS + 1)}}, "commit.shards"),
+    ("membership", {"type": "notdialable", "version": WIRE_VERSION, "peer": "QmA", "tried": ["x" * 600]},
+     "notdialable.tried"),
+    ("membership", {"type": "notdialable", "version": WIRE_VERSION, "peer": "QmA", "tried": ["/ip4/a"] * 33},
+     "notdialable.tried"),
+    ("membership", {"type": "notdialable", "version": WIRE_VERSION, "peer": "QmA", "tried": [], "relay": 1},
+     "notdialable.relay"),
 ])
 def test_a_malformed_message_is_one_wire_error_naming_the_field(topic, payload, field):
     with pytest.raises(WireError) as e:
