@@ -28,7 +28,14 @@ from peers.stage import balanced_split, stage_template
 from scheduler.constants import LOSS_FACTOR
 from scheduler.costs import CostTables, tables_from_dict
 from scheduler.path_rules import PathRules, rules_around
-from scheduler.placement import PlacementGoal, movers_to, place_after_departure, place_joining, rebalance
+from scheduler.placement import (
+    PlacementGoal,
+    movers_to,
+    place_after_departure,
+    place_joining,
+    rebalance,
+    stage_sizes,
+)
 from scheduler.planner import (
     REPLAN_JITTER_POLISH,
     PlanOptions,
@@ -170,18 +177,21 @@ class Replanner:
         cfg = self.config
         rules = PathRules.from_skip_ratio(cfg.stages, cfg.skip)
         pinned = {p: r.stage for p, r in peers.items() if r.stage >= 0}
+        counts, first_shards = None, None
         if cfg.planner == "full-pipeline":
-            schedule = self._full_pipeline_placement(peers, pinned, epoch)
+            schedule, counts, first_shards = self._full_pipeline_placement(peers, pinned, epoch)
         elif cfg.planner == "swarm":  # its own placement (balanced by throughput, tuned) and wiring
             schedule = plan_swarm(self.view(peers), self.model_cost(peers), rules, self._plan_options(), epoch=epoch,
                                   run_id=cfg.run_id, placement=pinned or None)
         else:
             schedule = plan(self.view(peers), self.model_cost(peers), rules, self._plan_options(), epoch=epoch,
                             run_id=cfg.run_id, placement=pinned or None)
-        schedule = self._as_configured(schedule)
+        schedule = self._as_configured(schedule, counts)
         holders = schedule.data_holders
-        shards = self._injected_shards(schedule, {h: [i] for i, h in enumerate(holders)}, peers, None)
-        schedule.meta.update(start_iteration=start_iteration, num_shards=len(holders), shards=shards,
+        shards = self._injected_shards(schedule, first_shards or {h: [i] for i, h in enumerate(holders)}, peers,
+                                       None)
+        schedule.meta.update(start_iteration=start_iteration, num_shards=sum(map(len, shards.values())),
+                             shards=shards,
                              shard_positions={})
         validate(schedule)
         return schedule
@@ -199,11 +209,18 @@ class Replanner:
                     schedule.planner)
         return schedule
 
-    def _full_pipeline_placement(self, peers: Mapping[str, PeerRecord], pinned: Mapping[str, int],
-                                 epoch: int) -> Schedule:
+    def _full_pipeline_placement(self, peers: Mapping[str, PeerRecord], pinned: Mapping[str, int], epoch: int
+                                 ) -> tuple[Schedule, dict[int, int], dict[str, list[int]]]:
         """A full pipeline's own first placement: stage groups sized for paths through every stage (as many
         columns as the peers allow), searched on the simulated iteration of its own columns, not on SkipPipe's
-        skip paths (a fair baseline: on 12 peers SkipPipe's groups 3, 2, 2, 2, 2, 1 leave it one column)."""
+        skip paths (a fair baseline: on 12 peers SkipPipe's groups 3, 2, 2, 2, 2, 1 leave it one column).
+
+        Its data holders carry the data shards SkipPipe's placement of these peers would have (one per holder of
+        that placement, dealt round-robin), `run.microbatches` per shard, so both train the same tokens per
+        iteration, in re-plans too.
+
+        :returns: the schedule, the microbatches each of its holders injects (peer index -> count), its shards
+        """
         cfg = self.config
         view, cost = self.view(peers), self.model_cost(peers)
         tables = CostTables.from_view(view, cost)
@@ -213,10 +230,16 @@ class Replanner:
                              bandwidth=view.bandwidth, columns=True)
         fixed = {i: 0 for i, p in enumerate(view.peers) if p.data_holder}
         fixed.update({view.index(p): st for p, st in pinned.items()})
+        holders = sum(1 for st in fixed.values() if st == 0) or None
+        num_shards = stage_sizes(len(view.peers), PathRules.from_skip_ratio(cfg.stages, cfg.skip), holders)[0]
         options = replace(self._plan_options(), iterations=0)  # its paths are the columns `_as_configured` tunes
         stage_of = np.array([fixed[i] for i in range(len(view.peers))]) if len(fixed) == len(view.peers) else None
-        return plan_tables(tables, rules, options, stage_of=stage_of, pinned=fixed, goal=goal, epoch=epoch,
-                           run_id=cfg.run_id)
+        schedule = plan_tables(tables, rules, options, stage_of=stage_of, pinned=fixed, goal=goal, epoch=epoch,
+                               run_id=cfg.run_id)
+        mine = schedule.data_holders
+        shards = {h: list(range(k, max(num_shards, len(mine)), len(mine))) for k, h in enumerate(mine)}
+        counts = {tables.ids.index(h): cfg.microbatches * len(ks) for h, ks in shards.items()}
+        return schedule, counts, shards
 
     def _plan_options(self) -> PlanOptions:
         options = PlanOptions(microbatches_per_holder=self.config.microbatches, seed=self.config.seed,

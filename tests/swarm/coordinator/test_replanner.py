@@ -26,7 +26,9 @@ def test_each_planner_gives_a_valid_schedule_and_keeps_its_method_on_replanning(
     assert schedule.planner == expected and schedule.run_id == "plan-test"
     lengths = {len(route.stages) for route in schedule.routes}
     assert lengths == ({STAGES - 1} if planner in FULL_PATH_PLANNERS else {3})  # R = 4 of 6 stages with skip 0.33
-    assert sum(len(schedule.routes_from(h)) for h in schedule.data_holders) == 4 * len(schedule.data_holders)
+    assert sum(len(schedule.routes_from(h)) for h in schedule.data_holders) == 4 * schedule.meta["num_shards"]
+    if planner == "full-pipeline":  # its 2 holders carry the 3 shards of SkipPipe's 3 holders: the same work
+        assert sorted(k for ks in schedule.meta["shards"].values() for k in ks) == [0, 1, 2]
     gone = next(p for p in schedule.placement if schedule.placement[p] == 3)
     again = r.replan({p: rec for p, rec in records.items() if p != gone}, EpochHistory([schedule]),
                      start_iteration=5, shard_positions={})
@@ -109,3 +111,4 @@ def test_a_full_pipeline_gets_its_own_placement_with_as_many_columns_as_the_peer
     assert min(groups(skippipe)) == 1 and groups(full) == [2] * STAGES
     assert len({route.peers for route in full.routes}) == 2
     assert {p for route in full.routes for p in (route.origin, *route.peers)} == set(records)
+    assert len(full.routes) == len(skippipe.routes)  # the same microbatches: SkipPipe's shards, 4 each
