@@ -1,15 +1,15 @@
-"""Reachability: whether a peer can be dialled, and how one that cannot still is (circuit relay v2).
+"""Reachability: whether a peer can be dialled, and how one that cannot still is.
 
 A peer behind a NAT router or a firewall accepts no inbound connection. It still dials out, so it keeps a
-reservation on a publicly reachable peer (the coordinator, or the relays it is given), and announces a
-``/p2p-circuit`` address through that relay next to its own. Whoever cannot reach it directly connects through the
-relay; the transport (streams of every channel: hops, averaging, state transfer, probes) then works as on a direct
-connection, at the relay's cost, which link probes measure like any other link's.
+circuit-relay v2 reservation on a publicly reachable peer (the coordinator, or the relays it is given), which keeps
+its connection there up, and its record names that relay in a ``/p2p-circuit`` address next to its own. Streams to
+it are then carried by the relay itself (`swarm.net.forwarding`): libp2p's relayed connections are *limited*
+(the bundled p2pd resets one after 128 KiB each way), enough to coordinate, not to carry activations.
 
 The bundled p2pd (hivemind's go-libp2p-daemon) is driven through `hivemind.P2P.create`, which exposes neither the
 relay service's limits nor the daemon's ``-relayDiscovery`` switch; both go through its reachability table
 (`P2P.FORCE_REACHABILITY_MAPPING`, extra daemon flags per mode, read in the DHT's forked process), registered here:
-- ``RELAY_MODE``: reachable; serves as a relay for others, within `RelayLimits`;
+- ``RELAY_MODE``: reachable; holds reservations for others, within `RelayLimits`;
 - ``RELAYED_MODE``: not reachable; reserves a slot on its static relays at once (with relay discovery on, the
   daemon's autorelay waits minutes for four candidates before it reserves anything).
 Hole punching (DCUtR) comes with the daemon's ``-autonat`` (hivemind's default): a relayed connection is upgraded
