@@ -14,10 +14,10 @@ re-plans): each run plans on the links it measures, and the full pipeline's chur
 118-148 tokens/s from run to run here (its tuned column), more than the churn costs it. `planned_s` is the mean
 planned iteration time of the window's iterations, to tell a plan's drift from the churn's cost.
 
-13 peers by default: the shared placement then has stage groups of 3, 2, 2, 2, 2, 2, so the full pipeline runs
-two columns and all but one data holder work (as the paper's 20 nodes in groups of 5, 3, 3, 3, 3, 3 give it three
-columns). With 12 the groups are 3, 2, 2, 2, 2, 1: one column, and half the full pipeline's peers idle, which both
-slows it and spares it most deaths.
+13 peers by default (runs 20 on): then SkipPipe's placement had stage groups of 3, 2, 2, 2, 2, 2, and the full
+pipeline, which shared it, ran two columns; with 12 the groups were 3, 2, 2, 2, 2, 1: one column. The full pipeline
+now gets its own placement (groups sized for its columns), so the peer count no longer decides its columns.
+`--emulate-model 1.5b` carries that preset's messages and compute, as in `run.py` (default here: none).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks.churn import churn_trace, first_plan, kept, play_trace, saved_plan_args, window_summary  # noqa: E402
-from benchmarks.wan.run import add_swarm_arguments, checked_methods, run_config  # noqa: E402
+from benchmarks.wan.run import add_swarm_arguments, checked_methods, emulation, run_config  # noqa: E402
 from scheduler.profiles import swarm_from  # noqa: E402
 from swarm.local.emulated_network import EmulatedNetwork  # noqa: E402
 from swarm.local.local_swarm import LocalSwarm  # noqa: E402
@@ -87,13 +87,14 @@ def main() -> None:
     parser.add_argument("--out", default="runs/wan-churn")
     args = parser.parse_args()
     methods = checked_methods(args, METHODS)
+    scale = emulation(args)  # --emulate-model: a bigger preset's messages and compute (default: none)
     trace = churn_trace(args.seed, args.peers, args.minutes * 60, args.rate)
     hosts = args.peers + len(trace)  # a spare host for every volunteer that joins
     out = Path(args.out)
     keys = out / "keys"
     keys.mkdir(parents=True, exist_ok=True)
     view = swarm_from(args.profile, hosts, seed=args.seed)
-    speeds = [p.seconds_per_layer for p in view.peers]
+    speeds = [p.seconds_per_layer * scale for p in view.peers]
     ids = [ensure_identity(str(keys / f"peer-{i:02d}.key")) for i in range(hosts)]
     print(f"{args.peers} peers on the {args.profile} profile ({args.stages} stages), {args.minutes:g} min window; "
           f"churn trace (seed {args.seed}): failures at {', '.join(f'{t:.0f}' for t in trace)} s, each replaced "

@@ -1,19 +1,29 @@
 """WAN benchmark: iteration time of the real runtime over emulated geo-distributed links, per method, next to the
 simulator's prediction for the same schedule on the same measured links.
 
-    sudo .venv/bin/python benchmarks/wan/run.py [--peers 12] [--stages 6] [--skip 0.33] [--iterations 6]
+    .venv/bin/python benchmarks/wan/run.py [--peers 20] [--emulate-model 1.5b] [--repeats 3] [--methods ...]
 
 Needs root (network namespaces and tc). For each method (DT-FM full pipeline, random skip, SkipPipe without and
 with collision awareness) it starts a fresh local swarm in which every peer is a host of an `EmulatedNetwork`:
 the kernel shapes each directed link to the profile's bandwidth (tc htb) and the transport adds the link's
-latency; every peer emulates the profile's compute speed (`--emulate-speed`: operations padded to it, so 12-20
-peers fit on 2 cores). Peers measure their links by probing, as in a real run, and the coordinator plans on
-those measurements. The first iteration (streams opening) is not counted; the median of the others is compared
-with the simulation of the planned schedule on the measured cost tables it carries: the expected makespan over
-simulations whose messages deviate as the peers measured theirs deviate during the run (`jitter_ms` of the
-coordinator's metrics), next to the on-time simulation and the planner's own prediction.
+latency. The swarm trains the tiny model but carries a bigger preset's load (`--emulate-model`, default the
+paper's 1.5B): every activation and gradient is padded to the bytes that preset sends per microbatch
+(`swarm.message_bytes`: dim x tokens per microbatch x 2 bytes, 16 MiB for 1.5b; the planner's cost tables and the
+peers' goodput probes use the same size), and every peer takes the time that preset's stage would on the
+profile's device (`--emulate-speed`, `peers.emulated_model.stage_time_scale`), so 20 peers fit on 2 cores.
+Peers measure their links by probing, as in a real run, and the coordinator plans on those measurements; the
+full pipeline gets its own placement (groups sized for its columns, searched on its own simulation). The first
+iteration (streams opening) is not counted; the median of the others is compared with the simulation of the
+planned schedule on the measured cost tables it carries: the expected makespan over simulations whose messages
+deviate as the peers measured theirs deviate during the run (`jitter_ms` of the coordinator's metrics), next to
+the on-time simulation and the planner's own prediction. Throughput is reported as tokens/s (of the emulated
+preset's microbatches) and layer-work/s (tokens x stages visited: a skip path does less work per token).
 
-Writes to --out: results.json, wan.png (bar chart: measured vs simulated per method), trace-<method>.json
+Every method runs `--repeats` times (fresh swarms, interleaved), and the summary gives min/median/max of the runs'
+median iterations and the ratio of SkipPipe's to the full pipeline's. `--max-runs N` stops after N new runs and
+`--resume` continues from --out/results.json, so the runs can be spread over several invocations.
+
+Writes to --out: results.json, wan.png (bar chart: measured vs simulated per method), trace-<method>-<rep>.json
 (Chrome trace of every peer's compute and transfers; open in ui.perfetto.dev) and each run's logs.
 """
 
@@ -23,15 +33,20 @@ import argparse
 import json
 import shutil
 import statistics
+import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from benchmarks.wan.footprint import swarm_footprint  # noqa: E402
+from peers.emulated_model import message_bytes, stage_time_scale  # noqa: E402
 from peers.model import FLAVORS  # noqa: E402
 from scheduler.expected_makespan import expected_makespan  # noqa: E402
 from scheduler.profiles import swarm_from  # noqa: E402
@@ -42,6 +57,7 @@ from swarm.local.emulated_network import EmulatedNetwork, unavailable_reason  # 
 from swarm.local.local_swarm import LocalSwarm  # noqa: E402
 from swarm.net.identity import ensure_identity  # noqa: E402
 from swarm.peer.timeline import chrome_trace, read_spans  # noqa: E402
+from swarm.run_config import MAX_MESSAGE_BYTES  # noqa: E402
 
 METHODS = ("full-pipeline", "random-skip", "skippipe-no-collision", "skippipe")
 LABELS = {"full-pipeline": "DT-FM full pipeline", "random-skip": "random skip",
@@ -67,12 +83,19 @@ batch_size = {args.batch_size}
 [swarm]
 planner = "{method}"
 heartbeat = 5.0  # 12-20 peers on 2 cores: a record refresh can be late without the peer being gone
+message_bytes = {getattr(args, "message_bytes", 0)}  # each activation and gradient padded to the emulated model's
 """
 
 
+def wire_message_bytes(args: argparse.Namespace) -> int:
+    """Bytes of one activation on the wire: the run's shape padded to `message_bytes` (as `RunConfig` pads it)."""
+    row = args.seq_len * FLAVORS["tiny"].dim * 4
+    return max(args.batch_size, -(-args.message_bytes // row)) * row
+
+
 def measure(args: argparse.Namespace, method: str, net: EmulatedNetwork, keys: Path, speeds: list[float],
-            out: Path) -> dict:
-    run_dir = out / method
+            out: Path, rep: int = 0) -> dict:
+    run_dir = out / f"{method}-{rep}"
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
     for key in keys.glob("*.key"):
@@ -83,10 +106,22 @@ def measure(args: argparse.Namespace, method: str, net: EmulatedNetwork, keys: P
                  for i in range(args.peers)]
     swarm = LocalSwarm(run_dir, args.peers, run_id=f"wan-{method}", network=net,
                        coordinator_args=["--config", str(run_dir / "run.toml")], peer_args=peer_args)
+    add_peer = swarm.add_peer
+
+    def staggered(index: int, extra: Sequence[str] = ()) -> subprocess.Popen:
+        # 20 peers starting at once on 2 loaded cores: a p2p daemon may miss hivemind's 15 s start deadline
+        time.sleep(args.stagger)
+        return add_peer(index, extra)
+
+    swarm.add_peer = staggered  # type: ignore[method-assign]
     start = time.monotonic()
+    footprint = None
     try:
         swarm.start()
-        records = swarm.watch(args.iterations, timeout=600)
+        swarm.watch(min(2, args.iterations), timeout=args.stall_timeout)
+        if args.footprint:  # mid-run: every peer placed, streams open, messages in flight
+            footprint = swarm_footprint([proc.pid for proc in swarm.peers])
+        records = swarm.watch(args.iterations, timeout=args.stall_timeout)
     finally:
         swarm.stop()
     times = [r["iteration_seconds"] for r in records[1:]]
@@ -105,27 +140,78 @@ def measure(args: argparse.Namespace, method: str, net: EmulatedNetwork, keys: P
     ids = [ensure_identity(str(keys / f"peer-{i:02d}.key")) for i in range(args.peers)]
     labels = {p: f"peer-{i:02d} stage {schedule.placement.get(p, '-')}" for i, p in enumerate(ids)}
     spans = read_spans(run_dir.glob("trace-*.jsonl"))
-    (out / f"trace-{method}.json").write_text(json.dumps(chrome_trace(spans, labels)))
-    # how well the peers' probes measured the emulated links (the planner's inputs)
+    (out / f"trace-{method}-{rep}.json").write_text(json.dumps(chrome_trace(spans, labels)))
+    # how well the peers' probes measured the emulated links (the planner's inputs), for this run's message size
     order = [ids.index(p) for p in tables.ids]
-    activation = args.batch_size * args.seq_len * FLAVORS["tiny"].dim * 4  # one float32 message
-    truth = net.latency[np.ix_(order, order)] + activation / net.bandwidth[np.ix_(order, order)]
+    truth = net.latency[np.ix_(order, order)] + wire_message_bytes(args) / net.bandwidth[np.ix_(order, order)]
     off = ~np.eye(len(order), dtype=bool)
     link_ratio = float(np.median(tables.message[off] / truth[off]))
-    result = {"method": method, "measured_s": times, "median_s": statistics.median(times), "simulated_s": simulated,
+    median = statistics.median(times)
+    groups = np.bincount(list(schedule.placement.values()), minlength=schedule.num_stages).tolist()
+    columns = len({r.peers for r in schedule.routes}) if method == "full-pipeline" else None
+    tokens = len(schedule.routes) * args.microbatch_tokens
+    layer_work = sum(len(r.stages) + 1 for r in schedule.routes) * args.microbatch_tokens
+    result = {"method": method, "rep": rep, "measured_s": times, "median_s": median, "simulated_s": simulated,
               "on_time_s": on_time, "planned_s": schedule.predicted_iteration_seconds,
               "planned_jitter_ms": [round(1e3 * j, 2) for j in (tables.jitter if tables.jitter is not None else [])],
               "run_jitter_ms": run_jitter, "simulated_p90_s": expected.p90, "microbatches": len(schedule.routes),
               "stages_per_path": sorted({len(r.stages) + 1 for r in schedule.routes}),
+              "stage_groups": groups, "columns": columns, "peers_used": len({p for r in schedule.routes
+                                                                            for p in (r.origin, *r.peers)}),
+              "tokens_per_s": tokens / median, "layer_work_per_s": layer_work / median,
               "measured_over_emulated_message_time": round(link_ratio, 3),
-              "wall_s": round(time.monotonic() - start, 1)}
+              "footprint": footprint, "wall_s": round(time.monotonic() - start, 1)}
     each = ", ".join(f"{t:.2f}" for t in times)
-    print(f"{LABELS[method]:>22}: measured median {result['median_s']:.2f} s (iterations {each}), "
+    print(f"{LABELS[method]:>22} (run {rep + 1}): measured median {median:.2f} s (iterations {each}), "
           f"simulated {simulated:.2f} s with the run's jitter (on time {on_time:.2f}, planned "
           f"{schedule.predicted_iteration_seconds or float('nan'):.2f}), measured/simulated "
-          f"{result['median_s'] / simulated:.2f} (on time {result['median_s'] / on_time:.2f}); "
-          f"link model/emulated links {link_ratio:.2f}", flush=True)
+          f"{median / simulated:.2f} (on time {median / on_time:.2f}); {result['tokens_per_s']:.0f} tokens/s, "
+          f"{result['layer_work_per_s']:.0f} layer-tokens/s; groups {groups}"
+          f"{f', {columns} columns' if columns else ''}; link model/emulated links {link_ratio:.2f}", flush=True)
     return result
+
+
+def spread(values: list[float]) -> dict:
+    """min / median / max of `values`."""
+    return {"min": min(values), "median": statistics.median(values), "max": max(values), "n": len(values)}
+
+
+def summarize(results: list[dict]) -> dict:
+    """Per method, min/median/max over its runs of the run's median iteration, throughput and fidelity; and the
+    ratio of SkipPipe's iteration to the full pipeline's (of the medians, and per repetition where both ran)."""
+    by: dict[str, list[dict]] = {}
+    for r in results:
+        by.setdefault(r["method"], []).append(r)
+    summary: dict = {"methods": {}}
+    for method, runs in by.items():
+        summary["methods"][method] = {
+            "runs": len(runs), "iteration_s": spread([r["median_s"] for r in runs]),
+            "simulated_s": spread([r["simulated_s"] for r in runs]),
+            "measured_over_simulated": spread([r["median_s"] / r["simulated_s"] for r in runs]),
+            "tokens_per_s": spread([r["tokens_per_s"] for r in runs]),
+            "layer_work_per_s": spread([r["layer_work_per_s"] for r in runs])}
+    if "skippipe" in by and "full-pipeline" in by:
+        med = {m: summary["methods"][m]["iteration_s"]["median"] for m in ("skippipe", "full-pipeline")}
+        full = {r["rep"]: r for r in by["full-pipeline"]}
+        paired = [r["median_s"] / full[r["rep"]]["median_s"] for r in by["skippipe"] if r["rep"] in full]
+        summary["skippipe_over_full_pipeline"] = {"of_medians": med["skippipe"] / med["full-pipeline"],
+                                                  "per_repetition": spread(paired) if paired else None}
+    return summary
+
+
+def report(summary: dict) -> None:
+    for method, m in summary["methods"].items():
+        it, sim, ratio = m["iteration_s"], m["simulated_s"], m["measured_over_simulated"]
+        print(f"{LABELS[method]:>22}, {m['runs']} runs: iteration {it['min']:.2f} / {it['median']:.2f} / "
+              f"{it['max']:.2f} s (min/median/max), simulated {sim['median']:.2f} s, measured/simulated "
+              f"{ratio['min']:.2f} / {ratio['median']:.2f} / {ratio['max']:.2f}; tokens/s "
+              f"{m['tokens_per_s']['median']:.0f}, layer-tokens/s {m['layer_work_per_s']['median']:.0f}", flush=True)
+    ratio = summary.get("skippipe_over_full_pipeline")
+    if ratio:
+        rep = ratio["per_repetition"]
+        print(f"SkipPipe / full pipeline, measured: {ratio['of_medians']:.2f}x of the medians"
+              + (f" (per repetition {rep['min']:.2f} / {rep['median']:.2f} / {rep['max']:.2f})" if rep else "")
+              + "; target <= 0.5x", flush=True)
 
 
 def chart(results: list[dict], path: Path, title: str) -> None:
@@ -134,15 +220,20 @@ def chart(results: list[dict], path: Path, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    methods = [m for m in METHODS if any(r["method"] == m for r in results)]
+    runs = {m: [r for r in results if r["method"] == m] for m in methods}
     fig, ax = plt.subplots(figsize=(7, 3.6))
-    x = np.arange(len(results))
-    med = [r["median_s"] for r in results]
-    lo = [r["median_s"] - min(r["measured_s"]) for r in results]
-    hi = [max(r["measured_s"]) - r["median_s"] for r in results]
-    ax.bar(x - 0.27, med, 0.27, yerr=[lo, hi], capsize=3, label="measured (median, min-max)", color="#3b75af")
-    ax.bar(x, [r["simulated_s"] for r in results], 0.27, label="simulated, measured jitter", color="#f0a04b")
-    ax.bar(x + 0.27, [r["on_time_s"] for r in results], 0.27, label="simulated, on time", color="#f6d3a5")
-    ax.set_xticks(x, [LABELS[r["method"]] for r in results])
+    x = np.arange(len(methods))
+    med = [statistics.median(r["median_s"] for r in runs[m]) for m in methods]
+    lo = [med[i] - min(r["median_s"] for r in runs[m]) for i, m in enumerate(methods)]
+    hi = [max(r["median_s"] for r in runs[m]) - med[i] for i, m in enumerate(methods)]
+    ax.bar(x - 0.27, med, 0.27, yerr=[lo, hi], capsize=3, label="measured (median of runs, min-max)",
+           color="#3b75af")
+    ax.bar(x, [statistics.median(r["simulated_s"] for r in runs[m]) for m in methods], 0.27,
+           label="simulated, measured jitter", color="#f0a04b")
+    ax.bar(x + 0.27, [statistics.median(r["on_time_s"] for r in runs[m]) for m in methods], 0.27,
+           label="simulated, on time", color="#f6d3a5")
+    ax.set_xticks(x, [LABELS[m] for m in methods])
     ax.set_ylabel("iteration time (s)")
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=8)
@@ -163,6 +254,35 @@ def add_swarm_arguments(parser: argparse.ArgumentParser, methods: tuple[str, ...
     parser.add_argument("--profile", default="geo-distributed")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--methods", default=",".join(methods))
+    parser.add_argument("--emulate-model", default="none",
+                        help=f"carry this preset's messages and take its compute time ({', '.join(FLAVORS)}; "
+                             "none = the tiny model's own messages, compute at the profile's seconds per layer)")
+    parser.add_argument("--microbatch-tokens", type=int, default=None,
+                        help="tokens per microbatch of the emulated preset (default: one sequence of its context)")
+    parser.add_argument("--activation-bytes", type=int, default=None,
+                        help="bytes of each activation and gradient (default: the emulated preset's)")
+
+
+def emulation(args: argparse.Namespace) -> float:
+    """Fill in `args.message_bytes` and `args.microbatch_tokens` from the emulation flags; return the factor on
+    the profile's seconds per layer that makes one tiny stage take as long as one of the emulated preset's.
+    Exits with a message on a bad value."""
+    tiny_layers_per_stage = FLAVORS["tiny"].n_layers / args.stages
+    try:
+        if args.emulate_model == "none":
+            args.microbatch_tokens = args.microbatch_tokens or args.batch_size * args.seq_len
+            scale = 1.0
+            default_bytes = 0
+        else:
+            scale = stage_time_scale(args.emulate_model, args.stages, args.microbatch_tokens) / tiny_layers_per_stage
+            default_bytes = message_bytes(args.emulate_model, args.microbatch_tokens)
+            args.microbatch_tokens = args.microbatch_tokens or FLAVORS[args.emulate_model].max_seq_len
+    except ValueError as e:
+        sys.exit(f"error: --emulate-model/--microbatch-tokens: {e}")
+    if args.activation_bytes is not None and not 0 <= args.activation_bytes <= MAX_MESSAGE_BYTES:
+        sys.exit(f"error: --activation-bytes must be in [0, {MAX_MESSAGE_BYTES}], got {args.activation_bytes}")
+    args.message_bytes = default_bytes if args.activation_bytes is None else args.activation_bytes
+    return scale
 
 
 def checked_methods(args: argparse.Namespace, methods: tuple[str, ...]) -> list[str]:
@@ -177,42 +297,80 @@ def checked_methods(args: argparse.Namespace, methods: tuple[str, ...]) -> list[
     return chosen
 
 
+SAME_RUN = ("peers", "stages", "skip", "microbatches", "batch_size", "seq_len", "profile", "seed", "iterations",
+            "compute_scale", "emulate_model", "microbatch_tokens", "message_bytes")
+"""Arguments that must match for --resume to add runs to an earlier results.json."""
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_swarm_arguments(parser, METHODS)
-    parser.add_argument("--iterations", type=int, default=6)
+    parser.set_defaults(peers=20, emulate_model="1.5b")
+    parser.add_argument("--iterations", type=int, default=5)
     parser.add_argument("--compute-scale", type=float, default=1.0,
-                        help="multiply the profile's seconds per layer (the emulated device speed)")
+                        help="multiply the emulated device's seconds per layer")
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each method (fresh swarms, interleaved)")
+    parser.add_argument("--max-runs", type=int, default=0, help="stop after this many new runs (0 = all)")
+    parser.add_argument("--resume", action="store_true", help="add to --out/results.json's runs of the same setting")
+    parser.add_argument("--footprint", action=argparse.BooleanOptionalAction, default=True,
+                        help="measure each peer tree's PSS once per run, after its second iteration")
+    parser.add_argument("--stall-timeout", type=float, default=600.0, help="seconds without a committed iteration")
+    parser.add_argument("--stagger", type=float, default=1.0, help="seconds between two peers' starts")
+    parser.add_argument("--gib-per-peer", type=float, default=0.7,
+                        help="refuse to start a swarm unless this much memory per peer is available (0 = no check)")
     parser.add_argument("--out", default="runs/wan")
     args = parser.parse_args()
+    if args.repeats < 1 or args.iterations < 2:
+        sys.exit("error: --repeats must be >= 1 and --iterations >= 2 (the first is not counted)")
     methods = checked_methods(args, METHODS)
+    scale = emulation(args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    results: list[dict] = []
+    if args.resume and (out / "results.json").exists():
+        earlier = json.loads((out / "results.json").read_text())
+        differ = [k for k in SAME_RUN if earlier["args"].get(k) != vars(args).get(k)]
+        if differ:
+            sys.exit(f"error: --resume: {out / 'results.json'} was run with other {', '.join(differ)}")
+        results = earlier["results"]
     view = swarm_from(args.profile, args.peers, seed=args.seed)
-    speeds = [p.seconds_per_layer * args.compute_scale for p in view.peers]
+    speeds = [p.seconds_per_layer * args.compute_scale * scale for p in view.peers]
     keys = out / "keys"
     keys.mkdir(exist_ok=True)
     ids = [ensure_identity(str(keys / f"peer-{i:02d}.key")) for i in range(args.peers)]
+    emulated = "the tiny model's own" if args.emulate_model == "none" else f"{args.emulate_model}'s"
     print(f"{args.peers} peers on the {args.profile} profile ({args.stages} stages, skip {args.skip}, "
-          f"{args.microbatches} microbatches per data holder); compute emulated at "
-          f"{min(speeds):.3f}-{max(speeds):.3f} s/layer; links shaped by tc htb, latency added by the transport",
-          flush=True)
-    results = []
+          f"{args.microbatches} microbatches per data holder); {emulated} messages "
+          f"({wire_message_bytes(args) / 2**20:.2f} MiB each) and compute "
+          f"({min(speeds):.3f}-{max(speeds):.3f} s per tiny layer); links shaped by tc htb, latency added by the "
+          f"transport; {args.repeats} runs per method", flush=True)
+    todo = [(rep, m) for rep in range(args.repeats) for m in methods
+            if not any(r["method"] == m and r["rep"] == rep for r in results)]
+    if args.max_runs:
+        todo = todo[: args.max_runs]
     with EmulatedNetwork(view.latency, view.bandwidth) as net:
         for i in range(args.peers):
             net.write_latency_file(i, ids, keys / f"latency-{i:02d}.json")
-        for method in methods:
-            results.append(measure(args, method, net, keys, speeds, out))
-    by = {r["method"]: r for r in results}
-    summary = {"date": time.strftime("%Y-%m-%d"), "args": vars(args), "results": results}
-    if "skippipe" in by and "full-pipeline" in by:
-        summary["skippipe_over_full_pipeline"] = by["skippipe"]["median_s"] / by["full-pipeline"]["median_s"]
-        print(f"SkipPipe / full pipeline, measured: {summary['skippipe_over_full_pipeline']:.2f}x "
-              f"(simulated {by['skippipe']['simulated_s'] / by['full-pipeline']['simulated_s']:.2f}x; target <= 0.5x)")
-    (out / "results.json").write_text(json.dumps(summary, indent=1))
-    chart(results, out / "wan.png", f"{args.peers} peers, {args.profile}, {args.stages} stages, skip {args.skip}: "
-                                    "one iteration on the runtime vs the simulator")
-    print(f"wrote {out / 'results.json'}, {out / 'wan.png'} and trace-<method>.json (open in ui.perfetto.dev)")
+        for rep, method in todo:
+            free = psutil.virtual_memory().available / 2**30
+            if free < args.gib_per_peer * args.peers:
+                sys.exit(f"error: {free:.1f} GiB of memory available, {args.peers} peers need about "
+                         f"{args.gib_per_peer * args.peers:.0f} (--gib-per-peer); not starting {method} run {rep + 1}")
+            results.append(measure(args, method, net, keys, speeds, out, rep))
+            write_results(out, args, results)
+    summary = write_results(out, args, results)
+    report(summary)
+    chart(results, out / "wan.png", f"{args.peers} peers, {args.profile}, {args.stages} stages, skip {args.skip}, "
+                                    f"{emulated} messages: one iteration on the runtime vs the simulator")
+    print(f"wrote {out / 'results.json'}, {out / 'wan.png'} and trace-<method>-<run>.json (open in ui.perfetto.dev)")
+
+
+def write_results(out: Path, args: argparse.Namespace, results: list[dict]) -> dict:
+    summary = summarize(results)
+    (out / "results.json").write_text(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                                                  "args": vars(args), "summary": summary, "results": results},
+                                                 indent=1))
+    return summary
 
 
 if __name__ == "__main__":
