@@ -27,6 +27,7 @@ from swarm.control.record_validator import RunRecordValidator
 from swarm.control.records import Heartbeat, SwarmRecords
 from swarm.net.dht_pipe import make_commands_safe
 from swarm.net.dht_shutdown import stop_dht
+from swarm.net.forwarding import Forwarder
 from swarm.net.identity import load_identity
 from swarm.net.reachability import Reachability, circuit_addresses, dht_options, reachable_addresses
 from swarm.net.reaper import Reaper
@@ -57,6 +58,7 @@ class Node:
         self.heartbeat: Heartbeat | None = None
         self.reachability: Reachability | None = None
         self.relays: tuple[str, ...] = ()
+        self.forwarder: Forwarder | None = None
 
     def start_dht(self, initial_peers: Iterable[str] = (), *, client: bool = False,
                   reachability: Reachability | None = None, relays: Iterable[str] = (),
@@ -129,10 +131,19 @@ class Node:
             self.gossip.close()
             self.gossip = None
 
+    def start_forwarder(self, admitted: Callable[[str], bool]) -> Forwarder:
+        """Relay for members that cannot be dialled (`swarm.net.forwarding`): a public node's part."""
+        self.forwarder = Forwarder(self.dht, admitted)
+        return self.forwarder
+
     def stop(self) -> None:
-        """Stop the heartbeat, gossip, the DHT and its p2pd, then the reaper (which sweeps anything left)."""
+        """Stop the heartbeat, gossip, the forwarder, the DHT and its p2pd, then the reaper (which sweeps anything
+        left)."""
         self.stop_heartbeat()
         self.stop_gossip()
+        if self.forwarder is not None:
+            self.forwarder.shutdown()
+            self.forwarder = None
         if self.dht is not None:
             stop_dht(self.dht)
             self.dht = None

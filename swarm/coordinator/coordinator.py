@@ -28,7 +28,6 @@ from swarm.control.node import Node
 from swarm.coordinator.dial_back import DialBack
 from swarm.coordinator.run_members import RunMembers
 from swarm.coordinator.scheduler_role import SchedulerRole
-from swarm.net.forwarding import Forwarder
 from swarm.net.identity import ensure_identity
 from swarm.run_config import RunConfig
 from swarm.wire import PeerRecord, PeerState
@@ -69,7 +68,6 @@ class Coordinator:
         self.peer_id = ensure_identity(options.identity_path)
         self.run_dir = Path(options.run_dir) if options.run_dir else None
         self.role: SchedulerRole | None = None
-        self.forwarder: Forwarder | None = None
         self.dial_back: DialBack | None = None
         self.node = Node(options.identity_path, self.config.run_id, host=options.host, port=options.port,
                          on_message=self._on_message)
@@ -87,8 +85,6 @@ class Coordinator:
         finally:
             if self.dial_back is not None:
                 self.dial_back.stop()
-            if self.forwarder is not None:
-                self.forwarder.shutdown()
             self.node.stop()
 
     def _on_message(self, msg) -> None:
@@ -102,7 +98,7 @@ class Coordinator:
         records = node.start_dht(reachability="public" if o.relay else None)
         members = RunMembers(records.fetch_peers, self.config.run_id, {self.peer_id})
         if o.relay:
-            self.forwarder = Forwarder(node.dht, members)
+            node.start_forwarder(members)
         corpus = Corpus.build(self.config.data)  # trains (and caches) the run's tokenizer once
         info = node.start_gossip()
         self.spec = dataclasses.replace(

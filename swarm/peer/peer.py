@@ -183,6 +183,8 @@ class Peer:
         self.spec = spec
         self.members = Members(self.peer_id, o.run_id, o.token, self._issuers)
         self.dial_verdict = DialVerdict(self.peer_id)
+        if node.reachability == "public":  # it can be dialled: it relays members' streams too, as the coordinator
+            node.start_forwarder(self.members.admits)
         latency = dict(o.link_latency or {})
         data = self.config.data
         wire_shape = self.config.wire_activation_shape(self.model_config.dim)  # padded where emulation says so
