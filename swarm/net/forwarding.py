@@ -217,27 +217,28 @@ class Forwarder:
     async def _serve(self, info: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         sender = info.peer_id.to_base58()
         loop = asyncio.get_running_loop()
-        try:
-            why = self._refusal(sender)
-            fields = await read_preamble(reader, ("to", "protocol"))
-            to, protocol = fields["to"], fields["protocol"]
-            if why is None and not await loop.run_in_executor(None, self.admitted, sender):
-                why = "the sender is not a member of the run"
-            if why is None and (to == sender or not await loop.run_in_executor(None, self.admitted, to)):
-                why = "the destination is not a member of the run"
-        except ForwardError as e:
-            why, to, protocol = str(e), "", ""
-        if why is not None:
-            self.stats["refused"] += 1
-            logger.info("not forwarding a stream of %s: %s", sender, why)
-            try:
-                await _answer(writer, REFUSED, why)
-            finally:
-                writer.close()
-            return
+        why = self._refusal(sender)  # counted from the start: a stream still writing its preamble holds a slot
         self.open[sender] += 1
         try:
+            if why is None and not await loop.run_in_executor(None, self.admitted, sender):
+                why = "the sender is not a member of the run"
+            to = protocol = ""
+            if why is None:
+                try:
+                    fields = await read_preamble(reader, ("to", "protocol"))
+                    to, protocol = fields["to"], fields["protocol"]
+                except ForwardError as e:
+                    why = str(e)
+            if why is None and (to == sender or not await loop.run_in_executor(None, self.admitted, to)):
+                why = "the destination is not a member of the run"
+            if why is not None:
+                self.stats["refused"] += 1
+                logger.info("not forwarding a stream of %s: %s", sender, why)
+                await _answer(writer, REFUSED, why)
+                return
             await self._carry(sender, to, protocol, reader, writer)
+        except (ConnectionError, asyncio.IncompleteReadError) as e:
+            logger.debug("a forwarded stream of %s ended: %s", sender, e)
         finally:
             self.open[sender] -= 1
             if not self.open[sender]:
