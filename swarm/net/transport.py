@@ -46,6 +46,7 @@ from swarm.constants import (
     MAX_ERROR_CHARS,
     MAX_HEADER_BYTES,
     MAX_INBOUND_STREAMS_PER_SENDER,
+    MAX_LINKS,
     MAX_PENDING_BYTES_PER_SENDER,
     MAX_PROBE_BYTES,
     MAX_TENSOR_BYTES,
@@ -92,7 +93,8 @@ DIRECT_DIAL_TIMEOUT = 3.0
 VIA_RELAY_FOR = 300.0
 """Seconds a peer reached only through its relay is sent to through it first, skipping the direct dial."""
 RELAYS_CACHE = 10.0
-"""Seconds this peer's own relays (whom it accepts forwarded streams from) are remembered before a new read."""
+"""Seconds a peer's relays (this peer's own: whom it takes forwarded streams from) are remembered before a new read
+(the hook may read the DHT)."""
 
 
 class TransportError(RuntimeError):
@@ -171,6 +173,7 @@ class Transport:
         self._idle = IdleStreams()  # touched only in the loop's thread
         self._via_relay: dict[str, float] = {}  # peer -> until when its streams go through its relay first
         self._own_relays: tuple[float, frozenset[str]] = (-RELAYS_CACHE, frozenset())
+        self._relay_lookups: dict[str, tuple[float, str | None]] = {}  # peer -> (when read, the relay it names)
         self._receiver: Receiver | None = None
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="skippipe-transport", daemon=True)
@@ -381,15 +384,23 @@ class Transport:
         return IdleStream(reader, writer)
 
     async def _relay_of(self, peer_id: str) -> str | None:
-        """The relay `peer_id` announces itself through, if any (the hook may read the DHT: off the loop)."""
+        """The relay `peer_id` announces itself through, if any (read at most every `RELAYS_CACHE` seconds)."""
         if self.addresses is None:
             return None
+        read_at, relay = self._relay_lookups.get(peer_id, (-RELAYS_CACHE, None))
+        if time.monotonic() - read_at <= RELAYS_CACHE:
+            return relay
         try:
             found = await asyncio.get_running_loop().run_in_executor(None, self.addresses, peer_id)
+            relay = next(iter(relays_in(found)), None)
         except Exception as e:
             logger.debug("addresses of %s unknown: %s", peer_id, e)
-            return None
-        return next(iter(relays_in(found)), None)
+            relay = None
+        if len(self._relay_lookups) > 4 * MAX_LINKS:  # peers come and go: forget the oldest lookups
+            for stale in sorted(self._relay_lookups, key=lambda p: self._relay_lookups[p][0])[:MAX_LINKS]:
+                del self._relay_lookups[stale]
+        self._relay_lookups[peer_id] = (time.monotonic(), relay)
+        return relay
 
     async def _serve_forwarded(self, serve: Callable[..., Awaitable[None]], info: Any, reader: asyncio.StreamReader,
                                writer: asyncio.StreamWriter) -> None:
