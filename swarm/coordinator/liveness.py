@@ -115,5 +115,7 @@ class Liveness:
                             now - self._declared_at[p])
                 self.declared_gone.discard(p)
                 self._reports.forget(p)
-        for p, why in self._reports.gone(self._heartbeat_age, now).items():
+        # a heartbeat's age as of now: what the last read said, plus the time since (a silent peer's grows)
+        ages = {p: age + max(0.0, now - self._last_seen[p]) for p, age in self._heartbeat_age.items()}
+        for p, why in self._reports.gone(ages, now).items():
             self.declare_gone(p, why, now)

@@ -160,6 +160,11 @@ class LocalSwarm:
             if Path(path).name.startswith("hivemind-") and path.endswith(".sock"):
                 Path(path).unlink(missing_ok=True)
 
+    def freeze(self, proc: subprocess.Popen) -> list:
+        """SIGSTOP a process and everything it started: a host that dies silently (nothing is reset, its sockets
+        stay open, only timeouts tell). Returns the stopped processes (psutil); `kill` ends them, resumed or not."""
+        return _suspended_tree(proc.pid)
+
     @property
     def processes(self) -> list[subprocess.Popen]:
         return [p for p in [self.coordinator, *self.peers] if p is not None]

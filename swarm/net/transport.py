@@ -170,6 +170,8 @@ class Transport:
                                    state_gate=state_gate, state_wait=state_wait)
         self._limits_args = dict(max_streams=max_streams, max_pending=max_pending)
         self._stats = {"sent": 0, "bytes_sent": 0, "streams_opened": 0}
+        self._in_flight: dict[str, set[concurrent.futures.Future]] = {}  # peer -> its sends and probes under way
+        self._in_flight_lock = threading.Lock()
         self._idle = IdleStreams()  # touched only in the loop's thread
         self._via_relay: dict[str, float] = {}  # peer -> until when its streams go through its relay first
         self._own_relays: tuple[float, frozenset[str]] = (-RELAYS_CACHE, frozenset())
@@ -209,11 +211,22 @@ class Transport:
         :raises PeerUnreachable: no stream to the peer could be opened (the message did not arrive)
         :raises TransportError: timed out (including waiting on a full receiver) or refused
         """
-        self._run(self._send(peer_id, header, tensor, wire_dtype=wire_dtype), timeout)
+        self._run(self._send(peer_id, header, tensor, wire_dtype=wire_dtype), timeout, peer=peer_id)
 
     def probe(self, peer_id: str, nbytes: int, *, timeout: float = PROBE_TIMEOUT) -> float:
         """Round-trip seconds to send ``nbytes`` of filler to ``peer_id`` and get its acknowledgement."""
-        return self._run(self._probe(peer_id, nbytes), timeout)
+        return self._run(self._probe(peer_id, nbytes), timeout, peer=peer_id)
+
+    def abandon(self, peer_id: str) -> int:
+        """Give up on `peer_id` (it does not answer: a host frozen or cut off resets nothing, so its sends would wait
+        out their timeouts): its sends and probes under way fail now with `TransportError` (delivered or not is
+        unknown) and its idle streams are closed. Returns how many were cut short."""
+        with self._in_flight_lock:
+            pending = list(self._in_flight.get(peer_id, ()))
+        for future in pending:
+            future.cancel()
+        self.drop_idle_streams(peer_id)
+        return len(pending)
 
     def drop_idle_streams(self, peer_id: str) -> None:
         """Close the idle streams to `peer_id` (one that left, or whose side may have timed them out)."""
@@ -259,12 +272,24 @@ class Transport:
         finally:  # whatever happened above: close the client, which also removes its unix socket file
             await self._p2p.shutdown()
 
-    def _run(self, coro, timeout: float) -> Any:
+    def _run(self, coro, timeout: float, *, peer: str | None = None) -> Any:
         future = asyncio.run_coroutine_threadsafe(asyncio.wait_for(coro, timeout), self._loop)
+        if peer is not None:
+            with self._in_flight_lock:
+                self._in_flight.setdefault(peer, set()).add(future)
         try:
             return future.result()
         except TimeoutError:
             raise TransportError(f"timed out after {timeout:.1f}s") from None
+        except concurrent.futures.CancelledError:
+            raise TransportError(f"given up on {peer}: it does not answer") from None
+        finally:
+            if peer is not None:
+                with self._in_flight_lock:
+                    futures = self._in_flight.get(peer, set())
+                    futures.discard(future)
+                    if not futures:
+                        self._in_flight.pop(peer, None)
 
     # ---- sending -----------------------------------------------------------------------------------------------
     async def _send(self, peer_id: str, header: HopHeader, tensor: torch.Tensor, *, wire_dtype: str | None) -> None:

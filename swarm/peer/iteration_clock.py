@@ -4,6 +4,12 @@ A peer waits for its part of an iteration, for a commit and for a microbatch's b
 be minutes on a fast swarm and too short on a slow one, so every deadline here is a multiple of what iterations
 take: the schedule's prediction at first, then the median of the periods between the scheduler's recent commits
 (which include averaging and the slowest peer), whichever is longer.
+
+A dead host is silent (frozen, or its link cut): nothing is reset, so no send fails; only the schedule says that
+an answer is late. The deadlines below keep what a silent death costs near two iterations plus a few seconds:
+a backward late past twice its planned round trip, or a stage mate's averaging contribution late past one
+iteration, makes the peer probe the one in question; a probe not answered within half an iteration (at least
+`SILENCE_FLOOR` seconds, so that a live peer on a loaded machine is not taken for dead) makes it unreachable.
 """
 
 from __future__ import annotations
@@ -16,10 +22,20 @@ from scheduler.schedule import Schedule
 DEADLINE_FACTOR = 5.0
 MIN_ITERATION_DEADLINE = 60.0
 RECENT_ITERATIONS = 5
-HOP_DEADLINE_FACTOR = 3.0
-HOP_DEADLINE_SLACK = 2.0
+HOP_DEADLINE_FACTOR = 2.0
+HOP_DEADLINE_SLACK = 1.0
 """A microbatch's backward is overdue HOP_DEADLINE_FACTOR times its planned round trip (scaled to how much longer
 than predicted iterations take) plus HOP_DEADLINE_SLACK seconds after its forward left this peer."""
+SILENCE_FLOOR = 3.0
+"""The least seconds a probe of a peer in question waits for its answer, and a stage mate's averaging contribution
+is waited for before that mate is probed: a live peer on a loaded 2-core machine answers a one-byte probe well
+within it, a frozen one never does."""
+PROBE_TIMEOUT_FACTOR = 0.5
+"""A probe of a peer in question waits this many iterations (what iterations take) for its answer, at least
+SILENCE_FLOOR seconds: on a slow swarm the probe may queue behind large messages on the same link."""
+AVERAGING_OVERDUE_FACTOR = 1.0
+"""A stage mate whose averaging contribution has not come this many iterations after this peer's own is probed
+(at least SILENCE_FLOOR seconds after)."""
 
 
 class IterationClock:
@@ -57,6 +73,14 @@ class IterationClock:
         if not expected > 0:
             return self.cap
         return min(self.cap, max(MIN_ITERATION_DEADLINE, DEADLINE_FACTOR * expected))
+
+    def probe_timeout(self, schedule: Schedule) -> float:
+        """Seconds a probe of a peer in question waits for its answer before that peer is taken for unreachable."""
+        return max(SILENCE_FLOOR, PROBE_TIMEOUT_FACTOR * self.expected(schedule))
+
+    def averaging_overdue(self, schedule: Schedule) -> float:
+        """Seconds into the stage averaging after which a stage mate not heard from yet is probed."""
+        return max(SILENCE_FLOOR, AVERAGING_OVERDUE_FACTOR * self.expected(schedule))
 
     def hop_deadlines(self, schedule: Schedule, peer: str) -> dict[int, float]:
         """`peer`'s per-hop deadlines in `schedule`, by microbatch (see `HOP_DEADLINE_FACTOR`): none if the schedule

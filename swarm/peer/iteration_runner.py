@@ -8,14 +8,17 @@
    `checkpoint_every` iterations.
 
 Deadlines come from the `IterationClock`. A microbatch whose backward is overdue at this peer makes it probe the
-peer it sent the forward to: one that does not answer is taken for unreachable (detoured around, not waited for by
-the averaging, and reported). A newer epoch that starts at the iteration in progress aborts it (IterationAborted),
-and so does the run finishing while the peer is asked to stop; no commit in time is an IterationTimeout.
+peer it sent the forward to, and so does a stage mate whose averaging contribution is overdue: one that does not
+answer in time is taken for unreachable (detoured around, not waited for by the averaging, and reported), and the
+sends to it still under way are given up on (a silent host, frozen or cut off, never makes them fail). A newer
+epoch that starts at the iteration in progress aborts it (IterationAborted), and so does the run finishing while
+the peer is asked to stop; no commit in time is an IterationTimeout.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 
@@ -26,7 +29,7 @@ from swarm.net.transport import Transport, TransportError
 from swarm.peer.console import IterationSummary, console_logger, iteration_line
 from swarm.peer.data_holder import DataHolder
 from swarm.peer.host_share import ThreadShare
-from swarm.peer.iteration_clock import IterationClock
+from swarm.peer.iteration_clock import SILENCE_FLOOR, IterationClock
 from swarm.peer.mailbox import Inbox, Outbox
 from swarm.peer.pipeline import IterationAborted, IterationTimeout, PipelineExecutor
 from swarm.peer.reports import Reports
@@ -40,8 +43,6 @@ logger = logging.getLogger(__name__)
 
 COMMIT_TIMEOUT = 120.0
 """Seconds to wait for the scheduler's commit (or a replacing epoch) before giving up on the run."""
-HOP_CHECK_TIMEOUT = 5.0
-"""Seconds the next hop of an overdue microbatch has to acknowledge a one-byte probe before it is taken for gone."""
 
 
 class IterationRunner:
@@ -66,6 +67,12 @@ class IterationRunner:
         self.unreachable: frozenset[str] = frozenset()
         """Peers no stream could be opened to since this peer adopted its schedule: detoured around like gone ones,
         and not waited for by the stage averaging (replaced, never mutated)."""
+        self._probe_timeout = SILENCE_FLOOR
+        """Seconds a probe of a peer in question waits (`IterationClock.probe_timeout` of the iteration's schedule)."""
+        self._averaging = (float("inf"), float("inf"))
+        """(When this peer's stage averaging started, seconds after which a silent stage mate is probed.)"""
+        self._probed: set[str] = set()
+        """Stage mates probed in this iteration's averaging."""
 
     def new_epoch(self) -> None:
         """The scheduler's newer view is in use: a peer still unreachable fails (and is reported) again."""
@@ -84,6 +91,7 @@ class IterationRunner:
         if self.threads is not None:
             self.threads.apply()  # peers that started on this machine since take their share of its cores
         self.timeline.take_compute()  # what an abandoned attempt computed is not this iteration's
+        self._probe_timeout, self._probed = self.clock.probe_timeout(schedule), set()
         batches = data.draw(schedule, iteration) if stage == 0 and data is not None else {}
         executor = PipelineExecutor(me=self.peer_id, worker=worker, schedule=schedule, run_id=self.run_id,
                                     iteration=iteration, send=self.outbox.send, batches=batches,
@@ -113,6 +121,7 @@ class IterationRunner:
             data.shards.commit(iteration)
         t1 = time.perf_counter()
         group = schedule.stage_peers(stage)
+        self._averaging = (time.monotonic(), self.clock.averaging_overdue(schedule))
         if self.config.averaging == "hivemind":
             visits, heard = session.average_with_hivemind(len(group), self.averaging_deadline)
         else:
@@ -180,25 +189,40 @@ class IterationRunner:
         if peer in self.follower.gone or peer in self.unreachable:
             return False
         newer = self.follower.poll_newer()
-        return newer is None or peer in newer.placement
+        if newer is not None and peer not in newer.placement:
+            return False
+        since, overdue = self._averaging
+        if time.monotonic() - since > overdue and peer not in self._probed:
+            self._probed.add(peer)
+            self._probe(peer, f"{peer}'s averaging contribution is {overdue:.1f} s late")
+        return True
 
     def _check_next_hop(self, peer: str, microbatch: int) -> None:
         """A microbatch sent to `peer` is overdue: probe `peer` off the main loop. One that does not answer is
         taken for gone (the executor reports the microbatch broken, the scheduler hears that it is unreachable);
         one that answers is slow, or waits on a hop further on, whose own upstream peer checks it."""
-        def check() -> bool:
-            try:
-                transport = self._transport()
-                if transport is None:
-                    return False
-                transport.probe(peer, 1, timeout=HOP_CHECK_TIMEOUT)
-                logger.info("microbatch %d is late but %s answers: waiting on", microbatch, peer)
-                return True
-            except TransportError as e:
-                logger.warning("microbatch %d is overdue at %s, which does not answer (%s): taking it for gone",
-                               microbatch, peer, e)
-                self.note_unreachable(peer)
-                self.inbox.wake()  # the executor finds the microbatch broken
-                return False
+        self.outbox.submit(lambda: self._check(peer, f"microbatch {microbatch} is overdue at {peer}"))
 
-        self.outbox.submit(check)
+    def _probe(self, peer: str, why: str) -> None:
+        """Probe `peer`, in question because of `why`, on a thread of its own (the sender threads may all be held
+        up by sends to it)."""
+        threading.Thread(target=self._check, args=(peer, why), name="skippipe-check", daemon=True).start()
+
+    def _check(self, peer: str, why: str) -> bool:
+        """Whether `peer` acknowledges a one-byte probe within the probe timeout; if not, it is taken for unreachable
+        and the sends to it still under way are given up on (they come back undelivered)."""
+        transport = self._transport()
+        if transport is None:
+            return False
+        try:
+            transport.probe(peer, 1, timeout=self._probe_timeout)
+            logger.info("%s, but it answers: waiting on", why)
+            return True
+        except TransportError as e:
+            logger.warning("%s, which does not answer (%s): taking it for gone", why, e)
+            self.note_unreachable(peer)
+            cut = transport.abandon(peer)
+            if cut:
+                logger.warning("gave up on %d sends to %s", cut, peer)
+            self.inbox.wake()  # the executor finds the microbatch broken
+            return False

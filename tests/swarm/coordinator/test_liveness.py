@@ -56,6 +56,16 @@ def test_reports_convict_with_two_reporters_or_an_overdue_heartbeat_and_a_rejoin
     assert "c" not in live.live(3.0)
 
 
+def test_a_heartbeat_ages_between_reads_so_a_silent_peer_reported_once_is_gone():
+    live = Liveness(HEARTBEAT)
+    live.update({p: (record(p), 0.5) for p in "abc"}, 0.0)  # c's heartbeat was fresh at the last read...
+    live.report_unreachable("a", "c", 0.5)
+    assert "c" in live.live(0.5)  # one reporter, and c's heartbeat is not overdue: not enough
+    live.report_unreachable("a", "c", 1.0 + HEARTBEAT)  # ...no read since showed a newer one: now overdue
+    assert "c" in live.declared_gone
+    assert "b" not in live.declared_gone
+
+
 def test_a_peer_declared_gone_again_and_again_waits_longer_each_time():
     live = Liveness(HEARTBEAT)
     fresh = {p: (record(p), 0.5) for p in "abc"}

@@ -142,6 +142,40 @@ def _fields(h: HopHeader) -> dict:
     return msgpack.unpackb(h.to_msgpack())
 
 
+def test_abandon_fails_the_sends_waiting_on_a_peer_that_does_not_answer(local, remote):
+    """A silent peer (a frozen host) leaves sends waiting out their timeouts; `abandon` fails them at once."""
+    assert remote.call("delay", 4.0) == 4.0
+    errors: list[TransportError] = []
+
+    def send(i: int) -> None:
+        try:
+            local.send(remote.id, header(local, remote, microbatch=300 + i), torch.zeros(4), timeout=60)
+        except TransportError as e:
+            errors.append(e)
+
+    try:
+        senders = [threading.Thread(target=send, args=(i,)) for i in range(3)]
+        for t in senders:  # the consumer holds 1, the queue 1: the third waits for an answer
+            t.start()
+            time.sleep(0.3)
+        start = time.monotonic()
+        assert local.abandon(remote.id) >= 1
+        for t in senders:
+            t.join(timeout=10)
+        assert time.monotonic() - start < 3.0  # not the consumer's 4 s, nor the send's 60 s timeout
+        assert errors and all("given up" in str(e) for e in errors), errors
+        assert local.abandon(remote.id) == 0  # nothing left under way
+    finally:
+        remote.call("delay", 0.0)
+    while True:  # drain what was delivered
+        try:
+            remote.received(timeout=10)
+        except queue.Empty:
+            break
+    local.send(remote.id, header(local, remote, microbatch=310), torch.zeros(4))  # the peer is reached again
+    assert remote.received()[1].microbatch == 310
+
+
 def test_unreachable_peer_is_a_transport_error(local):
     with pytest.raises(TransportError):
         local.send("QmYyQSo1c1Ym7orWxLYvCrM2EmxFTANf8wXmmE7DWjhx5N", header(local, type("R", (), {"id": "x"})),

@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
-from swarm.peer.iteration_clock import HOP_DEADLINE_FACTOR, HOP_DEADLINE_SLACK, MIN_ITERATION_DEADLINE, IterationClock
+from swarm.peer.iteration_clock import (
+    HOP_DEADLINE_FACTOR,
+    HOP_DEADLINE_SLACK,
+    MIN_ITERATION_DEADLINE,
+    SILENCE_FLOOR,
+    IterationClock,
+)
 from tests.swarm.coordinator.conftest import make_records, make_replanner
 
 
@@ -46,3 +54,14 @@ def test_hop_deadlines_scale_the_planned_round_trips_to_measured_iterations(sche
     for mb, d in planned.items():
         trip = (d - HOP_DEADLINE_SLACK) / HOP_DEADLINE_FACTOR
         assert slower[mb] == pytest.approx(HOP_DEADLINE_FACTOR * 2 * trip + HOP_DEADLINE_SLACK)
+
+
+def test_a_silent_peer_is_probed_and_given_up_on_within_an_iteration_or_a_few_seconds(schedule):
+    fast = dataclasses.replace(schedule, predicted_iteration_seconds=0.5)
+    clock = IterationClock(300.0)
+    commits(clock, 0.5, 0.5, 0.5)  # fast iterations: the floor, so that a loaded live peer is not taken for dead
+    assert clock.probe_timeout(fast) == SILENCE_FLOOR and clock.averaging_overdue(fast) == SILENCE_FLOOR
+    clock = IterationClock(300.0)
+    commits(clock, 40.0, 40.0, 40.0)  # slow ones (large messages): in proportion
+    assert clock.probe_timeout(schedule) == pytest.approx(20.0)
+    assert clock.averaging_overdue(schedule) == pytest.approx(40.0)

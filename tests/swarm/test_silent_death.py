@@ -1,0 +1,91 @@
+"""A silent death (issue #19): a peer's whole host freezes mid-run; nothing is reset, only the schedule's deadlines
+tell. The run must go on around it within a few iterations' time, not wait out transport and keep-alive timeouts.
+
+A local swarm of 6 peers (3 stages, 2 per stage) trains; once iteration 6 is committed, a relay that has a stage
+mate is frozen with its whole process tree (SIGSTOP on the peer, its p2pd, DHT process and gossip sidecar: its
+sockets stay open, nothing answers). The run must finish, the scheduler must declare that peer gone (and no other),
+and the longest gap between two commits from the freeze on must stay within a bound derived from the deadlines
+(`swarm.peer.iteration_clock`) and the measured iteration time: a backward overdue past twice its round trip, a
+probe of half an iteration (both at least a few seconds), the iteration run again, with room for a loaded machine.
+Before the fix, such a freeze stalled one iteration for 39-45 s on iterations of ~1 s.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import psutil
+import pytest
+
+from swarm.local.local_swarm import LocalSwarm
+from swarm.net.identity import ensure_identity
+from swarm.peer.iteration_clock import (
+    AVERAGING_OVERDUE_FACTOR,
+    HOP_DEADLINE_FACTOR,
+    HOP_DEADLINE_SLACK,
+    PROBE_TIMEOUT_FACTOR,
+    SILENCE_FLOOR,
+)
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
+
+PEERS = 6
+FROZEN_AFTER = 6
+ITERATIONS = 14
+CI_MARGIN = 2.0
+"""How many times the detection budget a loaded CI machine may take (compute and gossip run slower there)."""
+
+
+def detection_budget(expected: float) -> float:
+    """Seconds a silent death may cost on iterations of `expected` seconds: found overdue (a backward past its hop
+    deadline, or an averaging contribution), the probe that goes unanswered, then the iteration's work again."""
+    overdue = max(HOP_DEADLINE_FACTOR * expected + HOP_DEADLINE_SLACK, max(SILENCE_FLOOR,
+                                                                           AVERAGING_OVERDUE_FACTOR * expected))
+    return overdue + max(SILENCE_FLOOR, PROBE_TIMEOUT_FACTOR * expected) + 2 * expected
+
+
+def test_a_frozen_peer_is_routed_around_and_declared_gone_within_a_few_iterations(tmp_path):
+    config = tmp_path / "run.toml"
+    config.write_text(f"[run]\nrun_id = 'silent'\nstages = 3\nskip = 0.33\nmicrobatches = 2\n"
+                      f"iterations = {ITERATIONS}\nmin_peers = {PEERS}\nseed = 0\n")
+    swarm = LocalSwarm(tmp_path / "run", PEERS, run_id="silent", coordinator_args=["--config", str(config)],
+                       peer_args=["--iteration-deadline", "120"])
+    ids = {}
+    frozen: list[psutil.Process] = []
+    try:
+        swarm.start()
+        swarm.watch(FROZEN_AFTER, timeout=240)
+        ids = {ensure_identity(str(swarm.run_dir / f"peer-{i:02d}.key")): i for i in range(PEERS)}
+        schedule = swarm.schedule()
+        where, planned = schedule["placement"], schedule["predicted_iteration_seconds"]
+        busy = {p for r in schedule["routes"] for p in r["peers"]}
+        victim = next(pid for pid, i in sorted(ids.items(), key=lambda kv: kv[1])
+                      if where[pid] != 0 and pid in busy and list(where.values()).count(where[pid]) > 1)
+        frozen_at = time.time()
+        frozen = swarm.freeze(swarm.peers[ids[victim]])
+        assert {p.status() for p in frozen} == {psutil.STATUS_STOPPED}
+        assert len(frozen) >= 3, frozen  # the peer, its p2pd and its gossip sidecar at least
+        records = swarm.watch(ITERATIONS, timeout=240)
+    finally:
+        for p in frozen:  # SIGCONT, then the whole tree is killed
+            try:
+                p.resume()
+            except psutil.NoSuchProcess:
+                pass
+        if frozen:
+            swarm.kill(swarm.peers[ids[victim]])
+        swarm.stop()
+    assert [r["iteration"] for r in records] == list(range(1, ITERATIONS + 1))
+    gone = swarm.events("declared_gone", who="coordinator")
+    assert [e["peer"] for e in gone] == [victim], gone  # the frozen peer, and no live one
+    assert records[-1]["peers_online"] == PEERS - 1
+    assert any(victim in e["gone"] for e in swarm.events("replanned", who="coordinator"))
+
+    times = [r["time"] for r in records]
+    period = statistics.median(b - a for a, b in zip(times[1:FROZEN_AFTER], times[2:FROZEN_AFTER]))
+    since = [t for t in times if t >= max(t for t in times if t <= frozen_at)]
+    stall = max(b - a for a, b in zip(since, since[1:]))
+    bound = CI_MARGIN * detection_budget(max(planned, period))
+    assert stall <= bound, f"a frozen peer stalled the run {stall:.1f} s (bound {bound:.1f} s, period {period:.2f} s)"
+    assert gone[0]["time"] - frozen_at <= bound
