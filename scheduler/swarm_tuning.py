@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from scheduler.path_rules import PathRules
+from scheduler.costs import CostTables
+from scheduler.path_rules import PathRules, rules_around
 from scheduler.paths import PathProblem, evaluate
 from scheduler.simulator import Priority
 from scheduler.swarm_wiring import redraw
@@ -71,3 +72,26 @@ def tune_swarm_placement(problem: PathProblem, *, seed: int = 0, iterations: int
         if value < best:
             stage_of, best = trial, value
     return stage_of, best
+
+
+def move_pays(tables: CostTables, before: np.ndarray, after: np.ndarray, counts: dict[int, int], *, seed: int = 0,
+              draws: int = TUNING_DRAWS, priority: Priority = "backward_first") -> bool:
+    """Whether the SWARM wiring simulates no slower on placement `after` than on `before` (the mean over the same
+    `draws` wirings): a rebalancing move the throughput estimate calls for, checked against what it is for.
+
+    :param counts: data holder index -> microbatches it injects (the holders of both placements)
+    :raises ValueError: a holder of `counts` off stage 0 in either placement
+    """
+    holders = tuple(sorted(counts))
+    per = tuple(counts[h] for h in holders)
+    s = tables.num_stages
+
+    def score(stage_of: np.ndarray) -> float:
+        unserved = {st for st in range(1, s) if not np.any(stage_of == st)}
+        rules = PathRules(s, s, max_swaps=0)
+        if unserved:
+            rules = rules_around(rules, unserved)[0]
+        return score_over_draws(PathProblem(tables, stage_of, holders, per, rules), seed=seed, draws=draws,
+                                priority=priority)
+
+    return score(after) <= score(before)

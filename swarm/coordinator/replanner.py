@@ -9,8 +9,8 @@ shards and their positions, joiners, and who equips a moved or restarted peer. N
 
 The SWARM-style baseline (`swarm.planner = "swarm"`) plans its own way: its own placement (balanced by throughput,
 tuned on its simulated wiring), joiners sent to the bottleneck stage, at each re-plan one peer moved from the
-least-loaded stage to the bottleneck (an emptied stage refilled first), and a fresh draw of its stochastic wiring,
-which the peers then follow for the whole epoch.
+least-loaded stage to the bottleneck where that does not lengthen the simulated iteration (an emptied stage refilled
+first), and a fresh draw of its stochastic wiring, which the peers then follow for the whole epoch.
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ from scheduler.planner import (
 from scheduler.profiles import swarm_from
 from scheduler.schedule import Schedule, validate
 from scheduler.swarm_balance import join_stage, rebalance_once
+from scheduler.swarm_tuning import move_pays
 from scheduler.swarm_view import ModelCost, PeerSpec, SwarmView
 from swarm.coordinator.epochs import EpochHistory
 from swarm.coordinator.shard_assignment import assign_shards, shard_drawers, shards_to_injectors
@@ -378,7 +379,9 @@ class Replanner:
                          handover: dict[str, str], unsettled: set[int]) -> np.ndarray:
         """SWARM's rebalancing at a re-plan (`swarm_balance.rebalance_once`): a stage left without peers is refilled
         from the least-loaded stage first (every microbatch visits every stage), then, with `swarm.rebalance`, one
-        peer moves from the least-loaded stage to the bottleneck if that raises the slowest stage's throughput. Data
+        peer moves from the least-loaded stage to the bottleneck if that raises the slowest stage's throughput and
+        does not lengthen the simulated iteration of the wiring (`swarm_tuning.move_pays`: throughput is blind to
+        which peers are near which, and the placement was tuned on the simulation). Data
         holders, peers with their own data and unsettled peers stay. Each mover is added to `handover` with the peer
         of its new stage that sends it the stage's state (none for an emptied stage: it restarts from a neighbour)."""
         ids, stages = list(tables.ids), self.config.stages
@@ -390,6 +393,11 @@ class Replanner:
                 return stage_of
             out, move = rebalance_once(tables, stage_of, stages, fixed=fixed)
             if move is None:
+                return stage_of
+            holders = {int(h): self.config.microbatches for h in np.flatnonzero(stage_of == 0)}
+            if not emptied and not move_pays(tables, stage_of, out, holders, seed=self.config.seed):
+                logger.info("SWARM rebalancing: moving %s from stage %d to stage %d would raise the slowest stage's "
+                            "throughput but lengthen the simulated iteration: no move", ids[move[0]], move[1], move[2])
                 return stage_of
             v, was, to = move
             keepers = [int(m) for m in np.flatnonzero(stage_of == to) if int(m) not in unsettled]

@@ -30,7 +30,7 @@ from scheduler.swarm_balance import (
     stage_throughput,
     swarm_placement,
 )
-from scheduler.swarm_tuning import score_over_draws, tune_swarm_placement
+from scheduler.swarm_tuning import move_pays, score_over_draws, tune_swarm_placement
 from scheduler.swarm_wiring import (
     draw_routes,
     expected_makespan_over_draws,
@@ -237,3 +237,15 @@ def test_the_wiring_of_any_iteration_follows_from_the_schedule_alone():
         swarm_wiring_for_iteration(replace(schedule, meta={**schedule.meta, "wiring": {"seed": -3, "epoch": 0}}), 1)
     with pytest.raises(ValueError, match="iteration"):
         swarm_wiring_for_iteration(schedule, -1)
+
+
+def test_a_rebalancing_move_is_checked_against_the_simulated_iteration():
+    tables = tables_of([0.1, 0.1, 0.1, 0.1, 0.4, 0.1, 0.1], stages=4)
+    lopsided = np.array([0, 1, 1, 1, 2, 3, 3])  # stage 2: one slow peer, the bottleneck
+    moved, move = rebalance_once(tables, lopsided, 4)
+    counts = {0: 6}
+    assert move is not None and move_pays(tables, lopsided, moved, counts, draws=3)
+    assert not move_pays(tables, moved, lopsided, counts, draws=3)
+    assert move_pays(tables, lopsided, lopsided, counts, draws=3)
+    with pytest.raises(ValueError, match="not placed on stage 0"):
+        move_pays(tables, lopsided, moved, {1: 6}, draws=3)
