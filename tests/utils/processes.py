@@ -16,8 +16,6 @@ from collections.abc import Iterable
 
 import psutil
 
-from swarm.net.reaper import is_listened_on
-
 HIVEMIND_SOCKETS = "/tmp/hivemind-*.sock"
 """Where hivemind's p2pd and its clients put their unix sockets (hard-coded in hivemind, not in TMPDIR)."""
 
@@ -119,16 +117,30 @@ def hivemind_sockets() -> set[str]:
     return set(glob.glob(HIVEMIND_SOCKETS))
 
 
+def bound_unix_paths() -> set[str]:
+    """Paths of the unix sockets some live process has bound, in every network namespace: /proc/PID/net/unix lists
+    those of PID's namespace, so one process per namespace is read."""
+    bound: set[str] = set()
+    namespaces: set[str] = set()
+    for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            namespace = os.readlink(f"/proc/{pid}/ns/net")
+            if namespace in namespaces:
+                continue
+            with open(f"/proc/{pid}/net/unix") as f:
+                lines = f.readlines()
+        except OSError:  # gone, or not ours to read
+            continue
+        namespaces.add(namespace)
+        bound.update(parts[7] for parts in map(str.split, lines) if len(parts) >= 8)
+    return bound
+
+
 def unbound_hivemind_sockets(paths: Iterable[str]) -> set[str]:
     """Those of ``paths`` that still exist but that no live process has bound (left behind by a dead daemon).
 
-    /proc/net/unix lists only this network namespace's sockets: one bound by a daemon inside an emulated host (a
-    network namespace, possibly another test's) is missing there, so a path missing from it is unbound only if
-    nobody accepts a connection on it either (unlinking a live daemon's socket would cut it off its client)."""
-    bound = set()
-    with contextlib.suppress(OSError), open("/proc/net/unix") as f:
-        for line in f:
-            parts = line.split()
-            if len(parts) >= 8:
-                bound.add(parts[7])
-    return {p for p in paths if os.path.exists(p) and p not in bound and not is_listened_on(p)}
+    A daemon inside an emulated host (a network namespace, possibly another test's) binds its socket there, so every
+    namespace's table is read (`bound_unix_paths`); unlinking a live daemon's socket would cut it off its client.
+    Nothing is connected to: a connection would reach the live daemon's client as a stray stream."""
+    bound = bound_unix_paths()
+    return {p for p in paths if os.path.exists(p) and p not in bound}
