@@ -17,7 +17,9 @@ from swarm.control.membership import cert_problem
 from swarm.wire import PeerRecord
 
 REFRESH = 5.0
-"""Seconds a read of the records answers for; a peer admitted since then waits at most this long."""
+"""Seconds a read of the records answers for."""
+MISS_REFRESH = 1.0
+"""Seconds after which a peer not among the members makes a new read (it may have been admitted since)."""
 
 
 class RunMembers:
@@ -35,7 +37,8 @@ class RunMembers:
 
     def __call__(self, peer: str) -> bool:
         with self._lock:
-            if time.monotonic() - self._read_at > self.refresh:
+            age = time.monotonic() - self._read_at
+            if age > self.refresh or (peer not in self._members and age > MISS_REFRESH):
                 now = get_dht_time()
                 try:
                     records = self.fetch()
