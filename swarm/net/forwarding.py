@@ -202,6 +202,10 @@ class Forwarder:
         except Exception as e:
             logger.debug("removing the forwarding handler: %s", e)
         finally:
+            carried = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in carried:  # the streams still being carried end with the relay
+                task.cancel()
+            await asyncio.gather(*carried, return_exceptions=True)
             await self._p2p.shutdown()
 
     def _run(self, coro, timeout: float) -> Any:
