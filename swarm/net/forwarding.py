@@ -128,8 +128,11 @@ async def open_forwarded(p2p: P2P, relay: str, to: str, protocol: str, timeout: 
     _, reader, writer = await asyncio.wait_for(
         p2p.call_binary_stream_handler(PeerID.from_base58(relay), FORWARD_PROTOCOL), timeout)
     try:
-        writer.write(encode_preamble(to=to, protocol=protocol))
-        await writer.drain()
+        try:
+            writer.write(encode_preamble(to=to, protocol=protocol))
+            await writer.drain()
+        except ConnectionError:
+            pass  # the relay may have refused (a stranger) and closed before reading: its answer says why
         head = await asyncio.wait_for(reader.readexactly(3), timeout)
         if head[0] != OPENED:
             reason = await asyncio.wait_for(reader.readexactly(min(int.from_bytes(head[1:], "big"),
@@ -172,6 +175,8 @@ class Forwarder:
         self.open: Counter[str] = Counter()
         """Sender -> its forwarded streams open now."""
         self.stats = {"forwarded": 0, "refused": 0, "bytes": 0}
+        self._copies: set[asyncio.Future] = set()
+        """The byte copies of the streams being carried (both directions of each)."""
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="skippipe-forwarder", daemon=True)
         self._thread.start()
@@ -202,7 +207,7 @@ class Forwarder:
         except Exception as e:
             logger.debug("removing the forwarding handler: %s", e)
         finally:
-            carried = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            carried = list(self._copies)
             for task in carried:  # the streams still being carried end with the relay
                 task.cancel()
             await asyncio.gather(*carried, return_exceptions=True)
@@ -224,15 +229,15 @@ class Forwarder:
         why = self._refusal(sender)  # counted from the start: a stream still writing its preamble holds a slot
         self.open[sender] += 1
         try:
-            if why is None and not await loop.run_in_executor(None, self.admitted, sender):
-                why = "the sender is not a member of the run"
             to = protocol = ""
-            if why is None:
+            if why is None:  # read before any answer: a stream closed with unread bytes is reset, answer and all
                 try:
                     fields = await read_preamble(reader, ("to", "protocol"))
                     to, protocol = fields["to"], fields["protocol"]
                 except ForwardError as e:
                     why = str(e)
+            if why is None and not await loop.run_in_executor(None, self.admitted, sender):
+                why = "the sender is not a member of the run"
             if why is None and (to == sender or not await loop.run_in_executor(None, self.admitted, to)):
                 why = "the destination is not a member of the run"
             if why is not None:
@@ -275,6 +280,9 @@ class Forwarder:
             self.stats["forwarded"] += 1
             tasks = [asyncio.ensure_future(_copy(reader, dst_writer)),
                      asyncio.ensure_future(_copy(dst_reader, writer))]
+            for task in tasks:
+                self._copies.add(task)
+                task.add_done_callback(self._copies.discard)
             done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
             for task in pending:
                 task.cancel()
