@@ -19,7 +19,7 @@ from swarm.report.write import write_report
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
-ITERATIONS = 24
+ITERATIONS = 14  # the kill comes after iteration 4 and the move is planned at once: ~10 iterations after it
 PINS = ["0", "0", "1", "1", "1", "2"]  # stage 1 has a peer to spare
 
 
