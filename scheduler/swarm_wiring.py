@@ -5,9 +5,10 @@ it (`swarm_balance.hop_rate`: compute plus the link between them), as SWARM's tr
 The origin is the microbatch's data holder (it owns the sample); the path returns there for the loss.
 
 The runtime executes precomputed paths: a schedule carries one draw of the wiring, so in a live swarm the wiring is
-redrawn at each epoch (each re-plan), not per microbatch as in SWARM. `redraw` gives the draw of any iteration
-from the same seed (what a per-iteration rewiring would run); `expected_makespan_over_draws` scores the wiring as
-SWARM runs it, a fresh draw each iteration, over many draws.
+redrawn at each epoch (each re-plan: membership changes, and with this planner every few iterations of a stable
+swarm), not for every iteration as in SWARM. `redraw` gives the draw of any iteration from the same seed (what a
+per-iteration rewiring would run); `expected_makespan_over_draws` scores the wiring as SWARM runs it, a fresh draw
+each iteration, over many draws.
 """
 
 from __future__ import annotations

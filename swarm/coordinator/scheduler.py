@@ -8,7 +8,9 @@ corroborated reports, and commits an iteration once every data holder has report
 
 A re-planned epoch starts at the next iteration: the one in progress goes on, its forwards detoured around gone
 peers (peers are told who is gone), unless a data holder is among them (its microbatches cannot finish) or a
-joiner is to take over a shard another holder carries: then that iteration runs again under the new epoch.
+joiner is to take over a shard another holder carries: then that iteration runs again under the new epoch. With the
+SWARM-style planner a stable swarm is also re-planned every `SWARM_REPLAN_ITERATIONS` iterations (rebalanced and
+rewired), from the next iteration.
 """
 
 from __future__ import annotations
@@ -51,6 +53,9 @@ SETTLE_SECONDS = 2.0
 JOIN_PROBE_SECONDS = 60.0
 """A peer joining mid-run is placed once its record shows its first round of link probes (it is ready to work,
 and the planner knows its links), or after this long without them."""
+SWARM_REPLAN_ITERATIONS = 10
+"""With the SWARM-style planner, a stable swarm is re-planned once its epoch has run this many iterations: SWARM's
+periodic rebalancing, and a fresh draw of its stochastic wiring (peers follow one wiring per epoch)."""
 LINK_WAIT_SECONDS = 30.0
 """Before the first plan, wait at most this long for the peers to have measured every link (a large swarm
 probes a sample of its links only, and plans with the gaps filled)."""
@@ -184,7 +189,7 @@ class Scheduler:
                    and self.liveness.seen_for(p, now) >= SETTLE_SECONDS
                    and (r.links or self.liveness.seen_for(p, now) >= JOIN_PROBE_SECONDS)]
         if not gone and not joining and not draining:
-            return []
+            return self._swarm_periodic_replan(peers)
         actions: list[Action] = [Announce(Gone(peers=tuple(gone), iteration=self.completed,
                                                           epoch=self.schedule.epoch))] if gone else []
         # a holder's draws of the iteration in progress are ledgered against the positions of the last commit:
@@ -201,6 +206,19 @@ class Scheduler:
                        extra=event("replanned", start_iteration=start, gone=gone, leaving=draining, joining=joining))
         live = {p: r for p, r in peers.items() if (p in placement or p in joining) and p not in draining}
         return actions + self._replan(live, start=start, handing_over=draining)
+
+    def _swarm_periodic_replan(self, peers: dict[str, PeerRecord]) -> list[Action]:
+        """The SWARM-style planner's periodic re-plan of a stable swarm, from the next iteration (as for a joiner):
+        once the epoch in force has run `SWARM_REPLAN_ITERATIONS` iterations and no newer one is waiting."""
+        latest = self.schedule
+        if self.config.planner != "swarm" or \
+                self.completed - int(latest.meta.get("start_iteration", 0)) < SWARM_REPLAN_ITERATIONS:
+            return []
+        start = self.completed + 1
+        logger.info("SWARM-style planner: epoch %d has run %d iterations: rebalancing and rewiring from iteration %d",
+                    latest.epoch, self.completed - int(latest.meta.get("start_iteration", 0)), start,
+                    extra=event("replanned", start_iteration=start, gone=[], leaving=[], joining=[]))
+        return self._replan({p: r for p, r in peers.items() if p in latest.placement}, start=start)
 
     def _replan(self, peers: dict[str, PeerRecord], *, start: int, handing_over: Iterable[str] = ()) -> list[Action]:
         try:

@@ -1,19 +1,22 @@
 """End to end: a local swarm trained with the SWARM-style baseline planner (`swarm.planner = "swarm"`): every
-microbatch visits every stage in order on its stochastically wired peers, the run completes, and every sample drawn
-is processed exactly once."""
+microbatch visits every stage in order on its stochastically wired peers, the stable swarm is re-planned (rewired)
+after `SWARM_REPLAN_ITERATIONS`, the run completes, and every sample drawn is processed exactly once."""
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 
 import pytest
 
 from peers.data_ledger import read_ledger, sample_status
+from swarm.coordinator.scheduler import SWARM_REPLAN_ITERATIONS
 from swarm.local.local_swarm import LocalSwarm
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
-PEERS, STAGES, ITERATIONS = 6, 3, 8
+PEERS, STAGES = 6, 3
+ITERATIONS = SWARM_REPLAN_ITERATIONS + 4
 
 
 def test_a_swarm_planned_run_completes_and_processes_every_sample_once(tmp_path):
@@ -31,12 +34,15 @@ def test_a_swarm_planned_run_completes_and_processes_every_sample_once(tmp_path)
     finally:
         swarm.stop()
     assert [r["iteration"] for r in records] == list(range(1, ITERATIONS + 1))
+    assert {r["epoch"] for r in records} == {0, 1}  # one periodic re-plan, nobody joined or left
+    first = json.loads((run_dir / "schedule-0.json").read_text())
+    assert sorted(Counter(first["placement"].values()).values()) == [2, 2, 2]  # two data holders, two per stage
     schedule = swarm.schedule()
-    assert schedule["planner"] == "swarm"
-    assert {tuple(r["stages"]) for r in schedule["routes"]} == {tuple(range(1, STAGES))}
-    placement = schedule["placement"]
-    assert all(placement[p] == s for r in schedule["routes"] for s, p in zip(r["stages"], r["peers"]))
-    assert sorted(Counter(placement.values()).values()) == [2, 2, 2]  # balanced: two data holders, two per stage
+    assert schedule["epoch"] == 1 and schedule["meta"]["start_iteration"] >= SWARM_REPLAN_ITERATIONS + 1
+    for plan in (first, schedule):
+        assert plan["planner"] == "swarm"
+        assert {tuple(r["stages"]) for r in plan["routes"]} == {tuple(range(1, STAGES))}
+        assert all(plan["placement"][p] == s for r in plan["routes"] for s, p in zip(r["stages"], r["peers"]))
     entries = [e for f in sorted(run_dir.glob("ledger-*.jsonl")) for e in read_ledger(f)]
     status = sample_status(entries, {(r["iteration"] - 1, r["epoch"]) for r in records})
     processed = Counter(c["processed"] for c in status.values())

@@ -1,6 +1,6 @@
 """The scheduler with `swarm.planner = "swarm"`: SWARM's own placement and wiring at the first plan; at each re-plan a
 fresh draw, joiners sent to the bottleneck stage, and one peer moved from the least-loaded stage to the bottleneck
-(an emptied stage refilled first)."""
+(an emptied stage refilled first); a stable swarm re-planned every few iterations."""
 
 from __future__ import annotations
 
@@ -12,8 +12,10 @@ from scheduler.schedule import validate
 from scheduler.swarm_balance import join_stage
 from swarm.coordinator.epochs import EpochHistory
 from swarm.coordinator.replanner import saved_plan_mismatch
+from swarm.coordinator.scheduler import SWARM_REPLAN_ITERATIONS
 from swarm.run_config import RunConfig
-from tests.swarm.coordinator.conftest import STAGES, make_config, make_replanner
+from tests.swarm.coordinator.conftest import STAGES, make_config, make_replanner, make_scheduler
+from tests.swarm.coordinator.test_scheduler import commit, fresh, planned, published
 
 
 def stage_array(schedule, ids):
@@ -69,3 +71,24 @@ def test_a_swarm_run_is_not_held_to_the_skip_ratio():
     assert config.planner == "swarm"
     with pytest.raises(ValueError, match="never train"):
         RunConfig.from_tables({"swarm": {"planner": "skippipe"}}, stages=2, skip=0.5).validate()
+
+
+def test_a_stable_swarm_is_rewired_every_few_iterations_with_the_swarm_planner_only(records):
+    for planner in ("swarm", "skippipe"):
+        s = make_scheduler(planner)
+        first = planned(s, records)
+        commit(s, SWARM_REPLAN_ITERATIONS - 1)
+        assert published(s.observe(fresh(records), 1.0)) == []
+        commit(s, 1)
+        actions = s.observe(fresh(records), 2.0)
+        if planner == "skippipe":
+            assert published(actions) == []
+            continue
+        (new,) = published(actions)
+        assert new.epoch == 1 and new.meta["start_iteration"] == SWARM_REPLAN_ITERATIONS + 1
+        assert new.meta["joiners"] == [] and new.meta["wiring"]["epoch"] == 1
+        assert [r.peers for r in new.routes] != [r.peers for r in first.routes]
+        assert published(s.observe(fresh(records), 3.0)) == []  # the new epoch has not run yet
+        commit(s, SWARM_REPLAN_ITERATIONS + 1)
+        (newer,) = published(s.observe(fresh(records), 4.0))
+        assert newer.epoch == 2 and newer.meta["start_iteration"] == 2 * SWARM_REPLAN_ITERATIONS + 2
