@@ -127,7 +127,7 @@ def load_schedule_with_costs(path: str) -> tuple[Schedule, CostTables]:
 @click.option("--seed", type=int, default=0, show_default=True, help="seed of the random-skip baseline")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object")
 def simulate_command(schedule_path, gantt, tune_baseline, seed, as_json) -> None:
-    """Simulate a schedule's iteration next to the full-pipeline and random-skip baselines."""
+    """Simulate a schedule's iteration next to the full-pipeline, random-skip and SWARM-style baselines."""
     try:
         schedule, tables = load_schedule_with_costs(schedule_path)
         priority = schedule.meta.get("priority", "backward_first")
@@ -136,7 +136,7 @@ def simulate_command(schedule_path, gantt, tune_baseline, seed, as_json) -> None
         result = simulate(tables, schedule_sim_routes(schedule, tables), priority=priority, record_ops=bool(gantt))
         baselines = {
             name: baseline_schedule(schedule, tables, name, seed=seed, tune=tune_baseline).predicted_iteration_seconds
-            for name in ("full_pipeline", "random_skip")
+            for name in ("full_pipeline", "random_skip", "swarm")
         }
     except (ScheduleError, ValueError, KeyError) as e:
         fail(str(e).strip("'\""))
