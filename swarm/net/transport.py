@@ -120,6 +120,12 @@ async def read_reply(reader: asyncio.StreamReader, peer_id: str) -> tuple[int, s
     return head[0], reason.decode("utf-8", "replace")
 
 
+def _close_if_opened(task: asyncio.Future) -> None:
+    """Done-callback of a stream opening that lost a race: close the stream if it opened after all."""
+    if not task.cancelled() and task.exception() is None:
+        task.result().close()
+
+
 class Transport:
     """Sends and receives ``(HopHeader, tensor)`` messages through the p2pd of a running DHT.
 
@@ -363,38 +369,51 @@ class Transport:
         raise AssertionError("unreachable: the second attempt uses a new stream, which returns or raises")
 
     async def _open(self, peer_id: str, protocol: str) -> IdleStream:
-        """A new stream to `peer_id`: direct, or carried by the relay its record names when it cannot be dialled."""
+        """A new stream to `peer_id`: direct, or carried by the relay its record names when it cannot be dialled.
+
+        To a peer that names a relay, a direct dial and one through the relay race (a home peer's neighbour reaches
+        it directly, everyone else only through the relay, and nobody should wait out a dial to learn which); the
+        direct stream wins a tie. One reached through its relay is sent to through it first for `VIA_RELAY_FOR`."""
         relay = await self._relay_of(peer_id)
-        if relay is not None and self._via_relay.get(peer_id, 0.0) > time.monotonic():
+        if relay is None:
+            try:
+                return await self._open_direct(peer_id, protocol)
+            except (TimeoutError, asyncio.CancelledError):
+                raise
+            except Exception as e:  # p2pd reports unreachable peers with assorted error types
+                raise PeerUnreachable(f"cannot open a stream to {peer_id}: {type(e).__name__}: {e}") from None
+        if self._via_relay.get(peer_id, 0.0) > time.monotonic():
             try:
                 return await self._open_forwarded(relay, peer_id, protocol)
             except ForwardError as e:  # the relay lost it: perhaps it is reachable directly now
                 logger.info("%s; dialling %s directly", e, peer_id)
                 self._via_relay.pop(peer_id, None)
+        direct = asyncio.ensure_future(asyncio.wait_for(self._open_direct(peer_id, protocol), DIRECT_DIAL_TIMEOUT))
+        relayed = asyncio.ensure_future(self._open_forwarded(relay, peer_id, protocol))
+        pending, errors = {direct, relayed}, []
         try:
-            call = self._p2p.call_binary_stream_handler(PeerID.from_base58(peer_id), protocol)
-            _, reader, writer = await (asyncio.wait_for(call, DIRECT_DIAL_TIMEOUT) if relay is not None else call)
-        except asyncio.CancelledError:
-            raise
-        except TimeoutError:
-            if relay is None:
-                raise
-            direct: Exception = TimeoutError(f"no direct stream within {DIRECT_DIAL_TIMEOUT:.0f}s")
-        except Exception as e:  # p2pd reports unreachable peers with assorted error types
-            direct = e
-        else:
-            self._stats["streams_opened"] += 1
-            return IdleStream(reader, writer)
-        why = f"cannot open a stream to {peer_id}: {type(direct).__name__}: {direct}"
-        if relay is None:
-            raise PeerUnreachable(why) from None
-        try:
-            stream = await self._open_forwarded(relay, peer_id, protocol)
-        except ForwardError as e:
-            raise PeerUnreachable(f"{why}; nor through its relay: {e}") from None
-        logger.info("%s reached through its relay %s", peer_id, relay)
-        self._via_relay[peer_id] = time.monotonic() + VIA_RELAY_FOR
-        return stream
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                won = [t for t in (direct, relayed) if t in done and t.exception() is None]
+                errors += [f"{type(t.exception()).__name__}: {t.exception()}" for t in done if t.exception()]
+                if won:
+                    for other in won[1:]:
+                        other.result().close()
+                    if won[0] is relayed:
+                        logger.info("%s reached through its relay %s", peer_id, relay)
+                        self._via_relay[peer_id] = time.monotonic() + VIA_RELAY_FOR
+                    return won[0].result()
+        finally:
+            for task in pending:
+                task.cancel()
+                task.add_done_callback(_close_if_opened)
+        raise PeerUnreachable(f"cannot open a stream to {peer_id}, directly nor through its relay {relay}: "
+                              f"{'; '.join(errors)}")
+
+    async def _open_direct(self, peer_id: str, protocol: str) -> IdleStream:
+        _, reader, writer = await self._p2p.call_binary_stream_handler(PeerID.from_base58(peer_id), protocol)
+        self._stats["streams_opened"] += 1
+        return IdleStream(reader, writer)
 
     async def _relay_instead(self, peer_id: str) -> bool:
         """Whether to send to `peer_id` through its relay from now on, a direct stream to it having failed."""
