@@ -53,6 +53,9 @@ SETTLE_SECONDS = 2.0
 JOIN_PROBE_SECONDS = 60.0
 """A peer joining mid-run is placed once its record shows its first round of link probes (it is ready to work,
 and the planner knows its links), or after this long without them."""
+REPLAN_RETRY_SECONDS = 5.0
+"""A membership change that could not be planned (no data holder left) is tried again after this long, or at once
+when the membership changes again."""
 SWARM_REPLAN_ITERATIONS = 10
 """With the SWARM-style planner, a stable swarm is re-planned once its epoch has run this many iterations: SWARM's
 periodic rebalancing, and a fresh draw of its stochastic wiring (peers follow one wiring per epoch)."""
@@ -114,6 +117,8 @@ class Scheduler:
         self.evicted: set[str] = set()
         """Peers voted out of the run (never admitted again under their key)."""
         self._count, self._settled_since = -1, 0.0
+        self._failed_replan: tuple[tuple, float] | None = None
+        """(The membership change that could not be planned, when it was tried)."""
 
     @property
     def schedule(self) -> Schedule | None:
@@ -190,6 +195,10 @@ class Scheduler:
                    and (r.links or self.liveness.seen_for(p, now) >= JOIN_PROBE_SECONDS)]
         if not gone and not joining and not draining:
             return self._swarm_periodic_replan(peers)
+        change = (tuple(sorted(gone)), tuple(sorted(draining)), tuple(sorted(joining)))
+        if self._failed_replan is not None and self._failed_replan[0] == change and \
+                now - self._failed_replan[1] < REPLAN_RETRY_SECONDS:
+            return []  # the same change could not be planned a moment ago (no data holder left): not every tick
         actions: list[Action] = [Announce(Gone(peers=tuple(gone), iteration=self.completed,
                                                           epoch=self.schedule.epoch))] if gone else []
         # a holder's draws of the iteration in progress are ledgered against the positions of the last commit:
@@ -205,7 +214,9 @@ class Scheduler:
                        gone, draining, joining, start,
                        extra=event("replanned", start_iteration=start, gone=gone, leaving=draining, joining=joining))
         live = {p: r for p, r in peers.items() if (p in placement or p in joining) and p not in draining}
-        return actions + self._replan(live, start=start, handing_over=draining)
+        published = self._replan(live, start=start, handing_over=draining)
+        self._failed_replan = None if published else (change, now)
+        return actions + published
 
     def _swarm_periodic_replan(self, peers: dict[str, PeerRecord]) -> list[Action]:
         """The SWARM-style planner's periodic re-plan of a stable swarm, from the next iteration (as for a joiner):

@@ -373,3 +373,19 @@ def test_a_successor_reruns_the_iteration_in_progress_under_an_epoch_of_its_own(
     (resumed,) = published(s.resume([first], 7, fresh({p: r for p, r in records.items() if p != gone}), 0.0))
     assert resumed.epoch == 1 and resumed.meta["start_iteration"] == 7 and gone not in resumed.placement
     assert s.completed == 7 and s.schedule is resumed
+
+
+def test_a_change_that_cannot_be_planned_is_not_retried_every_tick(records, caplog):
+    """Every data holder gone: no plan is possible until one joins; the scheduler says so once per retry period,
+    not on every read of the records (a successor that saw every peer gone re-planned every 10 ms)."""
+    from swarm.coordinator.scheduler import REPLAN_RETRY_SECONDS
+
+    s = make_scheduler()
+    schedule = planned(s, records)
+    rest = {p: r for p, r in records.items() if p not in schedule.data_holders}
+    with caplog.at_level("ERROR"):
+        for tick in range(50):
+            s.observe(fresh(rest), LATER + tick * 0.01)
+        assert len([r for r in caplog.records if "could not re-plan" in r.message]) == 1
+        s.observe(fresh(rest), LATER + REPLAN_RETRY_SECONDS + 1)
+        assert len([r for r in caplog.records if "could not re-plan" in r.message]) == 2
