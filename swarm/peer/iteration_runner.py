@@ -73,10 +73,13 @@ class IterationRunner:
         """(When this peer's stage averaging started, seconds after which a silent stage mate is probed.)"""
         self._probed: set[str] = set()
         """Stage mates probed in this iteration's averaging."""
+        self._given_up: frozenset[str] = frozenset()
+        """Peers declared gone whose sends under way this peer gave up on, in this epoch."""
 
     def new_epoch(self) -> None:
         """The scheduler's newer view is in use: a peer still unreachable fails (and is reported) again."""
         self.unreachable = frozenset()
+        self._given_up = frozenset()
         self.reports.new_epoch()
 
     def note_unreachable(self, peer: str, certain: bool = True) -> None:
@@ -105,7 +108,8 @@ class IterationRunner:
         t0 = time.perf_counter()
         result = executor.run(lambda t: self.inbox.receive("hop", t),
                               deadline=self.clock.iteration_deadline(schedule),
-                              aborted=lambda: self.follower.replaced(iteration) or self._stopping(),
+                              aborted=lambda: self._give_up_on_gone() or self.follower.replaced(iteration) or
+                              self._stopping(),
                               settled=lambda: self.follower.is_committed(iteration, schedule.epoch))
         if stage == 0 and data is not None:
             self.reports.done(iteration, schedule.epoch, result, data.shards.positions())
@@ -174,6 +178,7 @@ class IterationRunner:
         serving the iteration: a detour around a gone peer of this stage may still bring work here."""
         end = time.monotonic() + COMMIT_TIMEOUT
         while not self.follower.is_committed(iteration, schedule.epoch):
+            self._give_up_on_gone()
             if self.follower.replaced(iteration):
                 raise IterationAborted(f"iteration {iteration} replaced before its commit")
             if self._stopping():
@@ -183,6 +188,19 @@ class IterationRunner:
             executor.handle(self.inbox.receive("hop", 0.2))
         self.follower.forget_commits_before(iteration)
         self.clock.committed(time.monotonic())
+
+    def _give_up_on_gone(self) -> bool:
+        """Give up on the sends under way to peers the scheduler declared gone since the last look (a silent one
+        never fails them): they come back undelivered and their microbatches are re-queued around it. False."""
+        fresh = self.follower.gone - self._given_up
+        transport = self._transport() if fresh else None
+        if transport is not None:
+            self._given_up = self._given_up | fresh
+            for peer in fresh:
+                cut = transport.abandon(peer)
+                if cut:
+                    logger.warning("%s was declared gone: gave up on %d sends to it", peer, cut)
+        return False
 
     def _worth_waiting_for(self, peer: str) -> bool:
         """Whether the stage averaging should still wait for `peer`: not gone, reachable, and in the newest epoch."""
