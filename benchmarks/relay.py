@@ -163,7 +163,8 @@ def transfer(args: argparse.Namespace) -> dict:
 def swarm_run(homes: list[int | None], iterations: int, uplink: float, tag: str) -> float:
     """Median seconds per iteration (after the first) of a 4-peer, 2-stage local swarm whose peer i sits in host i."""
     relayed = any(h is not None for h in homes)
-    with tempfile.TemporaryDirectory(prefix="relay-swarm-") as tmp, NatNetwork(homes, uplink=uplink, tag=tag) as net:
+    tmp = tempfile.mkdtemp(prefix="relay-swarm-")  # kept: the logs of a failed run
+    with NatNetwork(homes, uplink=uplink, tag=tag) as net:
         peer_args = [["--stage", str(s)] + (["--reachability", "relayed"] if homes[i] is not None else [])
                      for i, s in enumerate((0, 1, 1, 0))]
         coordinator = ["--iterations", str(iterations), "--min-peers", "4", "--stages", "2", "--skip", "0",
