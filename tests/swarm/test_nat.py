@@ -11,6 +11,7 @@ import pytest
 
 from swarm.local.local_swarm import LocalSwarm
 from swarm.local.nat_network import NatNetwork, unavailable_reason
+from tests.utils.waiting import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300),
               pytest.mark.skipif(unavailable_reason() is not None, reason=str(unavailable_reason()))]
@@ -25,9 +26,9 @@ COORDINATOR_ARGS = ["--iterations", str(ITERATIONS), "--min-peers", str(len(HOME
                     "0", "--seed", "0", "--microbatches", "2", "--relay"]
 
 
-@pytest.mark.skip(reason="#18 is open: relayed streams between home peers close without a reply and the "
-                         "transport's p2pd socket vanished in the two runs so far, so stage 1's averaging goes ahead "
-                         "without one member (docs/nat.md, 'Status')")
+@pytest.mark.skip(reason="#18 is open: passed 1 of 4 runs since streams are forwarded by the relay; in the others an "
+                         "iteration stalled 55-90 s (a backward from a home peer, acknowledged by the public holder's "
+                         "receiver, was consumed only when the iteration timed out; docs/nat.md, 'Known limits')")
 def test_home_peers_behind_nat_train_through_the_relay(tmp_path):
     net = NatNetwork(HOMES, tag="t" + str(int(time.time()) % 10000))
     peer_args = [["--stage", str(s), "--log-param-digest", "--iteration-deadline", "90",
@@ -61,3 +62,23 @@ def test_home_peers_behind_nat_train_through_the_relay(tmp_path):
     went_ahead = [line for i in (1, 2) for line in (tmp_path / f"peer-{i:02d}.log").read_text().splitlines()
                   if "went ahead without" in line]
     assert not went_ahead, went_ahead
+
+
+def test_a_member_that_cannot_be_dialled_is_told_so(tmp_path):
+    """A home peer that does not say it is relayed (the default) announces its private address: the coordinator's
+    dial-back finds nothing takes a connection there and tells it, with what to do; the public peer is not told."""
+    net = NatNetwork([None, 0], tag="d" + str(int(time.time()) % 10000))
+    with net:
+        swarm = LocalSwarm(tmp_path, 2, run_id="dial", network=net, peer_args=[["--stage", "0"], ["--stage", "1"]],
+                           coordinator_args=["--iterations", "1000", "--min-peers", "2", "--stages", "2", "--skip",
+                                             "0", "--relay"])
+        try:
+            swarm.start()
+            told = wait_for(lambda: swarm.events("not_dialable", who="peer-01"), 90, "the home peer told")
+        finally:
+            swarm.stop()
+    assert told[0]["relay"] is True and told[0]["tried"] and "--announce-addr" in told[0]["advice"]
+    assert all(a.split("/")[2].startswith("192.168.") for a in told[0]["tried"]), told[0]["tried"]
+    assert not swarm.events("not_dialable", who="peer-00")
+    verdicts = swarm.events("not_dialable", who="coordinator")
+    assert verdicts and {v["peer"] for v in verdicts} == {told[0]["node"]}, verdicts
