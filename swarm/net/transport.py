@@ -132,6 +132,10 @@ class Transport:
     Every inbound message is checked before its tensor's buffer is allocated (`swarm.net.receive_limits`); the
     hooks below let the owner say who may send what. Left None, a hook checks nothing (tests, tools).
 
+    At ~360 lines the class is past the project's ~350: the choice of route for a new stream (direct, through the
+    peer's relay, or both raced; `_open`, `_relay_of`, `_serve_forwarded`) landed here last and is the part to move
+    into a class of its own next.
+
     :param dht: the peer's started DHT; its p2pd (and so its peer id) is shared
     :param on_receive: consumer of accepted messages, one per channel ("hop", "average", "state") or one for all;
       it may block (compute), senders of that channel then wait
