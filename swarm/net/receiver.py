@@ -155,7 +155,10 @@ class Receiver:
     def _close(self, sender: str, writer: asyncio.StreamWriter) -> None:
         self.inbound.discard(writer)
         self.limits.close_stream(sender)
-        writer.close()
+        try:
+            writer.close()
+        except RuntimeError:  # a handler finalised after its loop stopped (the process is exiting): nothing to close
+            pass
 
     async def _next_message(self, reader: asyncio.StreamReader, sender: str, what: str) -> int | None:
         """Wait for the u32 that opens the next message; None when the stream ends or idles at a message boundary.
