@@ -208,8 +208,14 @@ class LocalSwarm:
         return [e for e in events if name is None or e["event"] == name]
 
     def schedule(self) -> dict[str, Any] | None:
+        """The last epoch's schedule the coordinator wrote, or None before the first."""
+        schedules = self.schedules()
+        return schedules[-1] if schedules else None
+
+    def schedules(self) -> list[dict[str, Any]]:
+        """Every epoch's schedule the coordinator wrote, oldest first."""
         files = sorted(self.run_dir.glob("schedule-*.json"), key=lambda p: int(p.stem.split("-")[1]))
-        return json.loads(files[-1].read_text()) if files else None
+        return [json.loads(f.read_text()) for f in files]
 
     def watch(self, iterations: int, *, metrics_path: str | Path | None = None, timeout: float = 600.0,
               on_record: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:

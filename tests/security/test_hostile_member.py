@@ -98,7 +98,13 @@ def test_a_faulty_member_and_a_corrupting_relay_are_taken_out_and_the_run_comple
 
     # the corrupting relay: everyone else refuses its forwards, and nobody else's
     refused = [e for e in swarm.events("activation_refused") if e["node"] != relay]
-    assert refused and {e["sender"] for e in refused} == {relay}, refused  # nobody honest was refused
+    assert {e["sender"] for e in refused} <= {relay}, refused  # nobody honest was refused
+    if not refused:
+        # it passed nothing on: no route went through it, or (seen once in a clean-clone run on a loaded machine)
+        # it was taken out before its first forward; either way nothing it sent was computed with (finite losses)
+        routed = any(relay in r["peers"] for r in swarm.schedules()[0]["routes"])
+        assert not routed or relay in gone_relay, (routed, gone)
+        return
     witnesses = {e["node"] for e in refused}
     if len(witnesses) >= 2:  # two peers routed through it: their reports take it out (each time it comes back)
         assert set(gone_relay) == {relay}, gone
