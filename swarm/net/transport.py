@@ -19,6 +19,9 @@ The receiving side is a `swarm.net.receiver.Receiver`: it checks each message be
 buffer, against the limits of `swarm.net.receive_limits` and the owner's hooks (`admitted`, `expects`,
 `state_gate`), and acknowledges it only once the tensor sits in a bounded queue (backpressure).
 
+A new stream goes directly to its peer or through the relay the peer's record names, and a forwarded stream is
+served only when this peer's own relay carries it: `swarm.net.stream_routes.StreamRoutes`, which the transport owns.
+
 A :class:`Transport` shares its peer's p2pd with the DHT (``DHT.replicate_p2p``), so the peer id that signs the
 DHT records is the one that sends and receives tensors. It runs its own event loop in a background thread; the
 public methods are synchronous with explicit timeouts, with private async twins.
@@ -38,7 +41,7 @@ from typing import Any
 
 import torch
 from hivemind import DHT
-from hivemind.p2p import P2P, PeerID
+from hivemind.p2p import P2P
 
 from swarm.constants import (
     CONNECT_TIMEOUT,
@@ -46,7 +49,6 @@ from swarm.constants import (
     MAX_ERROR_CHARS,
     MAX_HEADER_BYTES,
     MAX_INBOUND_STREAMS_PER_SENDER,
-    MAX_LINKS,
     MAX_PENDING_BYTES_PER_SENDER,
     MAX_PROBE_BYTES,
     MAX_TENSOR_BYTES,
@@ -69,17 +71,16 @@ from swarm.net.channels import (  # noqa: F401  (re-exported: the transport's pr
     channel_of,
     consumers,
 )
-from swarm.net.forwarding import (
-    ForwardError,
-    forwarded_protocol,
-    open_forwarded,
-    origin_info,
-    read_preamble,
-    relays_in,
-)
-from swarm.net.idle_streams import IdleStream, IdleStreams
+from swarm.net.forwarding import forwarded_protocol
+from swarm.net.idle_streams import IdleStreams
 from swarm.net.receive_limits import Admitted, Expects, SenderLimits, StateGate
 from swarm.net.receiver import OK, Receiver
+from swarm.net.stream_routes import StreamRoutes
+from swarm.net.transport_errors import (  # noqa: F401  (re-exported: what the transport raises)
+    MessageRefused,
+    PeerUnreachable,
+    TransportError,
+)
 from swarm.wire import HopHeader, WireError, check_restore, encode_tensor, torch_dtype
 
 logger = logging.getLogger(__name__)
@@ -88,26 +89,6 @@ _ONE_WRITE_BYTES = 64 * 1024
 """Messages up to this size go out in a single write (one syscall, one p2pd frame)."""
 HANDLER_REMOVAL_TIMEOUT = 2.0
 """Seconds the daemon gets to drop a stream handler at shutdown; the client is closed either way."""
-DIRECT_DIAL_TIMEOUT = 3.0
-"""Seconds a direct stream to a peer announcing a relay may take to open before the relay carries it."""
-VIA_RELAY_FOR = 300.0
-"""Seconds a peer reached only through its relay is sent to through it first, skipping the direct dial."""
-RELAYS_CACHE = 10.0
-"""Seconds a peer's relays (this peer's own: whom it takes forwarded streams from) are remembered before a new read
-(the hook may read the DHT)."""
-
-
-class TransportError(RuntimeError):
-    """A message that could not be delivered: unreachable peer, timeout, or refused by the receiver."""
-
-
-class PeerUnreachable(TransportError):
-    """No stream to the peer could be opened: the message certainly did not arrive (safe to send elsewhere)."""
-
-
-class MessageRefused(TransportError):
-    """The peer answered and refused the message (the reason says why): it is reachable, the message was not
-    taken (an epoch it does not know yet, a check it failed)."""
 
 
 async def read_reply(reader: asyncio.StreamReader, peer_id: str) -> tuple[int, str]:
@@ -120,21 +101,11 @@ async def read_reply(reader: asyncio.StreamReader, peer_id: str) -> tuple[int, s
     return head[0], reason.decode("utf-8", "replace")
 
 
-def _close_if_opened(task: asyncio.Future) -> None:
-    """Done-callback of a stream opening that lost a race: close the stream if it opened after all."""
-    if not task.cancelled() and task.exception() is None:
-        task.result().close()
-
-
 class Transport:
     """Sends and receives ``(HopHeader, tensor)`` messages through the p2pd of a running DHT.
 
     Every inbound message is checked before its tensor's buffer is allocated (`swarm.net.receive_limits`); the
     hooks below let the owner say who may send what. Left None, a hook checks nothing (tests, tools).
-
-    At ~360 lines the class is past the project's ~350: the choice of route for a new stream (direct, through the
-    peer's relay, or both raced; `_open`, `_relay_of`, `_serve_forwarded`) landed here last and is the part to move
-    into a class of its own next.
 
     :param dht: the peer's started DHT; its p2pd (and so its peer id) is shared
     :param on_receive: consumer of accepted messages, one per channel ("hop", "average", "state") or one for all;
@@ -154,8 +125,8 @@ class Transport:
       another waits up to ``state_wait`` seconds to be named, holding no buffer, then is refused
     :param addresses: peer id -> the circuit addresses its record announces (a peer behind NAT names its relays
       there, `swarm.net.reachability`): a stream to such a peer that does not open directly within
-      `DIRECT_DIAL_TIMEOUT` is carried by its relay (`swarm.net.forwarding`); and this peer accepts forwarded
-      streams only from the relays its own record names
+      `stream_routes.DIRECT_DIAL_TIMEOUT` is carried by its relay (`swarm.net.forwarding`); and this peer accepts
+      forwarded streams only from the relays its own record names (`StreamRoutes`)
     :param link_delay: link emulation only: peer id -> one-way seconds each message to it waits before it is
       written (and each probe's reply after it is read), so that a local swarm pays a WAN's latencies
     """
@@ -173,8 +144,8 @@ class Transport:
         self.on_receive = consumers(on_receive)
         self.max_tensor_bytes, self.queue_size = max_tensor_bytes, queue_size
         self.run_id, self.recv_timeout, self.link_delay = run_id, recv_timeout, link_delay
-        self.addresses = addresses
         self.state_gate = state_gate
+        self._addresses = addresses
         self._receiver_args = dict(run_id=run_id, max_tensor_bytes=max_tensor_bytes, queue_size=queue_size,
                                    recv_timeout=recv_timeout, min_rate=min_rate, admitted=admitted, expects=expects,
                                    state_gate=state_gate, state_wait=state_wait)
@@ -183,9 +154,6 @@ class Transport:
         self._in_flight: dict[str, set[concurrent.futures.Future]] = {}  # peer -> its sends and probes under way
         self._in_flight_lock = threading.Lock()
         self._idle = IdleStreams()  # touched only in the loop's thread
-        self._via_relay: dict[str, float] = {}  # peer -> until when its streams go through its relay first
-        self._own_relays: tuple[float, frozenset[str]] = (-RELAYS_CACHE, frozenset())
-        self._relay_lookups: dict[str, tuple[float, str | None]] = {}  # peer -> (when read, the relay it names)
         self._receiver: Receiver | None = None
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="skippipe-transport", daemon=True)
@@ -201,15 +169,16 @@ class Transport:
     async def _start(self, dht: DHT) -> None:
         self._p2p: P2P = await dht.replicate_p2p()
         self.peer_id: str = self._p2p.peer_id.to_base58()
+        self._routes = routes = StreamRoutes(self._p2p, self._addresses, self._stats)
         self._receiver = r = Receiver(self.peer_id, self.on_receive, self._stats, self._consumer_pools,
                                       limits=SenderLimits(**self._limits_args), **self._receiver_args)
         for name, (protocol, _) in CHANNELS.items():
             await self._p2p.add_binary_stream_handler(protocol, functools.partial(r.serve, name))
-            forwarded = functools.partial(self._serve_forwarded, functools.partial(r.serve, name))
+            forwarded = functools.partial(routes.serve_forwarded, functools.partial(r.serve, name))
             await self._p2p.add_binary_stream_handler(forwarded_protocol(protocol), forwarded)
         await self._p2p.add_binary_stream_handler(PROBE_PROTOCOL, r.serve_probes)
         await self._p2p.add_binary_stream_handler(forwarded_protocol(PROBE_PROTOCOL),
-                                                  functools.partial(self._serve_forwarded, r.serve_probes))
+                                                  functools.partial(routes.serve_forwarded, r.serve_probes))
 
     # ---- public API --------------------------------------------------------------------------------------------
     def send(self, peer_id: str, header: HopHeader, tensor: torch.Tensor, *, wire_dtype: str | None = None,
@@ -347,7 +316,7 @@ class Transport:
             stream = self._idle.checkout(key) if attempt == 0 else None
             reused = stream is not None
             if stream is None:
-                stream = await self._open(peer_id, protocol)
+                stream = await self._routes.open(peer_id, protocol)
             keep = False
             try:
                 try:
@@ -359,7 +328,7 @@ class Transport:
                 return status, reason
             except TransportError:
                 if not reused:
-                    if attempt == 0 and await self._relay_instead(peer_id):
+                    if attempt == 0 and await self._routes.relay_instead(peer_id):
                         continue  # a direct stream that died midway (a limited libp2p circuit): through the relay
                     raise
                 # closed before any reply: nothing was delivered on it; its idle siblings are likely dead too
@@ -371,107 +340,6 @@ class Transport:
                 else:
                     stream.close()
         raise AssertionError("unreachable: the second attempt uses a new stream, which returns or raises")
-
-    async def _open(self, peer_id: str, protocol: str) -> IdleStream:
-        """A new stream to `peer_id`: direct, or carried by the relay its record names when it cannot be dialled.
-
-        To a peer that names a relay, a direct dial and one through the relay race (a home peer's neighbour reaches
-        it directly, everyone else only through the relay, and nobody should wait out a dial to learn which); the
-        direct stream wins a tie. One reached through its relay is sent to through it first for `VIA_RELAY_FOR`."""
-        relay = await self._relay_of(peer_id)
-        if relay is None:
-            try:
-                return await self._open_direct(peer_id, protocol)
-            except (TimeoutError, asyncio.CancelledError):
-                raise
-            except Exception as e:  # p2pd reports unreachable peers with assorted error types
-                raise PeerUnreachable(f"cannot open a stream to {peer_id}: {type(e).__name__}: {e}") from None
-        if self._via_relay.get(peer_id, 0.0) > time.monotonic():
-            try:
-                return await self._open_forwarded(relay, peer_id, protocol)
-            except ForwardError as e:  # the relay lost it: perhaps it is reachable directly now
-                logger.info("%s; dialling %s directly", e, peer_id)
-                self._via_relay.pop(peer_id, None)
-        direct = asyncio.ensure_future(asyncio.wait_for(self._open_direct(peer_id, protocol), DIRECT_DIAL_TIMEOUT))
-        relayed = asyncio.ensure_future(self._open_forwarded(relay, peer_id, protocol))
-        pending, errors = {direct, relayed}, []
-        try:
-            while pending:
-                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                won = [t for t in (direct, relayed) if t in done and t.exception() is None]
-                errors += [f"{type(t.exception()).__name__}: {t.exception()}" for t in done if t.exception()]
-                if won:
-                    for other in won[1:]:
-                        other.result().close()
-                    if won[0] is relayed:
-                        logger.info("%s reached through its relay %s", peer_id, relay)
-                        self._via_relay[peer_id] = time.monotonic() + VIA_RELAY_FOR
-                    return won[0].result()
-        finally:
-            for task in pending:
-                task.cancel()
-                task.add_done_callback(_close_if_opened)
-        raise PeerUnreachable(f"cannot open a stream to {peer_id}, directly nor through its relay {relay}: "
-                              f"{'; '.join(errors)}")
-
-    async def _open_direct(self, peer_id: str, protocol: str) -> IdleStream:
-        _, reader, writer = await self._p2p.call_binary_stream_handler(PeerID.from_base58(peer_id), protocol)
-        self._stats["streams_opened"] += 1
-        return IdleStream(reader, writer)
-
-    async def _relay_instead(self, peer_id: str) -> bool:
-        """Whether to send to `peer_id` through its relay from now on, a direct stream to it having failed."""
-        if self._via_relay.get(peer_id, 0.0) > time.monotonic() or await self._relay_of(peer_id) is None:
-            return False
-        self._via_relay[peer_id] = time.monotonic() + VIA_RELAY_FOR
-        return True
-
-    async def _open_forwarded(self, relay: str, peer_id: str, protocol: str) -> IdleStream:
-        reader, writer = await open_forwarded(self._p2p, relay, peer_id, protocol)
-        self._stats["streams_opened"] += 1
-        return IdleStream(reader, writer)
-
-    async def _relay_of(self, peer_id: str) -> str | None:
-        """The relay `peer_id` announces itself through, if any (read at most every `RELAYS_CACHE` seconds)."""
-        if self.addresses is None:
-            return None
-        read_at, relay = self._relay_lookups.get(peer_id, (-RELAYS_CACHE, None))
-        if time.monotonic() - read_at <= RELAYS_CACHE:
-            return relay
-        try:
-            found = await asyncio.get_running_loop().run_in_executor(None, self.addresses, peer_id)
-            relay = next(iter(relays_in(found)), None)
-        except Exception as e:
-            logger.debug("addresses of %s unknown: %s", peer_id, e)
-            relay = None
-        if len(self._relay_lookups) > 4 * MAX_LINKS:  # peers come and go: forget the oldest lookups
-            for stale in sorted(self._relay_lookups, key=lambda p: self._relay_lookups[p][0])[:MAX_LINKS]:
-                del self._relay_lookups[stale]
-        self._relay_lookups[peer_id] = (time.monotonic(), relay)
-        return relay
-
-    async def _serve_forwarded(self, serve: Callable[..., Awaitable[None]], info: Any, reader: asyncio.StreamReader,
-                               writer: asyncio.StreamWriter) -> None:
-        """A stream a relay carries from another peer: served as that peer's if the relay is one this peer
-        announces itself through (nobody else may speak for a sender), closed otherwise."""
-        relay = info.peer_id.to_base58()
-        try:
-            if relay not in await self._trusted_relays():
-                raise ForwardError(f"{relay} is not a relay of this peer")
-            sender = (await read_preamble(reader, ("sender",)))["sender"]
-        except ForwardError as e:
-            logger.warning("refused a forwarded stream from %s: %s", relay, e)
-            writer.close()
-            return
-        await serve(origin_info(sender), reader, writer)
-
-    async def _trusted_relays(self) -> frozenset[str]:
-        read_at, relays = self._own_relays
-        if time.monotonic() - read_at > RELAYS_CACHE:
-            relays = frozenset(relays_in(await asyncio.get_running_loop().run_in_executor(
-                None, self.addresses, self.peer_id))) if self.addresses is not None else frozenset()
-            self._own_relays = (time.monotonic(), relays)
-        return relays
 
     # ---- probing -----------------------------------------------------------------------------------------------
     async def _probe(self, peer_id: str, nbytes: int) -> float:
