@@ -3,6 +3,11 @@
 - identity.py: one RSA key file per peer (same peer id in p2pd and the gossip sidecar), sign / verify
 - transport.py: Transport, activations and gradients over hivemind p2pd binary streams, with backpressure
 - channels.py: the transport's kinds of traffic (hop, average, state), one protocol each, and its probe protocol
+- stream_routes.py: StreamRoutes, how a stream reaches a peer: a direct dial raced against its relay, and which
+  relays' forwarded streams this peer serves
+- forwarding.py: Forwarder, a public peer's forwarding of members' streams to peers behind NAT (the relay)
+- reachability.py: whether this node can be dialled, and the p2pd flags for reserving a relay
+- transport_errors.py: TransportError and its kinds (PeerUnreachable, MessageRefused)
 - receiver.py: Receiver, the transport's receiving side: every inbound message checked before its buffer exists
 - receive_limits.py: who may send what (Admitted, Expects, StateGate) and SenderLimits (streams, pending bytes, pace)
 - idle_streams.py: IdleStreams, the open streams a sender reuses per receiver

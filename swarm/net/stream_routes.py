@@ -184,8 +184,12 @@ class StreamRoutes:
     async def trusted_relays(self) -> frozenset[str]:
         """The relays this peer's own record names: the only ones whose forwarded streams it serves."""
         read_at, relays = self._own_relays
-        if time.monotonic() - read_at > self.relays_cache:
-            relays = frozenset(relays_in(await asyncio.get_running_loop().run_in_executor(
-                None, self.addresses, self.peer_id))) if self.addresses is not None else frozenset()
+        if time.monotonic() - read_at > self.relays_cache and self.addresses is not None:
+            try:
+                relays = frozenset(relays_in(await asyncio.get_running_loop().run_in_executor(
+                    None, self.addresses, self.peer_id)))
+            except Exception as e:  # the DHT did not answer: keep the relays read last (none before the first read)
+                logger.warning("could not read this peer's own record for its relays: %s", e)
+                return relays
             self._own_relays = (time.monotonic(), relays)
         return relays

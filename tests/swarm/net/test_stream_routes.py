@@ -210,3 +210,18 @@ def test_forwarded_streams_are_served_only_from_this_peers_own_relays(net):
         finally:
             writer.close()
     assert net["run"](claim()) == b""  # not served: b's handler would have answered
+
+
+def test_a_failing_read_of_its_own_record_keeps_the_relays_read_last(net):
+    """The DHT not answering while a forwarded stream comes in is no reason to stop serving the relay's streams,
+    nor to serve any other's."""
+    answers = [lambda peer: net["hook"](peer), lambda peer: (_ for _ in ()).throw(TimeoutError("no answer"))]
+
+    def flaky(peer: str):
+        return answers[0](peer)
+    routes = StreamRoutes(net["own"]["b"].p2p, flaky, relays_cache=0.0)  # b's, reading b's record
+    assert net["run"](routes.trusted_relays()) == frozenset({net["relay"]})
+    answers.pop(0)
+    assert net["run"](routes.trusted_relays()) == frozenset({net["relay"]})
+    fresh = StreamRoutes(net["own"]["b"].p2p, flaky, relays_cache=0.0)
+    assert net["run"](fresh.trusted_relays()) == frozenset()  # nothing read yet: no relay is trusted
