@@ -47,6 +47,8 @@ EVENTS: dict[str, tuple[str, ...]] = {
     "peer_moved": ("peer", "from_stage", "to_stage", "source", "why"),
     "stage_emptied": ("stages",),
     "declared_gone": ("peer", "why"),
+    # two members of one stage group cannot reach each other: `peer` sits out `seconds` (`partner` keeps serving)
+    "estranged": ("peer", "partner", "stage", "seconds"),
     # admission: the scheduler's decisions, and a joiner told it is not admitted
     "admitted": ("peer",),
     "refused_peer": ("peer", "why"),

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Literal
 
-from scheduler.constants import MAX_PEERS
+from scheduler.constants import MAX_PEERS, MAX_STAGES
 from swarm.constants import (
     MAX_ADDRESS_CHARS,
     MAX_ADDRESSES,
@@ -348,11 +348,29 @@ class NotDialable:
         return cls(peer=_peer(d, name), tried=tried, relay=_flag(d, "relay", name))
 
 
+@dataclass(frozen=True)
+class SitOut:
+    """The scheduler leaves `peer` out of the plan for `seconds`: it and `partner`, both of `stage`'s group, reported
+    each other unreachable, so they cannot average (`swarm.coordinator.estrangements`)."""
+
+    TOPIC: ClassVar[Topic] = "membership"
+    peer: str
+    partner: str
+    stage: int
+    seconds: float
+
+    @classmethod
+    def _decode(cls, d: dict, name: str) -> SitOut:
+        return cls(peer=_peer(d, name), partner=_peer(d, name, "partner"),
+                   stage=read_int(d.get("stage"), f"{name}.stage", 0, MAX_STAGES),
+                   seconds=read_float(d.get("seconds"), f"{name}.seconds", 0.0, 86400.0))
+
+
 ControlMessage = Join | Leave | Gone | Finished | Stuck | Broken | Unrecoverable | Unreachable | ScheduleNotice | \
-    Done | Commit | Faulty | Admitted | Refused | NotDialable
+    Done | Commit | Faulty | Admitted | Refused | NotDialable | SitOut
 MESSAGE_TYPES: dict[str, type] = {cls.__name__.lower(): cls for cls in
                                   (Join, Leave, Gone, Finished, Stuck, Broken, Unrecoverable, Unreachable,
-                                   ScheduleNotice, Done, Commit, Faulty, Admitted, Refused, NotDialable)}
+                                   ScheduleNotice, Done, Commit, Faulty, Admitted, Refused, NotDialable, SitOut)}
 
 
 def encode(message: ControlMessage) -> dict[str, Any]:

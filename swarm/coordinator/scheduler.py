@@ -30,12 +30,14 @@ from swarm.control.messages import (
     Join,
     Leave,
     Refused,
+    SitOut,
     Stuck,
     Unreachable,
     Unrecoverable,
 )
 from swarm.coordinator.commit_tracker import CommitTracker, iteration_metrics
 from swarm.coordinator.epochs import EpochHistory
+from swarm.coordinator.estrangements import Estrangements
 from swarm.coordinator.fault_reports import FaultReports
 from swarm.coordinator.liveness import Liveness
 from swarm.coordinator.replanner import Replanner
@@ -116,6 +118,8 @@ class Scheduler:
         self._fault_reports = FaultReports()
         self.evicted: set[str] = set()
         """Peers voted out of the run (never admitted again under their key)."""
+        self.estrangements = Estrangements(self.liveness.first_seen)
+        """Same-stage members that cannot reach each other: one of each pair sits out for a while."""
         self._count, self._settled_since = -1, 0.0
         self._failed_replan: tuple[tuple, float] | None = None
         """(The membership change that could not be planned, when it was tried)."""
@@ -187,6 +191,11 @@ class Scheduler:
         """Re-plan when a scheduled peer is gone or leaving, or a new one has settled (see the module docstring
         for where the new epoch starts)."""
         placement = self.schedule.placement
+        sitting_out = self.estrangements.sitting_out(now)
+        for p in placement:
+            if p not in peers:
+                self.estrangements.forget(p)  # gone: whoever sat out because of it may come back
+        peers = {p: r for p, r in peers.items() if p not in sitting_out}
         gone = [p for p in placement if p not in peers]
         draining = [p for p in placement if p in peers and peers[p].state == PeerState.DRAINING]
         # a joiner announces itself before it has probed its links: placed earlier, the others would wait for it
@@ -272,7 +281,7 @@ class Scheduler:
         elif isinstance(message, Broken):
             self._note_broken(sender, message, now)
         elif isinstance(message, Unreachable):
-            self._note_unreachable(sender, message.peer, now)
+            return self._note_unreachable(sender, message.peer, now)
         elif isinstance(message, Done):
             return self._note_done(sender, message, now)
         elif isinstance(message, Faulty):
@@ -291,13 +300,31 @@ class Scheduler:
         self.liveness.declare_gone(report.suspect, f"evicted: {why}")
         return [Announce(Refused(peer=report.suspect, why=f"evicted: {why}"))]
 
-    def _note_unreachable(self, sender: str, target: str, now: float) -> None:
+    def _note_unreachable(self, sender: str, target: str, now: float) -> list[Action]:
         """A peer of the schedule could not open a stream to another one."""
         schedule = self.schedule
         if schedule is None or target not in schedule.placement or sender not in schedule.placement or \
                 sender in self.liveness.declared_gone:
-            return
+            return []
         self.liveness.report_unreachable(sender, target, now)
+        stage = schedule.placement[sender]
+        if schedule.placement[target] == stage and sender in self.liveness.reporters(target, now) and \
+                target in self.liveness.reporters(sender, now) and {sender, target} <= set(self.liveness.live(now)):
+            return self._estrange(sender, target, stage, now)
+        return []
+
+    def _estrange(self, a: str, b: str, stage: int, now: float) -> list[Action]:
+        """`a` and `b`, of one stage group, both alive, reported each other unreachable: they cannot average, and
+        their copies of the stage would drift apart. One sits out (the next look re-plans without it); it is told."""
+        e = self.estrangements.estrange(a, b, stage, now)
+        if e is None:
+            return []
+        seconds = round(e.until - now, 1)
+        logger.warning("%s and %s of stage %d cannot reach each other, so they cannot average: %s sits out for "
+                       "%.0f s (the run goes on without it, then places it again)", e.partner, e.benched, stage,
+                       e.benched, seconds, extra=event("estranged", peer=e.benched, partner=e.partner, stage=stage,
+                                                       seconds=seconds))
+        return [Announce(SitOut(peer=e.benched, partner=e.partner, stage=stage, seconds=seconds))]
 
     def _note_broken(self, sender: str, report: Broken, now: float) -> None:
         """A microbatch of the iteration in progress broke at a scheduled peer (its holder re-queues it). The

@@ -31,7 +31,7 @@ from peers.device_speed import announced_speed
 from scheduler.schedule import Schedule
 from swarm.constants import MAX_PROBE_BYTES, PROBE_GOODPUT_BYTES
 from swarm.control.gossip import GossipMessage
-from swarm.control.messages import Admitted, Broken, Join, Leave, NotDialable, Refused, publish, received
+from swarm.control.messages import Admitted, Broken, Join, Leave, NotDialable, Refused, SitOut, publish, received
 from swarm.control.node import Node
 from swarm.events import event
 from swarm.net.delivery import Inbound
@@ -406,6 +406,8 @@ class Peer:
             self.members.on_control(msg.sender, message)
         elif isinstance(message, NotDialable) and msg.sender == self.spec.coordinator:
             self.dial_verdict.on_not_dialable(message)
+        elif isinstance(message, SitOut) and message.peer == self.peer_id and self.follower.trusted(msg.sender):
+            self.dial_verdict.on_sit_out(message)
         elif self.follower.on_message(msg.sender, message):
             self.inbox.wake()
         elif isinstance(message, Broken) and self.stage == 0 and self.schedule is not None and \

@@ -11,7 +11,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from swarm.control.messages import NotDialable
+from swarm.control.messages import NotDialable, SitOut
 from swarm.events import event
 from swarm.net.reachability import ADVICE, decide
 from swarm.peer.options import PeerOptions
@@ -51,8 +51,9 @@ def announced_addresses(announced: Callable[[], Mapping[str, PeerRecord] | None]
 
 
 class DialVerdict:
-    """What this peer heard from the coordinator's dial-back (`NotDialable`): its volunteer is told once per set of
-    addresses found undialable, with what will happen and what to do."""
+    """What this peer heard about its reachability: the coordinator's dial-back (`NotDialable`), told once per set
+    of addresses found undialable, and the scheduler's `SitOut` (a member of its own stage cannot reach it), each
+    with what will happen and what to do."""
 
     def __init__(self, me: str) -> None:
         self.me = me
@@ -72,3 +73,13 @@ class DialVerdict:
         logger.warning("the coordinator could not connect to this peer at %s: %s; to be reached directly, %s",
                        ", ".join(message.tried), what, ADVICE,
                        extra=event("not_dialable", tried=list(message.tried), relay=message.relay, advice=ADVICE))
+
+    def on_sit_out(self, message: SitOut) -> None:
+        """The scheduler leaves this peer out for a while (the caller checked that the scheduler sent it)."""
+        if message.peer != self.me:
+            return
+        logger.warning("this peer and %s, both of stage %d, cannot reach each other, so they cannot average their "
+                       "gradients: the scheduler leaves this peer out for %.0f s, then places it again; to be "
+                       "reached directly, %s", message.partner, message.stage, message.seconds, ADVICE,
+                       extra=event("estranged", peer=message.peer, partner=message.partner, stage=message.stage,
+                                   seconds=message.seconds))

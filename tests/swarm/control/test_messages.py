@@ -24,6 +24,7 @@ from swarm.control.messages import (
     NotDialable,
     Refused,
     ScheduleNotice,
+    SitOut,
     Stuck,
     Unreachable,
     Unrecoverable,
@@ -48,6 +49,7 @@ EXAMPLES = [
     Faulty(peer="QmA", suspect="QmB", iteration=4, epoch=1, why="weight cut"),
     Admitted(peer="QmA", cert=b"\x85signed"), Refused(peer="QmA", why="its join token is not this run's"),
     NotDialable(peer="QmA", tried=("/ip4/192.168.1.11/tcp/4001",), relay=True),
+    SitOut(peer="QmA", partner="QmB", stage=2, seconds=60.0),
 ]
 
 
@@ -78,6 +80,10 @@ def test_every_message_type_has_an_example():
      "stuck.iteration"),
     ("membership", {"type": "stuck", "version": WIRE_VERSION, "peer": "QmA", "iteration": 1, "epoch": -1},
      "stuck.epoch"),
+    ("membership", {"type": "sitout", "version": WIRE_VERSION, "peer": "QmA", "partner": "QmB", "stage": 1,
+                    "seconds": float("inf")}, "sitout.seconds"),
+    ("membership", {"type": "sitout", "version": WIRE_VERSION, "peer": "QmA", "partner": "QmB", "stage": -1,
+                    "seconds": 60.0}, "sitout.stage"),
     ("membership", {"type": "broken", "version": WIRE_VERSION, "peer": "QmA", "iteration": 1, "epoch": 0,
                     "microbatch": 1, "attempt": 99, "gone": "QmB"}, "broken.attempt"),
     ("membership", {"type": "broken", "version": WIRE_VERSION, "peer": "QmA", "iteration": 1, "epoch": 0,

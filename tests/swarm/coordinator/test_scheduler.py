@@ -10,7 +10,17 @@ import dataclasses
 import pytest
 
 from scheduler.schedule import Schedule, validate
-from swarm.control.messages import Broken, Commit, Done, Finished, Gone, Stuck, Unreachable, Unrecoverable
+from swarm.control.messages import (
+    Broken,
+    Commit,
+    Done,
+    Finished,
+    Gone,
+    SitOut,
+    Stuck,
+    Unreachable,
+    Unrecoverable,
+)
 from swarm.coordinator.liveness import FIRST_REJOIN_COOLDOWN
 from swarm.coordinator.restart_reports import MIN_STUCK_SECONDS
 from swarm.coordinator.scheduler import (
@@ -389,3 +399,35 @@ def test_a_change_that_cannot_be_planned_is_not_retried_every_tick(records, capl
         assert len([r for r in caplog.records if "could not re-plan" in r.message]) == 1
         s.observe(fresh(rest), LATER + REPLAN_RETRY_SECONDS + 1)
         assert len([r for r in caplog.records if "could not re-plan" in r.message]) == 2
+
+
+def test_two_members_of_a_stage_that_cannot_reach_each_other_are_split_and_one_comes_back_later(records):
+    """Each reports the other unreachable while both heartbeat: they cannot average, so one sits out (the later to
+    join; of two seen first at once, the larger id), the run re-plans without it, and it is placed again once its
+    cool-down is over."""
+    s = make_scheduler("skippipe")
+    ages = dict.fromkeys(records, 1.0)
+    read = lambda: {p: (r, ages[p]) for p, r in records.items()}  # noqa: E731
+    first = planned(s, records)
+    stage = next(st for st in range(1, STAGES) if sum(v == st for v in first.placement.values()) >= 2)
+    mate, late = sorted(p for p, st in first.placement.items() if st == stage)[:2]
+    other = next(p for p, st in first.placement.items() if st not in (0, stage))
+    far = next(p for p, st in first.placement.items() if st not in (0, stage, first.placement[other]))
+    now = 10.0
+    assert published(s.observe(read(), now)) == []  # every heartbeat fresh
+    s.handle(far, Unreachable(peer=other), now)  # across stages: no averaging between them, nothing to split
+    s.handle(other, Unreachable(peer=far), now)
+    s.handle(late, Unreachable(peer=mate), now)  # one way only: one broken link, or a liar; nobody sits out
+    assert s.estrangements.sitting_out(now) == set()
+    assert published(s.observe(read(), now)) == []
+    told = notices(s.handle(mate, Unreachable(peer=late), now))  # both ways, both alive: they cannot average
+    assert told == [SitOut(peer=late, partner=mate, stage=stage, seconds=60.0)]  # the one sitting out is told
+    assert s.estrangements.sitting_out(now) == {late}
+    (split,) = published(s.observe(read(), now + 0.5))
+    assert late not in split.placement and {mate, other, far} <= set(split.placement)
+    assert split.meta["start_iteration"] == s.completed + 1  # not a holder: the iteration in progress goes on
+    assert late not in s.liveness.declared_gone  # not taken for dead, and never evicted
+    records[late] = dataclasses.replace(records[late], state=PeerState.JOINING)  # it asks to be placed again
+    assert published(s.observe(read(), now + 30.0)) == []  # still sitting out
+    (back,) = published(s.observe(read(), now + 61.0))
+    assert late in back.placement
