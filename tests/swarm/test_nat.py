@@ -82,3 +82,33 @@ def test_a_member_that_cannot_be_dialled_is_told_so(tmp_path):
     assert not swarm.events("not_dialable", who="peer-00")
     verdicts = swarm.events("not_dialable", who="coordinator")
     assert verdicts and {v["peer"] for v in verdicts} == {told[0]["node"]}, verdicts
+
+
+def test_two_home_peers_of_a_stage_that_cannot_reach_each_other_are_split(tmp_path):
+    """No relay: stage 1's two home peers, behind two routers, can reach the public holder but not each other, so
+    they cannot average. Each reports the other; the scheduler sees both alive and reporting each other, and
+    re-plans with one of them sitting out instead of letting their copies drift apart. The run trains on."""
+    net = NatNetwork([None, 0, 1], tag="s" + str(int(time.time()) % 10000))
+    peer_args = [["--stage", s, "--log-param-digest", "--iteration-deadline", "60"] for s in ("0", "1", "1")]
+    with net:
+        swarm = LocalSwarm(tmp_path, 3, run_id="split", network=net, peer_args=peer_args,
+                           coordinator_args=["--iterations", "6", "--min-peers", "3", "--stages", "2", "--skip", "0",
+                                             "--seed", "0", "--microbatches", "2"])
+        try:
+            swarm.start()
+            records = swarm.watch(6, timeout=150)
+        finally:
+            swarm.stop()
+    assert [r["iteration"] for r in records] == list(range(1, 7))
+    home = {e["node"] for i in (1, 2) for e in swarm.events("placed", who=f"peer-{i:02d}")}
+    (split,) = swarm.events("estranged", who="coordinator")
+    assert {split["peer"], split["partner"]} == home and split["stage"] == 1, split
+    assert not swarm.events("declared_gone"), swarm.events("declared_gone")  # nobody was taken for dead
+    told = [e for e in swarm.events("estranged", who="peer-*") if e["node"] == split["peer"]]
+    assert told and told[0]["partner"] == split["partner"], told  # its volunteer hears why, and what to do
+    # from the epoch that split them, one copy of stage 1 trains; the one sitting out took no step
+    after = [s for s in swarm.schedules() if split["peer"] not in s["placement"]]
+    assert after and split["partner"] in after[-1]["placement"]
+    start = after[0]["meta"]["start_iteration"]
+    stepped = {e["iteration"] for e in swarm.events("param_digest", who="peer-*") if e["node"] == split["peer"]}
+    assert not {i for i in stepped if i >= start}, (stepped, start)
