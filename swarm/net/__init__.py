@@ -14,6 +14,7 @@
 - delivery.py: Inbound and Undelivered (what the transport hands up), Send (how loops hand it messages)
 - link_probe.py: LinkProber, latency and goodput to sampled peers (EWMA), the links map of a PeerRecord
 - message_jitter.py: MessageJitter, how far received messages' times deviate from their link's median
+- p2p_client.py: own_p2p, a client of the node's p2pd for one event loop (hivemind shares one per process)
 - dht_pipe.py: make_commands_safe, a DHT process that reads each command whole (large values killed it)
 - dht_shutdown.py: stop_dht, a DHT shut down without leaving its p2pd socket behind
 - reaper.py: Reaper, a watchdog process that stops a node's helpers (DHT, p2pd, sidecar) when the node dies

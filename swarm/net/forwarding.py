@@ -36,6 +36,7 @@ from hivemind.p2p import P2P, PeerID
 
 from swarm.constants import CONNECT_TIMEOUT, MAX_ERROR_CHARS, MAX_ID_CHARS, STREAM_CHUNK_BYTES
 from swarm.net.channels import PROTOCOLS
+from swarm.net.p2p_client import own_p2p
 
 logger = logging.getLogger(__name__)
 
@@ -188,7 +189,7 @@ class Forwarder:
             raise
 
     async def _start(self, dht: DHT) -> None:
-        self._p2p = await dht.replicate_p2p()
+        self._p2p = await own_p2p(dht)
         await self._p2p.add_binary_stream_handler(FORWARD_PROTOCOL, self._serve)
 
     def shutdown(self) -> None:

@@ -22,9 +22,9 @@ buffer, against the limits of `swarm.net.receive_limits` and the owner's hooks (
 A new stream goes directly to its peer or through the relay the peer's record names, and a forwarded stream is
 served only when this peer's own relay carries it: `swarm.net.stream_routes.StreamRoutes`, which the transport owns.
 
-A :class:`Transport` shares its peer's p2pd with the DHT (``DHT.replicate_p2p``), so the peer id that signs the
-DHT records is the one that sends and receives tensors. It runs its own event loop in a background thread; the
-public methods are synchronous with explicit timeouts, with private async twins.
+A :class:`Transport` shares its peer's p2pd with the DHT, through a client of its own (`own_p2p`), so the peer id
+that signs the DHT records is the one that sends and receives tensors. It runs its own event loop in a background
+thread; the public methods are synchronous with explicit timeouts, with private async twins.
 """
 
 from __future__ import annotations
@@ -73,6 +73,7 @@ from swarm.net.channels import (  # noqa: F401  (re-exported: the transport's pr
 )
 from swarm.net.forwarding import forwarded_protocol
 from swarm.net.idle_streams import IdleStreams
+from swarm.net.p2p_client import own_p2p
 from swarm.net.receive_limits import Admitted, Expects, SenderLimits, StateGate
 from swarm.net.receiver import OK, Receiver
 from swarm.net.stream_routes import StreamRoutes
@@ -167,7 +168,7 @@ class Transport:
             raise
 
     async def _start(self, dht: DHT) -> None:
-        self._p2p: P2P = await dht.replicate_p2p()
+        self._p2p: P2P = await own_p2p(dht)
         self.peer_id: str = self._p2p.peer_id.to_base58()
         self._routes = routes = StreamRoutes(self._p2p, self._addresses, self._stats)
         self._receiver = r = Receiver(self.peer_id, self.on_receive, self._stats, self._consumer_pools,

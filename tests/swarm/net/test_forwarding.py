@@ -150,3 +150,34 @@ def test_only_the_destinations_own_relay_may_speak_for_a_sender(trio):
     assert trio["run"](go()) == b""
     with pytest.raises(queue.Empty):
         trio["inbox"].get(timeout=1)
+
+
+def test_a_relay_that_also_trains_gets_its_own_messages_at_once_and_keeps_them_after_relaying(tmp_path):
+    """A public peer runs a forwarder and a transport on one DHT, each on its own event loop. Each must use a p2pd
+    client of its own: sharing one (hivemind caches one per process), the transport's streams were served on the
+    forwarder's loop, and a message it acknowledged reached its consumer only once something else woke its loop
+    (50-60 s stalls); and stopping the forwarder stopped the transport's client too."""
+    relay_dht = _dht(tmp_path, "relay")
+    sender_dht = _dht(tmp_path, "sender", [str(m) for m in relay_dht.get_visible_maddrs()])
+    relay, sender = relay_dht.peer_id.to_base58(), sender_dht.peer_id.to_base58()
+    forwarder = Forwarder(relay_dht, lambda peer: True)  # first, as a public peer starts them
+    inbox: queue.Queue = queue.Queue()
+    receiver = Transport(relay_dht, lambda *msg: inbox.put(msg), run_id="fw")
+    transport = Transport(sender_dht, lambda *msg: None, run_id="fw")
+    try:
+        def send_and_receive(microbatch: int) -> None:
+            header = HopHeader(run="fw", iteration=1, microbatch=microbatch, route=(sender, relay), hop=1,
+                               direction=Direction.FORWARD, epoch=0, dtype="", shape=())
+            transport.send(relay, header, torch.full((64,), float(microbatch)), timeout=20)  # acknowledged...
+            got_from, got, tensor = inbox.get(timeout=2)  # ...and so handed to the consumer, at once
+            assert got_from == sender and got.microbatch == microbatch and float(tensor[0]) == microbatch
+        for microbatch in range(5):
+            send_and_receive(microbatch)
+        forwarder.shutdown()
+        send_and_receive(5)  # the relay stopped relaying; it still trains
+    finally:
+        transport.shutdown()
+        receiver.shutdown()
+        forwarder.shutdown()
+        for dht in (sender_dht, relay_dht):
+            stop_dht(dht)
