@@ -42,6 +42,12 @@ def test_peer_refuses_a_bad_stage():
     assert r.exit_code == 2 and "--stage must be a stage number or auto" in r.output
 
 
+@pytest.mark.parametrize("value", ["0", "-5", "nan", "soon"])
+def test_peer_refuses_a_bad_join_timeout(value):
+    r = CliRunner().invoke(peer_main, ["join", "--initial-peers", "/ip4/127.0.0.1/tcp/1", "--join-timeout", value])
+    assert r.exit_code == 2 and "--join-timeout" in r.output
+
+
 def test_local_swarm_refuses_a_bad_config():
     r = CliRunner().invoke(main, ["swarm", "local", "--peers", "3", "--stages", "0"])
     assert r.exit_code == 2 and "run.stages" in r.output
