@@ -67,6 +67,12 @@ from swarm.wire import HopHeader, PeerRecord, PeerState, WireError
 logger = logging.getLogger(__name__)
 
 
+def warm_up_optimizers() -> None:
+    """Build a throwaway optimizer: torch's first one imports torch._dynamo (about 1.5 s of CPU), which would
+    otherwise fall between this peer's placement and its first iteration."""
+    torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))])
+
+
 class Peer:
     """One peer process. `run(stop)` blocks until the run ends or `stop` is set.
 
@@ -244,6 +250,7 @@ class Peer:
         publish(node.gossip, o.run_id, Join(peer=self.peer_id), wait=False)
         logger.info("peer %s joined run %s (%.4f s/layer); waiting to be placed", self.peer_id, o.run_id,
                     self.seconds_per_layer)
+        warm_up_optimizers()  # while the scheduler plans, not once placed, when the whole stage group waits
         schedule = self.follower.wait_for_placement(self.peer_id, stop, deadline - time.monotonic())
         if schedule is not None:
             self._start_on(schedule)
