@@ -21,7 +21,9 @@ preset's microbatches) and layer-work/s (tokens x stages visited: a skip path do
 
 Every method runs `--repeats` times (fresh swarms, interleaved), and the summary gives min/median/max of the runs'
 median iterations and the ratio of SkipPipe's to the full pipeline's. `--max-runs N` stops after N new runs and
-`--resume` continues from --out/results.json, so the runs can be spread over several invocations.
+`--resume` continues from --out/results.json, so the runs can be spread over several invocations; `--budget S`
+stops a run still going S seconds into the invocation and keeps it if it counted an iteration (for a `timeout`
+under a shared lock; results.json says how many iterations each run did).
 
 Writes to --out: results.json, wan.png (bar chart: measured vs simulated per method), trace-<method>-<rep>.json
 (Chrome trace of every peer's compute and transfers; open in ui.perfetto.dev) and each run's logs.
@@ -32,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -82,7 +85,7 @@ batch_size = {args.batch_size}
 
 [swarm]
 planner = "{method}"
-heartbeat = 5.0  # 12-20 peers on 2 cores: a record refresh can be late without the peer being gone
+heartbeat = {getattr(args, "heartbeat", 5.0)}  # 12-20 peers on 2 cores: a record refresh can be late, the peer alive
 message_bytes = {getattr(args, "message_bytes", 0)}  # each activation and gradient padded to the emulated model's
 """
 
@@ -102,7 +105,8 @@ def measure(args: argparse.Namespace, method: str, net: EmulatedNetwork, keys: P
         shutil.copy(key, run_dir / key.name)
     (run_dir / "run.toml").write_text(run_config(args, method))
     peer_args = [["--emulate-speed", f"{speeds[i]:.6f}", "--emulate-latency", str(keys / f"latency-{i:02d}.json"),
-                  "--trace", str(run_dir / f"trace-{i:02d}.jsonl"), "--probe-sample", str(args.peers - 1)]
+                  "--trace", str(run_dir / f"trace-{i:02d}.jsonl"),
+                  "--probe-sample", str(args.probe_sample or args.peers - 1), "--join-timeout", str(args.join_timeout)]
                  for i in range(args.peers)]
     swarm = LocalSwarm(run_dir, args.peers, run_id=f"wan-{method}", network=net,
                        coordinator_args=["--config", str(run_dir / "run.toml")], peer_args=peer_args)
@@ -118,13 +122,22 @@ def measure(args: argparse.Namespace, method: str, net: EmulatedNetwork, keys: P
     footprint = None
     try:
         swarm.start()
-        swarm.watch(min(2, args.iterations), timeout=args.stall_timeout)
+        records = swarm.watch(min(2, args.iterations), timeout=_watch_timeout(args))
         if args.footprint:  # mid-run: every peer placed, streams open, messages in flight
             footprint = swarm_footprint([proc.pid for proc in swarm.peers])
-        records = swarm.watch(args.iterations, timeout=args.stall_timeout)
+        for n in range(len(records) + 1, args.iterations + 1):
+            try:
+                records = swarm.watch(n, timeout=_watch_timeout(args))
+            except TimeoutError:
+                if not _over_budget(args):
+                    raise
+                break  # out of time: keep the iterations done (at least one counted)
     finally:
         swarm.stop()
     times = [r["iteration_seconds"] for r in records[1:]]
+    if len(records) < args.iterations:
+        print(f"  note: {method} run {rep + 1} stopped at the --budget after {len(records)} of {args.iterations} "
+              "iterations; its median is of the counted ones", flush=True)
     newest = max(run_dir.glob("schedule-*.json"), key=lambda p: int(p.stem.split("-")[1]))
     if newest.stem != "schedule-0":
         print(f"  note: {method} was re-planned ({newest.stem}); the last epoch is simulated", flush=True)
@@ -151,7 +164,8 @@ def measure(args: argparse.Namespace, method: str, net: EmulatedNetwork, keys: P
     columns = len({r.peers for r in schedule.routes}) if method == "full-pipeline" else None
     tokens = len(schedule.routes) * args.microbatch_tokens
     layer_work = sum(len(r.stages) + 1 for r in schedule.routes) * args.microbatch_tokens
-    result = {"method": method, "rep": rep, "measured_s": times, "median_s": median, "simulated_s": simulated,
+    result = {"method": method, "rep": rep, "measured_s": times, "iterations_done": len(records),
+              "median_s": median, "simulated_s": simulated,
               "on_time_s": on_time, "planned_s": schedule.predicted_iteration_seconds,
               "planned_jitter_ms": [round(1e3 * j, 2) for j in (tables.jitter if tables.jitter is not None else [])],
               "run_jitter_ms": run_jitter, "simulated_p90_s": expected.p90, "microbatches": len(schedule.routes),
@@ -169,6 +183,17 @@ def measure(args: argparse.Namespace, method: str, net: EmulatedNetwork, keys: P
           f"{result['layer_work_per_s']:.0f} layer-tokens/s; groups {groups}"
           f"{f', {columns} columns' if columns else ''}; link model/emulated links {link_ratio:.2f}", flush=True)
     return result
+
+
+def _watch_timeout(args: argparse.Namespace) -> float:
+    """Seconds to wait for the next iteration: the stall timeout, cut to what is left of the --budget."""
+    if not args.budget:
+        return args.stall_timeout
+    return max(1.0, min(args.stall_timeout, args.budget_deadline - time.monotonic()))
+
+
+def _over_budget(args: argparse.Namespace) -> bool:
+    return bool(args.budget) and time.monotonic() >= args.budget_deadline - 1.0
 
 
 def spread(values: list[float]) -> dict:
@@ -298,7 +323,7 @@ def checked_methods(args: argparse.Namespace, methods: tuple[str, ...]) -> list[
 
 
 SAME_RUN = ("peers", "stages", "skip", "microbatches", "batch_size", "seq_len", "profile", "seed", "iterations",
-            "compute_scale", "emulate_model", "microbatch_tokens", "message_bytes")
+            "compute_scale", "emulate_model", "microbatch_tokens", "message_bytes", "heartbeat", "probe_sample")
 """Arguments that must match for --resume to add runs to an earlier results.json."""
 
 
@@ -315,13 +340,33 @@ def main() -> None:
     parser.add_argument("--footprint", action=argparse.BooleanOptionalAction, default=True,
                         help="measure each peer tree's PSS once per run, after its second iteration")
     parser.add_argument("--stall-timeout", type=float, default=600.0, help="seconds without a committed iteration")
-    parser.add_argument("--stagger", type=float, default=1.0, help="seconds between two peers' starts")
+    parser.add_argument("--stagger", type=float, default=2.0,
+                        help="seconds between two peers' starts (a peer tree takes ~10 CPU-s to start: 20 at once on "
+                             "2 loaded cores miss the gossip sidecar's 30 s start deadline)")
+    parser.add_argument("--join-timeout", type=float, default=480.0,
+                        help="seconds a peer waits to be placed (the coordinator plans once every peer has joined "
+                             "and probed its links: minutes for 20 peers starting on 2 loaded cores)")
+    parser.add_argument("--heartbeat", type=float, default=15.0,
+                        help="swarm.heartbeat: 20 peer trees load 2 cores so that DHT stores time out for tens of "
+                             "seconds; at 5 s the coordinator's record expired and peers took over as scheduler")
+    parser.add_argument("--probe-sample", type=int, default=0,
+                        help="peers a joiner probes before it announces itself, and per background round after "
+                             "(0 = all others: every link measured before the first plan, but joins are sequential "
+                             "16 MiB probes, minutes for the last of 20 peers)")
+    parser.add_argument("--budget", type=float, default=0.0,
+                        help="seconds this invocation may take (0 = no limit): a run still going then is stopped and "
+                             "kept if it counted an iteration (iterations_done in results.json); none starts after")
     parser.add_argument("--gib-per-peer", type=float, default=0.7,
                         help="refuse to start a swarm unless this much memory per peer is available (0 = no check)")
     parser.add_argument("--out", default="runs/wan")
     args = parser.parse_args()
+    args.budget_deadline = time.monotonic() + args.budget
+    # `timeout` (or a kill) sends SIGTERM: unwind, so that the swarm is stopped and the namespaces deleted
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit("error: terminated (SIGTERM); the swarm is being stopped"))
     if args.repeats < 1 or args.iterations < 2:
         sys.exit("error: --repeats must be >= 1 and --iterations >= 2 (the first is not counted)")
+    if not 0 <= args.probe_sample < args.peers or not args.budget >= 0 or not 0.2 <= args.heartbeat <= 60:
+        sys.exit("error: --probe-sample must be in [0, peers), --budget >= 0, --heartbeat in [0.2, 60]")
     methods = checked_methods(args, METHODS)
     scale = emulation(args)
     out = Path(args.out)
@@ -352,6 +397,9 @@ def main() -> None:
         for i in range(args.peers):
             net.write_latency_file(i, ids, keys / f"latency-{i:02d}.json")
         for rep, method in todo:
+            if _over_budget(args):
+                print(f"out of --budget: not starting {method} run {rep + 1}", flush=True)
+                break
             free = psutil.virtual_memory().available / 2**30
             if free < args.gib_per_peer * args.peers:
                 sys.exit(f"error: {free:.1f} GiB of memory available, {args.peers} peers need about "
