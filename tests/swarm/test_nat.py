@@ -26,9 +26,6 @@ COORDINATOR_ARGS = ["--iterations", str(ITERATIONS), "--min-peers", str(len(HOME
                     "0", "--seed", "0", "--microbatches", "2", "--relay"]
 
 
-@pytest.mark.skip(reason="#18 is open: passed 1 of 4 runs since streams are forwarded by the relay; in the others an "
-                         "iteration stalled 55-90 s (a backward from a home peer, acknowledged by the public holder's "
-                         "receiver, was consumed only when the iteration timed out; docs/nat.md, 'Known limits')")
 def test_home_peers_behind_nat_train_through_the_relay(tmp_path):
     net = NatNetwork(HOMES, tag="t" + str(int(time.time()) % 10000))
     peer_args = [["--stage", str(s), "--log-param-digest", "--iteration-deadline", "90",
