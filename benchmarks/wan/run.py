@@ -122,22 +122,32 @@ def measure(args: argparse.Namespace, method: str, net: EmulatedNetwork, keys: P
     footprint = None
     try:
         swarm.start()
-        records = swarm.watch(min(2, args.iterations), timeout=_watch_timeout(args))
-        if args.footprint:  # mid-run: every peer placed, streams open, messages in flight
-            footprint = swarm_footprint([proc.pid for proc in swarm.peers])
-        for n in range(len(records) + 1, args.iterations + 1):
+        records: list[dict] = []
+        # one iteration at a time: `watch` restarts its timeout at every record, so the budget is re-cut each time
+        for n in range(1, args.iterations + 1):
             try:
                 records = swarm.watch(n, timeout=_watch_timeout(args))
             except TimeoutError:
-                if not _over_budget(args):
+                if not _over_budget(args) or len(records) < 2:
                     raise
                 break  # out of time: keep the iterations done (at least one counted)
+            if n == 2 and args.footprint:  # mid-run: every peer placed, streams open, messages in flight
+                footprint = swarm_footprint([proc.pid for proc in swarm.peers])
     finally:
         swarm.stop()
-    times = [r["iteration_seconds"] for r in records[1:]]
     if len(records) < args.iterations:
         print(f"  note: {method} run {rep + 1} stopped at the --budget after {len(records)} of {args.iterations} "
               "iterations; its median is of the counted ones", flush=True)
+    return run_result(args, method, rep, run_dir, out, net.latency, net.bandwidth, records, footprint,
+                      time.monotonic() - start)
+
+
+def run_result(args: argparse.Namespace, method: str, rep: int, run_dir: Path, out: Path, latency: np.ndarray,
+               bandwidth: np.ndarray, records: list[dict], footprint: dict | None, wall: float | None) -> dict:
+    """One run's figures from its directory (schedules, traces) and its iteration records; writes its Chrome
+    trace to `out`. `latency` and `bandwidth` are the emulated links (host order)."""
+    keys = out / "keys"
+    times = [r["iteration_seconds"] for r in records[1:]]
     newest = max(run_dir.glob("schedule-*.json"), key=lambda p: int(p.stem.split("-")[1]))
     if newest.stem != "schedule-0":
         print(f"  note: {method} was re-planned ({newest.stem}); the last epoch is simulated", flush=True)
@@ -156,7 +166,7 @@ def measure(args: argparse.Namespace, method: str, net: EmulatedNetwork, keys: P
     (out / f"trace-{method}-{rep}.json").write_text(json.dumps(chrome_trace(spans, labels)))
     # how well the peers' probes measured the emulated links (the planner's inputs), for this run's message size
     order = [ids.index(p) for p in tables.ids]
-    truth = net.latency[np.ix_(order, order)] + wire_message_bytes(args) / net.bandwidth[np.ix_(order, order)]
+    truth = latency[np.ix_(order, order)] + wire_message_bytes(args) / bandwidth[np.ix_(order, order)]
     off = ~np.eye(len(order), dtype=bool)
     link_ratio = float(np.median(tables.message[off] / truth[off]))
     median = statistics.median(times)
@@ -174,7 +184,7 @@ def measure(args: argparse.Namespace, method: str, net: EmulatedNetwork, keys: P
                                                                             for p in (r.origin, *r.peers)}),
               "tokens_per_s": tokens / median, "layer_work_per_s": layer_work / median,
               "measured_over_emulated_message_time": round(link_ratio, 3),
-              "footprint": footprint, "wall_s": round(time.monotonic() - start, 1)}
+              "footprint": footprint, "wall_s": None if wall is None else round(wall, 1)}
     each = ", ".join(f"{t:.2f}" for t in times)
     print(f"{LABELS[method]:>22} (run {rep + 1}): measured median {median:.2f} s (iterations {each}), "
           f"simulated {simulated:.2f} s with the run's jitter (on time {on_time:.2f}, planned "
@@ -356,6 +366,9 @@ def main() -> None:
     parser.add_argument("--budget", type=float, default=0.0,
                         help="seconds this invocation may take (0 = no limit): a run still going then is stopped and "
                              "kept if it counted an iteration (iterations_done in results.json); none starts after")
+    parser.add_argument("--recover", default=None, metavar="METHOD-REP",
+                        help="add the result of a run that was stopped after its swarm but before its figures (e.g. "
+                             "by `timeout`), from --out/METHOD-REP's metrics, schedules and traces; runs no swarm")
     parser.add_argument("--gib-per-peer", type=float, default=0.7,
                         help="refuse to start a swarm unless this much memory per peer is available (0 = no check)")
     parser.add_argument("--out", default="runs/wan")
@@ -379,6 +392,11 @@ def main() -> None:
             sys.exit(f"error: --resume: {out / 'results.json'} was run with other {', '.join(differ)}")
         results = earlier["results"]
     view = swarm_from(args.profile, args.peers, seed=args.seed)
+    if args.recover:
+        if not args.resume:
+            sys.exit("error: --recover adds to an earlier results.json: give --resume too")
+        recover(args, out, view.latency, view.bandwidth, results)
+        return
     speeds = [p.seconds_per_layer * args.compute_scale * scale for p in view.peers]
     keys = out / "keys"
     keys.mkdir(exist_ok=True)
@@ -411,6 +429,25 @@ def main() -> None:
     chart(results, out / "wan.png", f"{args.peers} peers, {args.profile}, {args.stages} stages, skip {args.skip}, "
                                     f"{emulated} messages: one iteration on the runtime vs the simulator")
     print(f"wrote {out / 'results.json'}, {out / 'wan.png'} and trace-<method>-<run>.json (open in ui.perfetto.dev)")
+
+
+def recover(args: argparse.Namespace, out: Path, latency: np.ndarray, bandwidth: np.ndarray,
+            results: list[dict]) -> None:
+    """Add the run in --out/<--recover> to `results` from what it left (no footprint: it was measured live)."""
+    method, _, rep = args.recover.rpartition("-")
+    run_dir = out / args.recover
+    if method not in METHODS or not rep.isdigit() or not (run_dir / "metrics.jsonl").is_file():
+        sys.exit(f"error: --recover {args.recover!r}: want METHOD-REP with {run_dir}/metrics.jsonl")
+    if any(r["method"] == method and r["rep"] == int(rep) for r in results):
+        sys.exit(f"error: --recover: {args.recover} is in results.json already")
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    if len(records) < 2:
+        sys.exit(f"error: --recover: {args.recover} has {len(records)} iteration(s), none counted")
+    records = records[: args.iterations]
+    result = run_result(args, method, int(rep), run_dir, out, latency, bandwidth, records, None, None)
+    result["recovered"] = True
+    results.append(result)
+    report(write_results(out, args, results))
 
 
 def write_results(out: Path, args: argparse.Namespace, results: list[dict]) -> dict:
