@@ -52,7 +52,7 @@ from swarm.constants import (
 )
 
 ADMISSION_MODES = ("token", "allow", "open")
-REACHABILITY_VALUES = ("", "public", "relayed")
+REACHABILITY_VALUES = ("", "public", "relayed", "unreachable")
 _TORCH_DTYPES: dict[str, torch.dtype] = {name: getattr(torch, name) for name in WIRE_DTYPES}
 _DTYPE_NAMES = {dtype: name for name, dtype in _TORCH_DTYPES.items()}
 
@@ -321,7 +321,8 @@ class PeerRecord:
     """Its membership certificate, issued by the scheduler once it was admitted (`MembershipCert`)."""
     reachability: str = ""
     """"public" (it can be dialled), "relayed" (behind NAT: reached through the /p2p-circuit addresses among its
-    `addresses`), or "" (not said: an older peer). Optional on the wire (`swarm.net.reachability`)."""
+    `addresses`), "unreachable" (neither: the coordinator's dial-back found that none of its direct addresses takes a
+    connection), or "" (not said or not known). Optional on the wire (`swarm.net.reachability`)."""
     version: int = WIRE_VERSION
 
     def to_msgpack(self) -> bytes:

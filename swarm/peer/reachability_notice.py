@@ -59,6 +59,12 @@ class DialVerdict:
         self.me = me
         self.heard: set[tuple[str, ...]] = set()
 
+    @property
+    def reachability(self) -> str:
+        """What this peer's record says of it when it set no reachability itself: "unreachable" once the
+        coordinator found that none of its direct addresses takes a connection, "" before (not known)."""
+        return "unreachable" if self.heard else ""
+
     def on_not_dialable(self, message: NotDialable) -> None:
         """The coordinator's verdict (the caller checked that the coordinator sent it)."""
         if message.peer != self.me or message.tried in self.heard:

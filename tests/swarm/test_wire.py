@@ -62,6 +62,9 @@ def test_records_round_trip():
                      links={PEER_B: (0.002, 1.5e8)}, addresses=("/ip4/127.0.0.1/tcp/1",), state=PeerState.ONLINE,
                      data_holder=True, jitter=(-0.004, 0.0, 0.012))
     assert PeerRecord.from_msgpack(rec.to_msgpack()) == rec
+    for reachability in ("public", "relayed", "unreachable"):
+        told = dataclasses.replace(rec, reachability=reachability)
+        assert PeerRecord.from_msgpack(told.to_msgpack()) == told
     spec = RunSpec(run_id="run1", model={"flavor": "tiny", "n_layer": 4, "dims": [1, 2.5, None, True]}, stages=3,
                    skip_ratio=0.33, hyperparameters={"lr": 4e-4}, data={"path": "corpus"}, coordinator=PEER_A)
     assert RunSpec.from_msgpack(spec.to_msgpack()) == spec

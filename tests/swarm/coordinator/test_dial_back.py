@@ -70,9 +70,10 @@ def test_members_that_take_no_connection_are_told_a_bounded_number_of_times(list
         back.stop()
 
 
-def test_the_peer_tells_its_volunteer_once_per_verdict(caplog):
+def test_the_peer_tells_its_volunteer_once_per_verdict_and_its_record_says_it(caplog):
     verdict = DialVerdict("QmMe")
     tried = ("/ip4/192.168.1.11/tcp/4001",)
+    assert verdict.reachability == ""  # not known before the dial-back
     with caplog.at_level(logging.WARNING):
         for _ in range(3):
             verdict.on_not_dialable(NotDialable(peer="QmMe", tried=tried, relay=False))
@@ -80,3 +81,4 @@ def test_the_peer_tells_its_volunteer_once_per_verdict(caplog):
     events = [getattr(r, EVENT_ATTR) for r in caplog.records if hasattr(r, EVENT_ATTR)]
     assert [e["event"] for e in events] == ["not_dialable"]
     assert events[0]["tried"] == list(tried) and "--announce-addr" in events[0]["advice"]
+    assert verdict.reachability == "unreachable"  # what its signed record says from now on
