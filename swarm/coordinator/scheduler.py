@@ -4,7 +4,8 @@ It is fed each read of the peers' heartbeat records (`observe`) and each control
 with actions for its owner to carry out: publish a schedule epoch, announce a control message, record an
 iteration's metrics. It plans the first epoch once the swarm has settled, re-plans when a scheduled peer is gone,
 leaves or a joiner has settled, reruns an iteration reported stuck or unrecoverable, takes a peer for gone on
-corroborated reports, and commits an iteration once every data holder has reported it.
+corroborated reports, has one of two members of a stage that report each other unreachable sit out a while
+(`estrangements`), and commits an iteration once every data holder has reported it.
 
 A re-planned epoch starts at the next iteration: the one in progress goes on, its forwards detoured around gone
 peers (peers are told who is gone), unless a data holder is among them (its microbatches cannot finish) or a
