@@ -9,6 +9,7 @@ from collections import defaultdict
 
 import pytest
 
+from peers.data_ledger import read_ledger, sample_status
 from swarm.local.local_swarm import LocalSwarm
 from swarm.local.nat_network import NatNetwork, unavailable_reason
 from tests.utils.waiting import wait_for
@@ -29,7 +30,8 @@ COORDINATOR_ARGS = ["--iterations", str(ITERATIONS), "--min-peers", str(len(HOME
 def test_home_peers_behind_nat_train_through_the_relay(tmp_path):
     net = NatNetwork(HOMES, tag="t" + str(int(time.time()) % 10000))
     peer_args = [["--stage", str(s), "--log-param-digest", "--iteration-deadline", "90",
-                  "--reachability", "public" if net.is_public(i) else "relayed"] for i, s in enumerate(STAGES)]
+                  "--reachability", "public" if net.is_public(i) else "relayed",
+                  "--ledger", str(tmp_path / f"ledger-{i:02d}.jsonl")] for i, s in enumerate(STAGES)]
     with net:
         swarm = LocalSwarm(tmp_path, len(HOMES), run_id=RUN, coordinator_args=COORDINATOR_ARGS, peer_args=peer_args,
                            network=net)
@@ -56,6 +58,10 @@ def test_home_peers_behind_nat_train_through_the_relay(tmp_path):
     for (it, stage), group in digests.items():
         assert sorted(group) == [i for i, s in enumerate(STAGES) if s == stage], (it, stage, group)
         assert len(set(group.values())) == 1, (it, stage, group)
+    # every sample handed out was processed exactly once (the holders' ledgers against the scheduler's commits)
+    entries = [e for f in sorted(tmp_path.glob("ledger-*.jsonl")) for e in read_ledger(f)]
+    status = sample_status(entries, {(r["iteration"] - 1, r["epoch"]) for r in records})
+    assert status and {c["processed"] for c in status.values()} == {1}, status
     went_ahead = [line for i in (1, 2) for line in (tmp_path / f"peer-{i:02d}.log").read_text().splitlines()
                   if "went ahead without" in line]
     assert not went_ahead, went_ahead
