@@ -119,6 +119,8 @@ class Scheduler:
         self._fault_reports = FaultReports()
         self.evicted: set[str] = set()
         """Peers voted out of the run (never admitted again under their key)."""
+        self._broken_at: dict[str, set[str]] = {}
+        """Peer -> the peers that reported a microbatch of the iteration in progress broken at it."""
         self.estrangements = Estrangements(self.liveness.first_seen)
         """Same-stage members that cannot reach each other: one of each pair sits out for a while."""
         self._count, self._settled_since = -1, 0.0
@@ -336,6 +338,14 @@ class Scheduler:
                 suspect in self.liveness.declared_gone or report.iteration != self.completed:
             return
         self.liveness.report_unreachable(sender, suspect, now)
+        # the same iteration's microbatches broken at `suspect` by two peers, whatever the time between (its reruns
+        # under new epochs included): a relay that corrupts what one holder's paths carry in one epoch and another
+        # holder's in the next would otherwise stall every rerun, each witness alone (reports expire in seconds)
+        witnesses = self._broken_at.setdefault(suspect, set())
+        witnesses.add(sender)
+        if len(witnesses) >= 2 and suspect not in self.liveness.declared_gone:
+            self.liveness.declare_gone(suspect, f"microbatches of iteration {report.iteration} broke at it for "
+                                                f"{len(witnesses)} peers ({', '.join(sorted(witnesses)[:3])})", now)
 
     def _restart_iteration(self, sender: str, report: Stuck | Unrecoverable, now: float) -> list[Action]:
         """A scheduled peer reports the iteration in progress unable to finish: stuck past its deadline (a message
@@ -394,6 +404,7 @@ class Scheduler:
         record = iteration_metrics(self.completed, reports, epoch=running.epoch, peers_online=self.peers_online,
                                    records=records)
         self.completed += 1
+        self._broken_at.clear()  # witnesses count within one iteration
         self._restart_reports.progress(now, record["iteration_seconds"])
         return [Announce(commit), RecordIteration(record)]
 

@@ -226,6 +226,29 @@ def test_a_broken_microbatch_convicts_a_peer_on_corroborated_reports_and_a_rerun
     assert rerun.meta["start_iteration"] == 3 and relay not in rerun.placement
 
 
+def test_two_witnesses_of_one_iteration_convict_a_peer_however_far_apart_their_reports(records):
+    """A relay that breaks one holder's microbatches in one epoch and another's in the rerun: each report alone has
+    expired before the next comes, but both are about the same iteration."""
+    s = make_scheduler("skippipe")
+    first = planned(s, records)
+    read = lambda: {p: (r, 1.0) for p, r in records.items()}  # noqa: E731  every heartbeat fresh
+    relay, reporter, second = [p for p, st in first.placement.items() if st != 0][:3]
+    s.handle(reporter, Broken(peer=reporter, iteration=0, epoch=0, microbatch=2, attempt=0, gone=relay), 3.0)
+    s.handle(reporter, Broken(peer=reporter, iteration=0, epoch=0, microbatch=4, attempt=0, gone=relay), 3.5)
+    assert relay in s.liveness.update(read(), 60.0)  # one witness, however often it speaks
+    s.handle(second, Broken(peer=second, iteration=0, epoch=0, microbatch=5, attempt=0, gone=relay), 63.0)
+    assert relay not in s.liveness.update(read(), 63.0)  # a second witness of the same iteration, 60 s later
+
+    t = make_scheduler("skippipe")  # witnesses of different iterations do not add up
+    first = planned(t, records)
+    relay, reporter, second = [p for p, st in first.placement.items() if st != 0][:3]
+    t.handle(reporter, Broken(peer=reporter, iteration=0, epoch=0, microbatch=2, attempt=0, gone=relay), 3.0)
+    commit(t, 1, 30.0)
+    assert relay in t.liveness.update(read(), 62.0)
+    t.handle(second, Broken(peer=second, iteration=1, epoch=0, microbatch=5, attempt=0, gone=relay), 63.0)
+    assert relay in t.liveness.update(read(), 63.0)
+
+
 def test_a_joiner_is_placed_once_probed_and_restores_a_lost_data_holder_from_this_iteration(records):
     s = make_scheduler("skippipe", rebalance=False)  # survivors stay put: the lost holder's shard is carried
     first = planned(s, records)
