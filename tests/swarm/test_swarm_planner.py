@@ -36,7 +36,10 @@ def test_a_swarm_planned_run_completes_and_processes_every_sample_once(tmp_path)
     assert [r["iteration"] for r in records] == list(range(1, ITERATIONS + 1))
     assert {r["epoch"] for r in records} == {0, 1}  # one periodic re-plan, nobody joined or left
     first = json.loads((run_dir / "schedule-0.json").read_text())
-    assert sorted(Counter(first["placement"].values()).values()) == [2, 2, 2]  # two data holders, two per stage
+    per_stage = Counter(first["placement"].values())
+    # two data holders on stage 0; the other four spread by *measured* throughput, so a peer measured much faster
+    # under load may serve a stage alone while three share the other: every stage is served, nobody is left out
+    assert per_stage[0] == 2 and set(per_stage) == set(range(STAGES)) and sum(per_stage.values()) == PEERS
     schedule = swarm.schedule()
     assert schedule["epoch"] == 1 and schedule["meta"]["start_iteration"] >= SWARM_REPLAN_ITERATIONS + 1
     for plan in (first, schedule):
