@@ -7,6 +7,10 @@ the peers named as its sources (`state_gate`), while this peer waits for it. The
 against the route in use (`hop_mismatch`) runs again when the executor takes it: this one keeps strangers' bytes
 out of memory, that one keeps them out of the computation.
 
+A joiner that knows no schedule yet takes what admitted members send it (the transport refuses everyone else):
+the epoch that places it reaches its stage mates and the peers before it first, and what they send it before it
+heard is held by its inbox until it adopts that epoch. Refused, their averages would never come again.
+
 Stale or early messages are not refused here: a refusal goes back to the sender as undelivered, and its executor
 would report a microbatch broken; the inbox drops those quietly instead.
 """
@@ -48,6 +52,8 @@ class InboundChecks:
         if h.direction == Direction.STATE:
             return None  # the state gate decides
         known = [s for s in self._schedules() if s is not None]
+        if not known:
+            return None  # a joiner not placed yet: its placement's first messages may come first (the inbox holds them)
         schedule = next((s for s in known if s.epoch == h.epoch), None)
         if schedule is None:  # an epoch newer than any known (its sender adopted it first): a placed peer at least
             newest = max(known, key=lambda s: s.epoch, default=None)

@@ -54,7 +54,8 @@ class Inbox:
 
     The owner keeps `iteration` and `epoch` current. Messages of older iterations are dropped (except those of an
     epoch that reruns an earlier iteration, which a fresh joiner may run too), of iterations too far ahead refused,
-    and of a newer epoch than the one in use held until the owner adopts it (`adopt`). Stage state is kept until
+    and of a newer epoch than the one in use held until the owner adopts it (`adopt`); before it adopted any (a
+    joiner waiting for its placement), every message but stage state is held. Stage state is kept until
     used, or an iteration old once the peer is online. Every `receive` sorts whatever arrived, of every kind.
 
     Only the transport's consumers ever wait (`put`, one bound per kind); the peer's own signals (`signal`: an
@@ -191,6 +192,8 @@ class Inbox:
             # kept even while this peer serves the stage it is for: its sender may have adopted an epoch that moves
             # this peer first; unused, it is dropped an iteration later (`receive`)
             self._buckets[(it, kind)].append(m)
+        elif self.epoch < 0:
+            self.hold(m)  # not placed yet: kept for the epoch that places this joiner (its senders heard of it first)
         elif it < self.iteration and m.header.epoch > self.epoch >= 0:
             self.hold(m)  # an epoch that reruns an earlier iteration: this fresh joiner may run it too
         elif it < self.iteration:

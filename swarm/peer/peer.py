@@ -318,9 +318,9 @@ class Peer:
 
     def _start_on(self, schedule: Schedule) -> None:
         """First placement (or a placement after being dropped): the keeper equips this peer's stage."""
-        self._use(schedule)
-        self.follower.newer = None
         self.iteration = self.inbox.iteration = int(schedule.meta.get("start_iteration", 0))
+        self._use(schedule)  # after the iteration is set: what its senders sent before this peer heard is filed
+        self.follower.newer = None
         self._fresh = True  # until its first iteration commits
         self.keeper.start(schedule, self.iteration)
         if self.stage == 0:

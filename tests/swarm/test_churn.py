@@ -19,7 +19,7 @@ from swarm.local.local_swarm import LocalSwarm
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
-ITERATIONS = 80
+ITERATIONS = 64
 PEERS = 8
 
 

@@ -60,3 +60,12 @@ def test_averaging_only_from_the_stage_group_and_state_left_to_the_gate(schedule
     assert checks.state_gate.admits(mate) and not checks.state_gate.admits(other)
     checks.online()
     assert not checks.state_gate.admits(mate)
+
+
+def test_a_joiner_not_placed_yet_takes_what_members_send_it_first(schedule):
+    """Its placement reaches the peers that send to it before it: refused, their averages would not come again (the
+    transport has already refused anyone not admitted)."""
+    route = next(r for r in schedule.routes if len(r.peers) >= 2)
+    checks = InboundChecks("QmJoiner", "plan-test", SHAPE, lambda: (None, None))
+    assert checks.expects(route.peers[0], forward(route, 2, epoch=3)) is None
+    assert "shape" in checks.expects(route.peers[0], forward(route, 2, epoch=3, shape=(2**20, 2**20)))

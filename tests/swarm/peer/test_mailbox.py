@@ -119,3 +119,14 @@ def test_a_wake_up_ends_the_wait_for_pipeline_messages_at_once():
     start = time.monotonic()
     assert inbox.receive("average", 0.3) == [] and time.monotonic() - start >= 0.3
     assert inbox.receive("hop", 5.0) == [] and time.monotonic() - start < 2.0  # still pending for the hop loop
+
+
+def test_a_joiner_holds_what_comes_before_its_placement_and_files_it_at_its_start_iteration():
+    inbox = Inbox()  # nothing adopted: the peer waits to be placed
+    inbox.put(message(21, Direction.AVERAGE, epoch=2), "average")  # its stage mate heard of epoch 2 first
+    inbox.put(message(21, epoch=2, microbatch=4))
+    assert inbox.receive("average", 0.05) == [] and inbox.newest_epoch == 2
+    inbox.iteration = 21  # placed from iteration 21 by epoch 2
+    inbox.adopt(2)
+    assert [m.header.direction for m in inbox.receive("average", 0.0)] == [Direction.AVERAGE]
+    assert [m.header.microbatch for m in inbox.receive("hop", 0.0)] == [4]
