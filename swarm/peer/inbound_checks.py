@@ -53,7 +53,7 @@ class InboundChecks:
             return None  # the state gate decides
         known = [s for s in self._schedules() if s is not None]
         if not known:
-            return None  # a joiner not placed yet: its placement's first messages may come first (the inbox holds them)
+            return None  # a joiner not placed yet: its placement's first messages can come first; its inbox holds them
         schedule = next((s for s in known if s.epoch == h.epoch), None)
         if schedule is None:  # an epoch newer than any known (its sender adopted it first): a placed peer at least
             newest = max(known, key=lambda s: s.epoch, default=None)
