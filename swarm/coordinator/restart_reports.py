@@ -38,6 +38,10 @@ class RestartReports:
             self.iteration_seconds = iteration_seconds
         self._reporters.clear()
 
+    def reported(self, iteration: int, epoch: int) -> bool:
+        """Whether a scheduled peer reported (iteration, epoch) unable to finish, believed or not yet."""
+        return bool(self._reporters.get((iteration, epoch)))
+
     def believed(self, reporter: str, iteration: int, epoch: int, now: float) -> str | None:
         """Why `reporter`'s report about (iteration, epoch) is believed, or None while it is not (yet)."""
         reporters = self._reporters.setdefault((iteration, epoch), set())

@@ -221,7 +221,13 @@ class Scheduler:
         staying = len(shard_drawers(holders - {*gone, *draining}, peers))
         shard_moves = bool(shard_drawers(joining, peers)) and \
             staying < int(in_force.meta.get("num_shards", len(holders)))
-        start = self.completed if holders & {*gone, *draining} or shard_moves else self.completed + 1
+        # a peer reported the iteration in progress unable to finish, too early to believe alone; a peer of its epoch
+        # now gone corroborates it (as in `_restart_iteration`): it runs again, rather than waiting for its deadline
+        unfinishable = bool(gone) and self._restart_reports.reported(self.completed, in_force.epoch)
+        start = self.completed if holders & {*gone, *draining} or shard_moves or unfinishable else self.completed + 1
+        if unfinishable:
+            self._restarted.add((self.completed, in_force.epoch))
+            self._restart_reports.progress(now)
         logger.warning("membership changed (gone: %s, leaving: %s, joining: %s): re-planning from iteration %d",
                        gone, draining, joining, start,
                        extra=event("replanned", start_iteration=start, gone=gone, leaving=draining, joining=joining))

@@ -119,6 +119,22 @@ def test_a_gone_relay_replans_from_the_next_iteration_and_a_gone_holder_from_thi
     assert again.meta["start_iteration"] == 3  # a holder's microbatches cannot finish without it
 
 
+def test_a_lone_unrecoverable_report_then_a_gone_peer_of_its_epoch_rerun_the_iteration_in_progress(records):
+    """A holder cannot re-queue a microbatch (its stage's only peer died; no detour), reported before the dead peer's
+    record expired: too early to believe alone. The peer then found gone corroborates it: the new epoch reruns the
+    iteration in progress instead of starting after it (which would leave it to hang until its deadline)."""
+    s = make_scheduler("skippipe")
+    first = planned(s, records)
+    commit(s, 3)
+    relay = next(p for p, st in first.placement.items() if st == 2)
+    member = next(p for p in first.placement if p != relay)
+    assert published(s.handle(member, Unrecoverable(peer=member, iteration=3, epoch=0, microbatch=1), 1.0)) == []
+    (new,) = published(s.observe(fresh({p: r for p, r in records.items() if p != relay}), LATER))
+    assert new.meta["start_iteration"] == 3 and relay not in new.placement
+    # its later reports of that iteration under the old epoch restart nothing more
+    assert published(s.handle(member, Unrecoverable(peer=member, iteration=3, epoch=0, microbatch=2), LATER)) == []
+
+
 def test_a_stuck_report_restarts_the_iteration_once_corroborated_under_a_new_epoch(records):
     s = make_scheduler("skippipe")
     first = planned(s, records)
