@@ -52,6 +52,8 @@ class Liveness:
         self._last_seen: dict[str, float] = {}
         self._heartbeat_age: dict[str, float] = {}
         self._leaving: set[str] = set()
+        self._left_at: dict[str, float] = {}
+        """When each leaving peer's leave was first seen."""
         self._reports = UnreachableReports(heartbeat)
         self.declared_gone: set[str] = set()
         """Peers taken for gone on reports, before their records expire."""
@@ -63,7 +65,14 @@ class Liveness:
         """Take in one DHT read (peer -> (record, seconds since its heartbeat)); returns the live peers."""
         for p, (record, age) in records.items():
             if record.state == PeerState.LEAVING:
+                self._left_at.setdefault(p, now)
                 self._leaving.add(p)
+            elif p in self._leaving and record.state == PeerState.JOINING and age < now - self._left_at[p]:
+                # the same key joins again (a restarted process): a record written after its leave was seen
+                logger.info("%s, which left, joins again", p)
+                self._leaving.discard(p)
+                del self._left_at[p]
+                self._first_seen[p] = now  # a joiner afresh: it settles and probes before it is placed
             self._first_seen.setdefault(p, now)
             self._last_seen[p] = now
             self.records[p], self._heartbeat_age[p] = record, age

@@ -38,6 +38,17 @@ def test_a_leaving_peer_is_gone_at_once():
     assert set(live.update({"a": (record("a", PeerState.LEAVING), 0.5), "b": (record("b"), 0.5)}, 1.0)) == {"b"}
 
 
+def test_a_peer_that_left_and_joins_again_with_its_key_is_live_again():
+    live = Liveness(HEARTBEAT)
+    live.update({"a": (record("a", PeerState.JOINING), 0.5)}, 0.0)
+    assert live.update({"a": (record("a", PeerState.LEAVING), 0.5)}, 1.0) == {}
+    # a read still showing its joining record of before the leave (heartbeat 3 s old, the leave seen 2 s ago)
+    assert live.update({"a": (record("a", PeerState.JOINING), 3.0)}, 3.0) == {}
+    # its restarted process's record, written after the leave: a joiner afresh
+    assert set(live.update({"a": (record("a", PeerState.JOINING), 0.5)}, 4.0)) == {"a"}
+    assert live.seen_for("a", 5.0) == 1.0
+
+
 def test_reports_convict_with_two_reporters_or_an_overdue_heartbeat_and_a_rejoin_is_taken_back():
     live = Liveness(HEARTBEAT)
     fresh = {p: (record(p), 0.5) for p in "abcd"}
