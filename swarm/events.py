@@ -56,6 +56,8 @@ EVENTS: dict[str, tuple[str, ...]] = {
     # took no connection (logged by the coordinator with `peer`, by the peer told with `relay` and `advice`)
     "reachability": ("reachability", "advice"),
     "not_dialable": ("peer", "tried", "relay", "advice"),
+    # a `--reachability auto` peer found undialable by a relaying coordinator leaves, and its process restarts so
+    "restarting": ("reachability",),
 }
 """Event name -> its fields (an event may carry fewer, or extra context; never another name)."""
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import signal
 import sys
 import threading
@@ -279,11 +280,24 @@ def join(initial_peers, coordinator, run_id, token, device, precision, threads, 
                           emulate_seconds_per_layer=emulate_speed,
                           link_latency=latency, probe_sample=probe_sample, fault=fault, threads=threads,
                           host_registry=str(registry) if registry else None)
+    peer = Peer(options, scheduler_role=SchedulerRole)
     try:
-        Peer(options, scheduler_role=SchedulerRole).run(_stop_event())
+        peer.run(_stop_event())
     except (NotAdmitted, TimeoutError) as e:  # refused or unanswered: say why, no traceback
         logging.getLogger("swarm").error("%s", e)
         _fail(str(e))
+    if peer.restart_as is not None:
+        _restart_with("--reachability", peer.restart_as)
+
+
+def _restart_with(*args: str) -> None:
+    """Replace this process by itself with `args` added to its command line (click takes an option's last value):
+    same pid (whoever started it still holds it), same key; its helpers are stopped already, and its locks, on
+    descriptors closed by the exec, are claimed again by the new image."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:], *args])
 
 
 @swarm_group.command("local")

@@ -115,6 +115,10 @@ class Peer:
         """Whether it serves on once asked to stop (a graceful leave), from when it has joined."""
         self._halt = threading.Event()
         """Set when it really leaves: ends its background loops (watch, prober, scheduler role)."""
+        self._stop: threading.Event | None = None
+        self.restart_as: str | None = None
+        """The reachability this peer's process restarts with once `run` returns ("relayed": the coordinator found
+        it cannot be dialled; `swarm.cli`), None: it does not restart."""
 
     @property
     def schedule(self) -> Schedule | None:
@@ -138,6 +142,7 @@ class Peer:
 
     # ---- lifecycle --------------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
+        self._stop = stop
         try:
             self._join(stop)
             if self.schedule is None:
@@ -172,9 +177,12 @@ class Peer:
                         raise
                     self._abandon_iteration()
             why = "run finished" if self.follower.finished.is_set() else "scheduler silent" if stop.is_set() and \
-                self.follower.no_scheduler(self.peer_id) else "asked to stop" if stop.is_set() else "iterations done"
+                self.follower.no_scheduler(self.peer_id) else "restarts relayed" if self.restart_as else \
+                "asked to stop" if stop.is_set() else "iterations done"
             logger.info("peer %s stops after iteration %d (%s)", self.peer_id, self.iteration, why,
                         extra=event("stopped", iteration=self.iteration, why=why))
+            if why != "restarts relayed":
+                self.restart_as = None  # the run ended first: nothing to restart for
         finally:
             self.shutdown()
 
@@ -188,7 +196,7 @@ class Peer:
         self.config, self.model_config = RunConfig.from_spec(spec)
         self.spec = spec
         self.members = Members(self.peer_id, o.run_id, o.token, self._issuers)
-        self.dial_verdict = DialVerdict(self.peer_id)
+        self.dial_verdict = DialVerdict(self.peer_id, self.restart_relayed if o.reachability == "auto" else None)
         if node.reachability == "public":  # it can be dialled: it relays members' streams too, as the coordinator
             node.start_forwarder(self.members.admits)
         latency = dict(o.link_latency or {})
@@ -268,6 +276,18 @@ class Peer:
             return False
         self._start_on(schedule)
         return True
+
+    def restart_relayed(self) -> None:
+        """The coordinator cannot dial this peer and relays for it (a `--reachability auto` peer behind NAT): it
+        leaves as if asked to stop (drained first if placed; usually it is not yet) and its process starts again
+        with `--reachability relayed` under the same key, reserving a slot on the relay (`restart_as`)."""
+        stop = self._stop
+        if stop is None or stop.is_set() or self.restart_as is not None:
+            return
+        logger.warning("this peer leaves the run and restarts relayed",
+                       extra=event("restarting", reachability="relayed"))
+        self.restart_as = "relayed"
+        stop.set()
 
     def shutdown(self) -> None:
         """Announce leaving, then stop heartbeat, gossip, transport and DHT (each only if it was started)."""

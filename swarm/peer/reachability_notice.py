@@ -53,10 +53,15 @@ def announced_addresses(announced: Callable[[], Mapping[str, PeerRecord] | None]
 class DialVerdict:
     """What this peer heard about its reachability: the coordinator's dial-back (`NotDialable`), told once per set
     of addresses found undialable, and the scheduler's `SitOut` (a member of its own stage cannot reach it), each
-    with what will happen and what to do."""
+    with what will happen and what to do.
 
-    def __init__(self, me: str) -> None:
-        self.me = me
+    :param relay_me: called when the coordinator, which relays, found this peer undialable and the volunteer left
+      its reachability to the peer (`--reachability auto`): the peer restarts relayed (`Peer.restart_relayed`,
+      which acts once); None: it only says how to restart relayed by hand
+    """
+
+    def __init__(self, me: str, relay_me: Callable[[], None] | None = None) -> None:
+        self.me, self._relay_me = me, relay_me
         self.heard: set[tuple[str, ...]] = set()
 
     @property
@@ -70,7 +75,11 @@ class DialVerdict:
         if message.peer != self.me or message.tried in self.heard:
             return
         self.heard.add(message.tried)
-        if message.relay:
+        switch = message.relay and self._relay_me is not None
+        if switch:
+            what = ("others reach it only over connections it opens itself, so it restarts relayed: the "
+                    "coordinator's relay carries its streams")
+        elif message.relay:
             what = ("others reach it only over connections it opens itself; restart it with --reachability "
                     "relayed and the coordinator relays for it")
         else:
@@ -79,6 +88,8 @@ class DialVerdict:
         logger.warning("the coordinator could not connect to this peer at %s: %s; to be reached directly, %s",
                        ", ".join(message.tried), what, ADVICE,
                        extra=event("not_dialable", tried=list(message.tried), relay=message.relay, advice=ADVICE))
+        if switch:
+            self._relay_me()
 
     def on_sit_out(self, message: SitOut) -> None:
         """The scheduler leaves this peer out for a while (the caller checked that the scheduler sent it)."""

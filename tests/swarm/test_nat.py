@@ -12,7 +12,6 @@ import pytest
 from peers.data_ledger import read_ledger, sample_status
 from swarm.local.local_swarm import LocalSwarm
 from swarm.local.nat_network import NatNetwork, unavailable_reason
-from tests.utils.waiting import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300),
               pytest.mark.skipif(unavailable_reason() is not None, reason=str(unavailable_reason()))]
@@ -67,24 +66,35 @@ def test_home_peers_behind_nat_train_through_the_relay(tmp_path):
     assert not went_ahead, went_ahead
 
 
-def test_a_member_that_cannot_be_dialled_is_told_so(tmp_path):
-    """A home peer that does not say it is relayed (the default) announces its private address: the coordinator's
-    dial-back finds nothing takes a connection there and tells it, with what to do; the public peer is not told."""
+def test_a_member_that_cannot_be_dialled_is_told_so_and_restarts_relayed(tmp_path):
+    """A home peer that leaves its reachability to the peer (the default, auto) announces its private address: the
+    coordinator's dial-back finds nothing takes a connection there and tells it, with what to do; the public peer is
+    not told. The coordinator relays, so the home peer restarts itself relayed (same process, same key) and the run
+    trains with it through the relay, nobody declared gone."""
     net = NatNetwork([None, 0], tag="d" + str(int(time.time()) % 10000))
     with net:
         swarm = LocalSwarm(tmp_path, 2, run_id="dial", network=net, peer_args=[["--stage", "0"], ["--stage", "1"]],
-                           coordinator_args=["--iterations", "1000", "--min-peers", "2", "--stages", "2", "--skip",
+                           coordinator_args=["--iterations", "4", "--min-peers", "2", "--stages", "2", "--skip",
                                              "0", "--relay"])
         try:
             swarm.start()
-            told = wait_for(lambda: swarm.events("not_dialable", who="peer-01"), 90, "the home peer told")
+            records = swarm.watch(4, timeout=150)
+            home = swarm.peers[1]
+            home.wait(timeout=60)  # the restarted process finishes the run (its pid is the one started)
         finally:
             swarm.stop()
-    assert told[0]["relay"] is True and told[0]["tried"] and "--announce-addr" in told[0]["advice"]
+    told = swarm.events("not_dialable", who="peer-01")
+    assert told and told[0]["relay"] is True and told[0]["tried"] and "--announce-addr" in told[0]["advice"]
     assert all(a.split("/")[2].startswith("192.168.") for a in told[0]["tried"]), told[0]["tried"]
     assert not swarm.events("not_dialable", who="peer-00")
     verdicts = swarm.events("not_dialable", who="coordinator")
     assert verdicts and {v["peer"] for v in verdicts} == {told[0]["node"]}, verdicts
+    assert [e["reachability"] for e in swarm.events("restarting", who="peer-01")] == ["relayed"]
+    assert [e["reachability"] for e in swarm.events("reachability", who="peer-01")] == ["relayed"]
+    assert [r["iteration"] for r in records] == [1, 2, 3, 4]
+    placed = swarm.events("placed", who="peer-01")
+    assert placed and placed[-1]["stage"] == 1 and placed[-1]["node"] == told[0]["node"]  # same key, relayed
+    assert not swarm.events("declared_gone"), swarm.events("declared_gone")
 
 
 def test_two_home_peers_of_a_stage_that_cannot_reach_each_other_are_split(tmp_path):

@@ -82,3 +82,19 @@ def test_the_peer_tells_its_volunteer_once_per_verdict_and_its_record_says_it(ca
     assert [e["event"] for e in events] == ["not_dialable"]
     assert events[0]["tried"] == list(tried) and "--announce-addr" in events[0]["advice"]
     assert verdict.reachability == "unreachable"  # what its signed record says from now on
+
+
+def test_a_peer_that_left_its_reachability_to_auto_restarts_relayed_when_the_coordinator_relays(caplog):
+    restarts = []
+    verdict = DialVerdict("QmMe", relay_me=lambda: restarts.append(1))
+    with caplog.at_level(logging.WARNING):
+        verdict.on_not_dialable(NotDialable(peer="QmMe", tried=("/ip4/10.0.0.2/tcp/4001",), relay=False))
+        assert restarts == [] and "--reachability relayed" not in caplog.records[-1].getMessage()
+        for _ in range(3):  # told again (gossip may lose one): acted on once
+            verdict.on_not_dialable(NotDialable(peer="QmMe", tried=("/ip4/192.168.1.11/tcp/4001",), relay=True))
+    assert restarts == [1]
+    assert "restarts relayed" in caplog.records[-1].getMessage()
+    manual = DialVerdict("QmMe")  # --reachability public or relayed was the volunteer's choice: only told
+    with caplog.at_level(logging.WARNING):
+        manual.on_not_dialable(NotDialable(peer="QmMe", tried=("/ip4/192.168.1.11/tcp/4001",), relay=True))
+    assert "restart it with --reachability relayed" in caplog.records[-1].getMessage()
