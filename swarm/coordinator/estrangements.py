@@ -8,9 +8,12 @@ heartbeat stays fresh.
 
 Both reporting each other while both heartbeat is the sign: a dead peer reports nothing, and a single liar can
 only ever get itself reported back. Then one of the two sits out (it is planned without, so the group that stays
-is one whose members reach each other): the one that joined later, so the veteran keeps serving the stage. It is
-left out for a cool-down, `SIT_OUT` seconds the first time and doubled each time the same pair is estranged again
-(a relay may come, or a port be forwarded, in between), then placed again like any joiner.
+is one whose members reach each other): the one that joined later, so the veteran keeps serving the stage. One way
+round is caught too when the member reported says in its own signed record that it takes no connection
+(`reachability = "unreachable"`: the coordinator's dial-back verdict, no relay): its mates' gradients cannot reach
+it, so that one sits out. It is left out for a cool-down, `SIT_OUT` seconds the first time and doubled each time
+the same pair is estranged again (a relay may come, or a port be forwarded, in between), then placed again like
+any joiner.
 """
 
 from __future__ import annotations
@@ -47,15 +50,18 @@ class Estrangements:
         """Peer sitting out -> its estrangement."""
         self._times: dict[frozenset[str], int] = {}
 
-    def estrange(self, a: str, b: str, stage: int, now: float) -> Estrangement | None:
-        """`a` and `b`, both members of `stage` and both alive, reported each other unreachable: the new
-        estrangement (who sits out, until when), or None if one of them sits out already."""
+    def estrange(self, a: str, b: str, stage: int, now: float, *, bench: str | None = None) -> Estrangement | None:
+        """`a` and `b`, both members of `stage` and both alive, cannot reach each other: the new estrangement (who
+        sits out, until when: `bench` if given, else the later to join), or None if one of them sits out already."""
         if a == b or a in self._active or b in self._active:
             return None
         pair = frozenset((a, b))
         times = self._times.get(pair, 0) + 1
         self._times[pair] = times
-        benched, partner = sorted((a, b), key=lambda p: (self._joined_at(p), p), reverse=True)
+        if bench in (a, b):
+            benched, partner = bench, (b if bench == a else a)
+        else:
+            benched, partner = sorted((a, b), key=lambda p: (self._joined_at(p), p), reverse=True)
         e = Estrangement(benched=benched, partner=partner, stage=stage, times=times,
                          until=now + min(MAX_SIT_OUT, SIT_OUT * 2 ** (times - 1)))
         self._active[benched] = e

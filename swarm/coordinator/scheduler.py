@@ -317,15 +317,22 @@ class Scheduler:
             return []
         self.liveness.report_unreachable(sender, target, now)
         stage = schedule.placement[sender]
-        if schedule.placement[target] == stage and sender in self.liveness.reporters(target, now) and \
-                target in self.liveness.reporters(sender, now) and {sender, target} <= set(self.liveness.live(now)):
+        live = self.liveness.live(now)
+        if schedule.placement[target] != stage or not {sender, target} <= set(live):
+            return []
+        if target in self.liveness.reporters(sender, now):  # both ways
             return self._estrange(sender, target, stage, now)
+        if live[target].reachability == "unreachable":
+            # one way: the target says the coordinator's dial-back found it takes no connection (and it is not
+            # relayed); its mate's gradients cannot reach it, so it sits out (its own word only ever benches itself)
+            return self._estrange(sender, target, stage, now, bench=target)
         return []
 
-    def _estrange(self, a: str, b: str, stage: int, now: float) -> list[Action]:
-        """`a` and `b`, of one stage group, both alive, reported each other unreachable: they cannot average, and
-        their copies of the stage would drift apart. One sits out (the next look re-plans without it); it is told."""
-        e = self.estrangements.estrange(a, b, stage, now)
+    def _estrange(self, a: str, b: str, stage: int, now: float, *, bench: str | None = None) -> list[Action]:
+        """`a` and `b`, of one stage group, both alive, cannot reach each other (both reported it, or `bench` cannot
+        be dialled and was reported): they cannot average, and their copies of the stage would drift apart. One sits
+        out (`bench` if given; the next look re-plans without it); it is told."""
+        e = self.estrangements.estrange(a, b, stage, now, bench=bench)
         if e is None:
             return []
         seconds = round(e.until - now, 1)

@@ -470,3 +470,22 @@ def test_two_members_of_a_stage_that_cannot_reach_each_other_are_split_and_one_c
     assert published(s.observe(read(), now + 30.0)) == []  # still sitting out
     (back,) = published(s.observe(read(), now + 61.0))
     assert late in back.placement
+
+
+def test_a_member_that_cannot_be_dialled_and_is_reported_by_its_mate_sits_out(records):
+    """One way round: its mate cannot send it gradients, it can send its own. Its record says it takes no
+    connection (the coordinator's dial-back verdict, no relay): it sits out, whoever joined first. A report against
+    a mate whose record says nothing of the kind benches nobody."""
+    s = make_scheduler("skippipe")
+    first = planned(s, records)
+    stage = next(st for st in range(1, STAGES) if sum(v == st for v in first.placement.values()) >= 2)
+    home, mate = sorted(p for p, st in first.placement.items() if st == stage)[:2]  # the later rule benches `mate`
+    now = 10.0
+    s.observe(fresh(records), now)
+    assert notices(s.handle(mate, Unreachable(peer=home), now)) == []
+    records[home] = dataclasses.replace(records[home], reachability="unreachable")
+    s.observe(fresh(records), now + 1)
+    told = notices(s.handle(mate, Unreachable(peer=home), now + 1))
+    assert told == [SitOut(peer=home, partner=mate, stage=stage, seconds=60.0)]
+    (split,) = published(s.observe(fresh(records), now + 1.5))
+    assert home not in split.placement and mate in split.placement
