@@ -147,6 +147,10 @@ def start(config_path, run_id, iterations, min_peers, stages, skip, seed, microb
             allowed = read_allow_file(allow_file)
         except (OSError, UnicodeDecodeError, ValueError) as e:
             _fail(f"--allow {allow_file}: {e}")
+    if relay and config.averaging == "hivemind":
+        from swarm.net.reachability import NOT_OVER_RELAYS
+
+        _fail(f"--relay: {NOT_OVER_RELAYS}")
     admission = "open" if open_run else "allow" if allow_file else "token"
     identity = _claim_identity(identity)
     _logging(log_file, log_level, events=events, identity=identity)
@@ -227,6 +231,7 @@ def join(initial_peers, coordinator, run_id, token, device, precision, threads, 
     from swarm.peer.members import NotAdmitted
     from swarm.peer.options import PeerOptions, trusted_coordinator
     from swarm.peer.peer import Peer
+    from swarm.peer.run_spec import UnsuitedRun
 
     if stage != "auto" and not stage.isdigit():
         _fail(f"--stage must be a stage number or auto, got {stage!r}")
@@ -283,7 +288,7 @@ def join(initial_peers, coordinator, run_id, token, device, precision, threads, 
     peer = Peer(options, scheduler_role=SchedulerRole)
     try:
         peer.run(_stop_event())
-    except (NotAdmitted, TimeoutError) as e:  # refused or unanswered: say why, no traceback
+    except (NotAdmitted, TimeoutError, UnsuitedRun) as e:  # refused, unanswered, or cannot serve: say why
         logging.getLogger("swarm").error("%s", e)
         _fail(str(e))
     if peer.restart_as is not None:

@@ -38,6 +38,10 @@ DIAL_BACK_TIMEOUT = 1.5
 ADVICE = ("forward a TCP port on your router to this machine and pass --announce-addr /ip4/PUBLIC_IP/tcp/PORT "
           "(or run on a machine with a public address)")
 """What a volunteer who cannot be dialled can do about it."""
+NOT_OVER_RELAYS = ("hivemind's averager (swarm.averaging = \"hivemind\") opens RPCs of its own, which the relay does "
+                   "not carry (swarm.net.forwarding): a relayed peer could not average with its stage; use "
+                   "swarm.averaging = \"allgather\" (the default)")
+"""Why a run that relays cannot average with hivemind's averager."""
 
 
 @dataclass(frozen=True)

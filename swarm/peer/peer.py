@@ -38,6 +38,7 @@ from swarm.net.delivery import Inbound
 from swarm.net.identity import ensure_identity
 from swarm.net.link_probe import LinkProber
 from swarm.net.message_jitter import MessageJitter
+from swarm.net.reachability import NOT_OVER_RELAYS
 from swarm.net.transport import Transport
 from swarm.peer.activation_watch import ActivationWatch
 from swarm.peer.data_holder import DataHolder
@@ -55,7 +56,7 @@ from swarm.peer.options import PeerOptions, trusted_coordinator
 from swarm.peer.pipeline import IterationAborted, IterationTimeout, Requeue
 from swarm.peer.reachability_notice import DialVerdict, announced_addresses, join_reachability
 from swarm.peer.reports import Reports
-from swarm.peer.run_spec import await_run_spec
+from swarm.peer.run_spec import UnsuitedRun, await_run_spec
 from swarm.peer.schedule_follower import ScheduleFollower
 from swarm.peer.stage_keeper import StageKeeper
 from swarm.peer.stage_session import restore_source
@@ -195,6 +196,8 @@ class Peer:
             return
         self.config, self.model_config = RunConfig.from_spec(spec)
         self.spec = spec
+        if node.reachability == "relayed" and self.config.averaging == "hivemind":
+            raise UnsuitedRun(f"this peer is relayed and cannot join run {o.run_id}: {NOT_OVER_RELAYS}")
         self.members = Members(self.peer_id, o.run_id, o.token, self._issuers)
         self.dial_verdict = DialVerdict(self.peer_id, self.restart_relayed if o.reachability == "auto" else None)
         if node.reachability == "public":  # it can be dialled: it relays members' streams too, as the coordinator

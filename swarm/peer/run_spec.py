@@ -1,4 +1,5 @@
-"""`await_run_spec`: a joiner's wait for the run spec of the one coordinator it trusts."""
+"""`await_run_spec`: a joiner's wait for the run spec of the one coordinator it trusts; `UnsuitedRun`, a run this
+peer cannot serve."""
 
 from __future__ import annotations
 
@@ -8,6 +9,11 @@ import time
 from swarm.constants import DHT_TIMEOUT
 from swarm.control.records import SwarmRecords
 from swarm.wire import RunSpec
+
+
+class UnsuitedRun(RuntimeError):
+    """The run asks for what this peer cannot give (a relayed peer in a run averaging with hivemind's averager):
+    it does not join, and says why."""
 
 
 def await_run_spec(records: SwarmRecords, coordinator: str, stop: threading.Event, timeout: float, *,

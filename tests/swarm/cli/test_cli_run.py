@@ -37,6 +37,13 @@ def test_coordinator_refuses_bad_config_files(tmp_path, content, message):
     assert r.exit_code == 2 and message in r.output and "Traceback" not in r.output
 
 
+def test_a_relaying_coordinator_refuses_hivemind_averaging(tmp_path):
+    f = tmp_path / "run.toml"
+    f.write_text("[swarm]\naveraging = 'hivemind'\n")
+    r = CliRunner().invoke(main, ["coordinator", "start", "--config", str(f), "--relay"])
+    assert r.exit_code == 2 and "the relay does not carry" in r.output and "Traceback" not in r.output
+
+
 def test_peer_refuses_a_bad_stage():
     r = CliRunner().invoke(peer_main, ["join", "--initial-peers", "/ip4/127.0.0.1/tcp/1", "--stage", "first"])
     assert r.exit_code == 2 and "--stage must be a stage number or auto" in r.output
