@@ -42,7 +42,17 @@ from swarm.stage_group.allgather import average_stage_group
 logger = logging.getLogger(__name__)
 
 COMMIT_TIMEOUT = 120.0
-"""Seconds to wait for the scheduler's commit (or a replacing epoch) before giving up on the run."""
+"""Seconds to wait for the scheduler's commit (or a replacing epoch) before giving up on the run, at least..."""
+COMMIT_TIMEOUT_ITERATIONS = 4.0
+"""...and at least this many of the schedule's predicted iterations (a 1.5B model's over a WAN take a minute)."""
+MAX_PREDICTED_SECONDS = 900.0
+"""A prediction counts up to this (a schedule predicting more still gives up within an hour)."""
+
+
+def commit_timeout(schedule: Schedule) -> float:
+    """Seconds a peer waits for the commit of an iteration of `schedule` (or an epoch replacing it)."""
+    predicted = min(schedule.predicted_iteration_seconds or 0.0, MAX_PREDICTED_SECONDS)
+    return max(COMMIT_TIMEOUT, COMMIT_TIMEOUT_ITERATIONS * predicted)
 
 
 class IterationRunner:
@@ -176,7 +186,8 @@ class IterationRunner:
     def _wait_for_commit(self, executor: PipelineExecutor, schedule: Schedule, iteration: int) -> None:
         """Block until the scheduler commits `iteration`; a replacing epoch aborts it instead. Meanwhile keep
         serving the iteration: a detour around a gone peer of this stage may still bring work here."""
-        end = time.monotonic() + COMMIT_TIMEOUT
+        timeout = commit_timeout(schedule)
+        end = time.monotonic() + timeout
         while not self.follower.is_committed(iteration, schedule.epoch):
             self._give_up_on_gone()
             if self.follower.replaced(iteration):
@@ -184,7 +195,7 @@ class IterationRunner:
             if self._stopping():
                 raise IterationAborted(f"iteration {iteration} abandoned: the run is stopping")
             if time.monotonic() > end:
-                raise IterationTimeout(f"no commit of iteration {iteration} within {COMMIT_TIMEOUT:.0f} s")
+                raise IterationTimeout(f"no commit of iteration {iteration} within {timeout:.0f} s")
             executor.handle(self.inbox.receive("hop", 0.2))
         self.follower.forget_commits_before(iteration)
         self.clock.committed(time.monotonic())

@@ -47,7 +47,7 @@ from swarm.peer.faults import tamper
 from swarm.peer.host_share import ThreadShare
 from swarm.peer.inbound_checks import InboundChecks
 from swarm.peer.iteration_clock import IterationClock
-from swarm.peer.iteration_runner import COMMIT_TIMEOUT, IterationRunner
+from swarm.peer.iteration_runner import IterationRunner, commit_timeout
 from swarm.peer.link_watch import LinkWatch
 from swarm.peer.mailbox import Inbox, Kind, Outbox
 from swarm.peer.members import Members
@@ -172,7 +172,8 @@ class Peer:
                 except IterationTimeout as e:
                     logger.warning("%s; waiting for the scheduler to replace the schedule", e)
                     self.reports.stuck(self.iteration, self.schedule.epoch)
-                    if not self.follower.wait_for_replacement(self.iteration, self._halt, COMMIT_TIMEOUT):
+                    wait = commit_timeout(self.schedule)
+                    if not self.follower.wait_for_replacement(self.iteration, self._halt, wait):
                         if self.follower.finished.is_set():  # the run ended meanwhile: nothing to replace
                             break
                         raise

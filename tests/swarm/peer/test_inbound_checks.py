@@ -3,23 +3,10 @@ group's averaging, a newer epoch from a placed peer; everything else is refused 
 
 from __future__ import annotations
 
-import pytest
-
-from swarm.coordinator.scheduler import PublishSchedule
 from swarm.peer.inbound_checks import InboundChecks
 from swarm.wire import Direction, HopHeader
-from tests.swarm.coordinator.conftest import make_records, make_scheduler
 
 SHAPE = (8, 64, 128)
-
-
-@pytest.fixture(scope="module")
-def schedule():
-    s, records = make_scheduler(), make_records()
-    fresh = {p: (r, 0.5) for p, r in records.items()}
-    s.observe(fresh, 0.0)
-    (action,) = [a for a in s.observe(fresh, 60.0) if isinstance(a, PublishSchedule)]
-    return action.schedule
 
 
 def forward(route, hop: int, **kwargs) -> HopHeader:
