@@ -76,7 +76,8 @@ class ScheduleFollower:
         return stale and sender == self.candidate
 
     def scheduler_silent(self) -> bool:
-        """The scheduler's record has not been seen for longer than a record lives (three heartbeats and a grace)."""
+        """Neither the scheduler's record nor a message of its has been seen for longer than a record lives (three
+        heartbeats and a grace)."""
         return time.monotonic() - self.scheduler_seen > silent_after(self.heartbeat)
 
     def no_scheduler(self, me: str) -> bool:
@@ -89,7 +90,11 @@ class ScheduleFollower:
         Messages from anyone but the scheduler are logged and ignored."""
         if not isinstance(message, (ScheduleNotice, Gone, Finished, Commit)):
             return False
-        if not self.trusted(sender):
+        if sender == self.scheduler:
+            # its signed gossip shows it alive even while its DHT record is not (stores time out on a loaded host):
+            # no successor takes over from a scheduler that still commits
+            self.scheduler_seen = time.monotonic()
+        elif not self.trusted(sender):
             logger.warning("ignored a %s from %s: not the run's scheduler", type(message).__name__, sender,
                            extra=event("ignored_control", sender=sender, kind=type(message).__name__,
                                        why="not the run's scheduler"))

@@ -50,6 +50,17 @@ def test_the_successor_is_trusted_once_the_scheduler_missed_a_heartbeat():
     assert f.scheduler_silent()
 
 
+def test_a_scheduler_whose_record_is_missing_but_which_still_commits_is_not_silent():
+    f = follower()
+    f.scheduler_seen = time.monotonic() - 10.0  # its record unseen past its lifetime (its DHT stores time out)
+    assert f.scheduler_silent()
+    assert f.on_message("coord", Commit(iteration=0, epoch=0))  # but its signed gossip still comes
+    assert not f.scheduler_silent()
+    f.scheduler_seen = time.monotonic() - 10.0
+    f.on_message("stranger", Commit(iteration=1, epoch=0))  # anyone else's says nothing of it
+    assert f.scheduler_silent()
+
+
 def test_waiting_for_a_replacement_ends_when_the_run_finishes():
     """A peer stuck in an iteration when the run ends leaves, instead of waiting out the commit timeout."""
     f = follower()
