@@ -8,6 +8,7 @@ record (`PeerRecord.reachability`) and in one clear line to its volunteer, with 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -35,15 +36,33 @@ def join_reachability(options: PeerOptions) -> dict[str, Any]:
     return dict(reachability=reachability, announce=options.announce_addrs)
 
 
+FETCH_TTL = 5.0
+"""Seconds a fresh read of the records serves the hook before the watch's first read (a joiner dials its whole
+probe sample at once; a DHT read each, on a loaded host, took seconds apiece)."""
+REFETCH_AFTER = 1.0
+"""A peer missing from a read at least this old is looked up again (it may have joined since)."""
+
+
 def announced_addresses(announced: Callable[[], Mapping[str, PeerRecord] | None],
-                        fetch: Callable[[], Mapping[str, PeerRecord]]) -> Callable[[str], Sequence[str]]:
+                        fetch: Callable[[], Mapping[str, PeerRecord]],
+                        clock: Callable[[], float] = time.monotonic) -> Callable[[str], Sequence[str]]:
     """The transport's `addresses` hook: a relayed peer's circuit addresses, from the latest records this peer
-    read, or a fresh read of the DHT before there are any (`fetch`; the transport calls the hook off its loop).
-    A peer that is not relayed gets none: p2pd's own peer routing knows its direct addresses, and a dead peer is
-    then taken for unreachable at once instead of after another dial."""
-    def addresses(peer: str) -> Sequence[str]:
+    read, or, before there are any, from a read of the DHT (`fetch`; the transport calls the hook off its loop)
+    kept for `FETCH_TTL` seconds. A peer that is not relayed gets none: p2pd's own peer routing knows its direct
+    addresses, and a dead peer is then taken for unreachable at once instead of after another dial."""
+    cache: dict[str, Any] = {"at": -float("inf"), "records": {}}
+
+    def read(peer: str) -> PeerRecord | None:
         records = announced()
-        record = (records if records is not None else fetch()).get(peer)
+        if records is not None:
+            return records.get(peer)
+        age = clock() - cache["at"]
+        if age > FETCH_TTL or (peer not in cache["records"] and age >= REFETCH_AFTER):
+            cache["records"], cache["at"] = dict(fetch()), clock()
+        return cache["records"].get(peer)
+
+    def addresses(peer: str) -> Sequence[str]:
+        record = read(peer)
         if record is None or record.reachability != "relayed":
             return ()
         return tuple(a for a in record.addresses if "/p2p-circuit" in a)

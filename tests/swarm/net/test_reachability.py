@@ -96,3 +96,16 @@ def test_the_transport_dials_announced_addresses_of_relayed_peers_only():
     assert lookup("home") == (circuit,) and lookup("pub") == () and lookup("stranger") == () and not fetched
     before_any_read = announced_addresses(lambda: None, lambda: records)
     assert before_any_read("home") == (circuit,)
+    # before the watch's first read, one DHT read serves the hook a while (a joiner dials its sample at once)
+    now = [0.0]
+    reads = []
+    cached = announced_addresses(lambda: None, lambda: reads.append(now[0]) or records, clock=lambda: now[0])
+    assert cached("home") == (circuit,) and cached("pub") == () and cached("home") == (circuit,)
+    now[0] = 0.5
+    assert cached("newcomer") == () and reads == [0.0]  # too soon to read again
+    now[0] = 2.0
+    assert cached("newcomer") == () and reads == [0.0, 2.0]  # missing from an older read: looked up again
+    now[0] = 3.0
+    assert cached("home") == (circuit,) and reads == [0.0, 2.0]
+    now[0] = 8.0
+    assert cached("home") == (circuit,) and reads == [0.0, 2.0, 8.0]  # past its lifetime
