@@ -285,14 +285,13 @@ def join(initial_peers, coordinator, run_id, token, device, precision, threads, 
                           emulate_seconds_per_layer=emulate_speed,
                           link_latency=latency, probe_sample=probe_sample, fault=fault, threads=threads,
                           host_registry=str(registry) if registry else None)
-    peer = Peer(options, scheduler_role=SchedulerRole)
     try:
-        peer.run(_stop_event())
+        restart_as = Peer(options, scheduler_role=SchedulerRole).run(_stop_event())
     except (NotAdmitted, TimeoutError, UnsuitedRun) as e:  # refused, unanswered, or cannot serve: say why
         logging.getLogger("swarm").error("%s", e)
         _fail(str(e))
-    if peer.restart_as is not None:
-        _restart_with("--reachability", peer.restart_as)
+    if restart_as is not None:
+        _restart_with("--reachability", restart_as)
 
 
 def _restart_with(*args: str) -> None:

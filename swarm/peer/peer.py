@@ -116,10 +116,7 @@ class Peer:
         """Whether it serves on once asked to stop (a graceful leave), from when it has joined."""
         self._halt = threading.Event()
         """Set when it really leaves: ends its background loops (watch, prober, scheduler role)."""
-        self._stop: threading.Event | None = None
-        self.restart_as: str | None = None
-        """The reachability this peer's process restarts with once `run` returns ("relayed": the coordinator found
-        it cannot be dialled; `swarm.cli`), None: it does not restart."""
+        self.dial_verdict = DialVerdict(self.peer_id)
 
     @property
     def schedule(self) -> Schedule | None:
@@ -142,12 +139,15 @@ class Peer:
         self.keeper.state = state
 
     # ---- lifecycle --------------------------------------------------------------------------------
-    def run(self, stop: threading.Event) -> None:
-        self._stop = stop
+    def run(self, stop: threading.Event) -> str | None:
+        """Join, serve, leave. Returns the reachability its process restarts with ("relayed": the coordinator
+        found it cannot be dialled, and the volunteer left that to the peer; `swarm.cli` restarts it), else None."""
+        if self.options.reachability == "auto":
+            self.dial_verdict.leave_to_relay(stop)
         try:
             self._join(stop)
             if self.schedule is None:
-                return
+                return self.dial_verdict.restart_as
             while not self.config.iterations or self.iteration < self.config.iterations:
                 if stop.is_set() and not self.departure.keep_serving():
                     break
@@ -179,12 +179,11 @@ class Peer:
                         raise
                     self._abandon_iteration()
             why = "run finished" if self.follower.finished.is_set() else "scheduler silent" if stop.is_set() and \
-                self.follower.no_scheduler(self.peer_id) else "restarts relayed" if self.restart_as else \
-                "asked to stop" if stop.is_set() else "iterations done"
+                self.follower.no_scheduler(self.peer_id) else "restarts relayed" if self.dial_verdict.restart_as \
+                else "asked to stop" if stop.is_set() else "iterations done"
             logger.info("peer %s stops after iteration %d (%s)", self.peer_id, self.iteration, why,
                         extra=event("stopped", iteration=self.iteration, why=why))
-            if why != "restarts relayed":
-                self.restart_as = None  # the run ended first: nothing to restart for
+            return self.dial_verdict.restart_as if why == "restarts relayed" else None  # a run that ended: none
         finally:
             self.shutdown()
 
@@ -200,7 +199,6 @@ class Peer:
         if node.reachability == "relayed" and self.config.averaging == "hivemind":
             raise UnsuitedRun(f"this peer is relayed and cannot join run {o.run_id}: {NOT_OVER_RELAYS}")
         self.members = Members(self.peer_id, o.run_id, o.token, self._issuers)
-        self.dial_verdict = DialVerdict(self.peer_id, self.restart_relayed if o.reachability == "auto" else None)
         if node.reachability == "public":  # it can be dialled: it relays members' streams too, as the coordinator
             node.start_forwarder(self.members.admits)
         latency = dict(o.link_latency or {})
@@ -280,18 +278,6 @@ class Peer:
             return False
         self._start_on(schedule)
         return True
-
-    def restart_relayed(self) -> None:
-        """The coordinator cannot dial this peer and relays for it (a `--reachability auto` peer behind NAT): it
-        leaves as if asked to stop (drained first if placed; usually it is not yet) and its process starts again
-        with `--reachability relayed` under the same key, reserving a slot on the relay (`restart_as`)."""
-        stop = self._stop
-        if stop is None or stop.is_set() or self.restart_as is not None:
-            return
-        logger.warning("this peer leaves the run and restarts relayed",
-                       extra=event("restarting", reachability="relayed"))
-        self.restart_as = "relayed"
-        stop.set()
 
     def shutdown(self) -> None:
         """Announce leaving, then stop heartbeat, gossip, transport and DHT (each only if it was started)."""

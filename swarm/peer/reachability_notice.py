@@ -8,6 +8,7 @@ record (`PeerRecord.reachability`) and in one clear line to its volunteer, with 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -72,16 +73,21 @@ def announced_addresses(announced: Callable[[], Mapping[str, PeerRecord] | None]
 class DialVerdict:
     """What this peer heard about its reachability: the coordinator's dial-back (`NotDialable`), told once per set
     of addresses found undialable, and the scheduler's `SitOut` (a member of its own stage cannot reach it), each
-    with what will happen and what to do.
-
-    :param relay_me: called when the coordinator, which relays, found this peer undialable and the volunteer left
-      its reachability to the peer (`--reachability auto`): the peer restarts relayed (`Peer.restart_relayed`,
-      which acts once); None: it only says how to restart relayed by hand
+    with what will happen and what to do. A peer whose volunteer left its reachability to it (`leave_to_relay`)
+    leaves and restarts relayed on a relaying coordinator's verdict; any other is only told how to.
     """
 
-    def __init__(self, me: str, relay_me: Callable[[], None] | None = None) -> None:
-        self.me, self._relay_me = me, relay_me
+    def __init__(self, me: str) -> None:
+        self.me = me
         self.heard: set[tuple[str, ...]] = set()
+        self.restart_as: str | None = None
+        """"relayed" once this peer left to restart relayed (`swarm.cli` restarts its process so)."""
+        self._leave: threading.Event | None = None
+
+    def leave_to_relay(self, stop: threading.Event) -> None:
+        """On a relaying coordinator's verdict, set `stop` (the peer leaves as if asked to: drained first if it is
+        placed, usually it is not yet) and say `restart_as` "relayed"."""
+        self._leave = stop
 
     @property
     def reachability(self) -> str:
@@ -94,7 +100,7 @@ class DialVerdict:
         if message.peer != self.me or message.tried in self.heard:
             return
         self.heard.add(message.tried)
-        switch = message.relay and self._relay_me is not None
+        switch = message.relay and self._leave is not None and not self._leave.is_set() and self.restart_as is None
         if switch:
             what = ("others reach it only over connections it opens itself, so it restarts relayed: the "
                     "coordinator's relay carries its streams")
@@ -108,7 +114,10 @@ class DialVerdict:
                        ", ".join(message.tried), what, ADVICE,
                        extra=event("not_dialable", tried=list(message.tried), relay=message.relay, advice=ADVICE))
         if switch:
-            self._relay_me()
+            logger.warning("this peer leaves the run and restarts relayed",
+                           extra=event("restarting", reachability="relayed"))
+            self.restart_as = "relayed"
+            self._leave.set()
 
     def on_sit_out(self, message: SitOut) -> None:
         """The scheduler leaves this peer out for a while (the caller checked that the scheduler sent it)."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import threading
 
 import pytest
 
@@ -84,17 +85,24 @@ def test_the_peer_tells_its_volunteer_once_per_verdict_and_its_record_says_it(ca
     assert verdict.reachability == "unreachable"  # what its signed record says from now on
 
 
-def test_a_peer_that_left_its_reachability_to_auto_restarts_relayed_when_the_coordinator_relays(caplog):
-    restarts = []
-    verdict = DialVerdict("QmMe", relay_me=lambda: restarts.append(1))
+def test_a_peer_that_left_its_reachability_to_auto_leaves_to_restart_relayed_when_the_coordinator_relays(caplog):
+    verdict, stop = DialVerdict("QmMe"), threading.Event()
+    verdict.leave_to_relay(stop)
     with caplog.at_level(logging.WARNING):
         verdict.on_not_dialable(NotDialable(peer="QmMe", tried=("/ip4/10.0.0.2/tcp/4001",), relay=False))
-        assert restarts == [] and "--reachability relayed" not in caplog.records[-1].getMessage()
+        assert not stop.is_set() and verdict.restart_as is None  # nobody relays: it can only be told what to do
+        assert "--reachability relayed" not in caplog.records[-1].getMessage()
         for _ in range(3):  # told again (gossip may lose one): acted on once
             verdict.on_not_dialable(NotDialable(peer="QmMe", tried=("/ip4/192.168.1.11/tcp/4001",), relay=True))
-    assert restarts == [1]
-    assert "restarts relayed" in caplog.records[-1].getMessage()
+    assert stop.is_set() and verdict.restart_as == "relayed"
+    events = [getattr(r, EVENT_ATTR) for r in caplog.records if hasattr(r, EVENT_ATTR)]
+    assert [e["event"] for e in events] == ["not_dialable", "not_dialable", "restarting"]
     manual = DialVerdict("QmMe")  # --reachability public or relayed was the volunteer's choice: only told
     with caplog.at_level(logging.WARNING):
         manual.on_not_dialable(NotDialable(peer="QmMe", tried=("/ip4/192.168.1.11/tcp/4001",), relay=True))
-    assert "restart it with --reachability relayed" in caplog.records[-1].getMessage()
+    assert manual.restart_as is None and "restart it with --reachability relayed" in caplog.records[-1].getMessage()
+    asked = DialVerdict("QmMe")  # its volunteer asked it to stop first: it just stops
+    asked.leave_to_relay(stopped := threading.Event())
+    stopped.set()
+    asked.on_not_dialable(NotDialable(peer="QmMe", tried=("/ip4/192.168.1.11/tcp/4001",), relay=True))
+    assert asked.restart_as is None
