@@ -91,9 +91,11 @@ class ScheduleFollower:
         if not isinstance(message, (ScheduleNotice, Gone, Finished, Commit)):
             return False
         if sender == self.scheduler:
-            # its signed gossip shows it alive even while its DHT record is not (stores time out on a loaded host):
-            # no successor takes over from a scheduler that still commits
-            self.scheduler_seen = time.monotonic()
+            if self._news(message):
+                # its signed gossip shows it alive even while its DHT record is not (stores time out on a loaded
+                # host): no successor takes over from a scheduler that still commits. Only news counts: a replay of
+                # its old messages (signed, re-published by anyone) must not keep a dead scheduler in office
+                self.scheduler_seen = time.monotonic()
         elif not self.trusted(sender):
             logger.warning("ignored a %s from %s: not the run's scheduler", type(message).__name__, sender,
                            extra=event("ignored_control", sender=sender, kind=type(message).__name__,
@@ -120,6 +122,12 @@ class ScheduleFollower:
             self._commits.add((message.iteration, message.epoch))
             self._left_out[message.iteration] = frozenset(message.left_out)
         return True
+
+    def _news(self, message: ControlMessage) -> bool:
+        """A commit of an iteration beyond the newest committed, or the notice of a newer epoch."""
+        if isinstance(message, Commit):
+            return message.iteration > self.committed_positions[0]
+        return isinstance(message, ScheduleNotice) and message.epoch > self._announced_epoch
 
     def _stale(self, message: ControlMessage) -> str | None:
         """Why a 'gone' or 'finished' belongs to the past (a replay), or None."""

@@ -59,6 +59,10 @@ def test_a_scheduler_whose_record_is_missing_but_which_still_commits_is_not_sile
     f.scheduler_seen = time.monotonic() - 10.0
     f.on_message("stranger", Commit(iteration=1, epoch=0))  # anyone else's says nothing of it
     assert f.scheduler_silent()
+    f.on_message("coord", Commit(iteration=0, epoch=0))  # a replay of its old commit (anyone may re-publish it)
+    assert f.scheduler_silent()
+    f.on_message("coord", ScheduleNotice(epoch=3))  # news: a newer epoch
+    assert not f.scheduler_silent()
 
 
 def test_waiting_for_a_replacement_ends_when_the_run_finishes():
