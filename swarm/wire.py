@@ -323,6 +323,9 @@ class PeerRecord:
     """"public" (it can be dialled), "relayed" (behind NAT: reached through the /p2p-circuit addresses among its
     `addresses`), "unreachable" (neither: the coordinator's dial-back found that none of its direct addresses takes a
     connection), or "" (not said or not known). Optional on the wire (`swarm.net.reachability`)."""
+    unreachable: tuple[str, ...] = ()
+    """Peers its link probes could not reach at their last try (no stream opened or no answer): those links are
+    known, not waited for. Optional on the wire."""
     version: int = WIRE_VERSION
 
     def to_msgpack(self) -> bytes:
@@ -336,6 +339,7 @@ class PeerRecord:
             "control_addrs": list(self.control_addrs),
             **({"jitter": [float(j) for j in self.jitter]} if self.jitter else {}),
             **({"reachability": self.reachability} if self.reachability else {}),
+            **({"unreachable": list(self.unreachable)} if self.unreachable else {}),
         })
 
     @classmethod
@@ -375,6 +379,8 @@ class PeerRecord:
             admission=read_bytes(d.get("admission", b""), "peer.admission", MAX_PROOF_BYTES),
             cert=read_bytes(d.get("cert", b""), "peer.cert", MAX_CERT_BYTES),
             reachability=read_choice(d.get("reachability", ""), "peer.reachability", REACHABILITY_VALUES),
+            unreachable=tuple(read_str(p, "peer.unreachable[]")
+                              for p in read_list(d.get("unreachable", []), "peer.unreachable", MAX_LINKS)),
             version=version,
         )
 

@@ -79,6 +79,7 @@ class LinkProber:
         self._estimates: dict[str, LinkEstimate] = {}
         self._round = 0
         self._probed_at: dict[str, int] = {}
+        self._failed: set[str] = set()
 
     def measure(self, peer_id: str) -> LinkEstimate:
         """One raw measurement of the link to ``peer_id``; raises TransportError if it cannot be reached."""
@@ -106,8 +107,10 @@ class LinkProber:
             self._probed_at[peer] = self._round
             try:
                 self._estimates[peer] = ewma(self._estimates.get(peer), self.measure(peer), self.alpha)
+                self._failed.discard(peer)
             except (TransportError, ConnectionError) as e:
                 logger.warning("probing %s failed: %s", peer, e)
+                self._failed.add(peer)
         return self.links()
 
     def probed(self) -> set[str]:
@@ -118,6 +121,12 @@ class LinkProber:
         """Drop a departed peer's estimate."""
         self._estimates.pop(peer_id, None)
         self._probed_at.pop(peer_id, None)
+        self._failed.discard(peer_id)
+
+    def unreachable(self) -> tuple[str, ...]:
+        """Peers whose last probe failed (the ``unreachable`` of this peer's PeerRecord; a link once measured keeps
+        its estimate in ``links`` and is not listed)."""
+        return tuple(sorted(p for p in self._failed if p not in self._estimates))[:MAX_LINKS]
 
     def links(self) -> dict[str, tuple[float, float]]:
         """Peer id -> (latency s, goodput bytes/s): the ``links`` of this peer's PeerRecord (freshest first)."""
@@ -125,12 +134,18 @@ class LinkProber:
         return {p: (self._estimates[p].latency_s, self._estimates[p].bytes_per_s) for p in ordered}
 
 
+UNREACHABLE_PENALTY = 10.0
+"""A link its probes could not reach costs this many times the worst measured one (latency up, goodput down)."""
+
+
 def link_matrices(records: Mapping[str, PeerRecord], order: Sequence[str], *, default_latency: float,
                   default_bandwidth: float) -> tuple[np.ndarray, np.ndarray]:
     """Latency (s) and bandwidth (bytes/s) matrices over ``order`` from the peers' measured links.
 
     A link i -> j not measured by i takes j's measurement of j -> i, else the median of all measured links, else
-    the defaults (links are probed by sampling, so a large swarm always has gaps). The diagonal is 0 / inf-free.
+    the defaults (links are probed by sampling, so a large swarm always has gaps). A pair measured neither way that
+    either side's probes could not reach (`PeerRecord.unreachable`) gets UNREACHABLE_PENALTY times the worst
+    measured link instead, so paths avoid it where they can. The diagonal is 0 / inf-free.
     """
     n = len(order)
     lat = np.full((n, n), np.nan)
@@ -147,6 +162,15 @@ def link_matrices(records: Mapping[str, PeerRecord], order: Sequence[str], *, de
     known = ~np.isnan(lat) & off
     fill_lat = float(np.median(lat[known])) if known.any() else default_latency
     fill_bw = float(np.median(bw[known])) if known.any() else default_bandwidth
+    failed = np.zeros((n, n), dtype=bool)
+    for i, p in enumerate(order):
+        record = records.get(p)
+        for q in (record.unreachable if record else ()):
+            if q in index and q != p:
+                failed[i, index[q]] = True
+    cut = (failed | failed.T) & np.isnan(lat) & off
+    lat[cut] = UNREACHABLE_PENALTY * (float(lat[known].max()) if known.any() else default_latency)
+    bw[cut] = (float(bw[known].min()) if known.any() else default_bandwidth) / UNREACHABLE_PENALTY
     lat = np.where(np.isnan(lat), fill_lat, lat)
     bw = np.where(np.isnan(bw), fill_bw, bw)
     np.fill_diagonal(lat, 0.0)
@@ -155,10 +179,13 @@ def link_matrices(records: Mapping[str, PeerRecord], order: Sequence[str], *, de
 
 
 def unmeasured_links(records: Mapping[str, PeerRecord]) -> list[tuple[str, str]]:
-    """Pairs of these peers measured in neither direction (the planner fills them with the median link)."""
+    """Pairs of these peers measured in neither direction and not found unreachable by either (the first plan
+    waits a while for those; the planner fills any pair without a measurement with the median link)."""
     ids = list(records)
-    return [(p, q) for i, p in enumerate(ids) for q in ids[i + 1:] if q not in records[p].links and
-            p not in records[q].links]
+
+    def known(p: str, q: str) -> bool:
+        return q in records[p].links or q in records[p].unreachable
+    return [(p, q) for i, p in enumerate(ids) for q in ids[i + 1:] if not known(p, q) and not known(q, p)]
 
 
 def links_complete(records: Mapping[str, PeerRecord]) -> bool:

@@ -35,6 +35,8 @@ class LinkWatch:
                  skip: frozenset[str] = frozenset()) -> None:
         self.prober, self.peer_id, self._announced, self.skip = prober, peer_id, announced, skip
         self.links: dict[str, tuple[float, float]] = {}
+        self.unreachable: tuple[str, ...] = ()
+        """Peers its probes could not reach at their last try."""
 
     def probe(self, *, only_unmeasured: bool = False) -> None:
         """One round over a sample of the announced peers (those not yet measured, with `only_unmeasured`)."""
@@ -44,6 +46,7 @@ class LinkWatch:
                 others = [p for p in others if p not in self.prober.probed()]
             if others:
                 self.links = self.prober.probe_round(others)
+                self.unreachable = self.prober.unreachable()
         except (TransportError, WireError, TimeoutError) as e:
             logger.warning("link probing failed: %s", e)
 

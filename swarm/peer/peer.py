@@ -307,7 +307,8 @@ class Peer:
                           state=self.state, data_holder=bool(self.options.data_paths),
                           control_addrs=self.node.control_addrs(), jitter=self.jitter.quantiles(),
                           admission=self.members.proof, cert=self.members.cert,
-                          reachability=self.node.reachability or self.dial_verdict.reachability)
+                          reachability=self.node.reachability or self.dial_verdict.reachability,
+                          unreachable=self.links.unreachable if self.links else ())
 
     def _issuers(self) -> set[str]:
         """Whose membership certificates this peer takes: the coordinator's, its scheduler's, named successors'."""

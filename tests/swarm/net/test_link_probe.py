@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from scheduler.swarm_view import PeerSpec, SwarmView
-from swarm.net.link_probe import LinkEstimate, LinkProber, ewma, link_matrices
+from swarm.net.link_probe import UNREACHABLE_PENALTY, LinkEstimate, LinkProber, ewma, link_matrices, unmeasured_links
 from swarm.wire import PeerRecord
 
 pytestmark = pytest.mark.timeout(120)
@@ -21,6 +21,7 @@ def test_probe_round_measures_loopback_link(local, remote, caplog):
     latency, goodput = links[remote.id]
     assert 0 < latency < 0.1 and goodput > 10e6  # loopback: well under 100 ms, well over 10 MB/s
     assert "probing QmYyQSo1c1Ym7orWxLYvCrM2EmxFTANf8wXmmE7DWjhx5N failed" in caplog.text
+    assert prober.unreachable() == ("QmYyQSo1c1Ym7orWxLYvCrM2EmxFTANf8wXmmE7DWjhx5N",)  # said in its record
     links2 = prober.probe_round([remote.id])
     assert links2[remote.id] != links[remote.id]  # smoothed with a fresh measurement
     prober.forget(remote.id)
@@ -83,3 +84,19 @@ def test_link_matrices_feed_swarm_view():
     assert len(view) == 3
     lat0, bw0 = link_matrices({}, ["a", "b"], default_latency=0.05, default_bandwidth=1e7)
     assert lat0[0, 1] == 0.05 and bw0[1, 0] == 1e7
+
+
+def test_a_pair_its_probes_could_not_reach_is_known_and_costed_as_the_worst_link():
+    """Two home peers behind different routers cannot probe each other: the first plan does not wait out the link
+    it will never measure, and paths avoid the pair where they can."""
+    def rec(pid, links, unreachable=()):
+        return PeerRecord(peer_id=pid, stage=0, seconds_per_layer=0.01, memory_slots=3, links=links,
+                          unreachable=unreachable)
+
+    records = {"hub": rec("hub", {"a": (0.01, 1e8), "b": (0.03, 3e8)}), "a": rec("a", {}, ("b",)), "b": rec("b", {})}
+    assert unmeasured_links(records) == []
+    assert unmeasured_links({**records, "a": rec("a", {})}) == [("a", "b")]
+    lat, bw = link_matrices(records, ["hub", "a", "b"], default_latency=0.05, default_bandwidth=1e7)
+    assert lat[1, 2] == lat[2, 1] == pytest.approx(UNREACHABLE_PENALTY * 0.03)
+    assert bw[1, 2] == bw[2, 1] == pytest.approx(1e8 / UNREACHABLE_PENALTY)
+    assert PeerRecord.from_msgpack(records["a"].to_msgpack()).unreachable == ("b",)  # on the wire
