@@ -39,11 +39,13 @@ class LinkWatch:
         """Peers its probes could not reach at their last try."""
 
     def probe(self, *, only_unmeasured: bool = False) -> None:
-        """One round over a sample of the announced peers (those not yet measured, with `only_unmeasured`)."""
+        """One round over a sample of the announced peers (with `only_unmeasured`, those not yet measured or not
+        reached at the last try)."""
         try:
             others = [p for p in self._announced() if p != self.peer_id and p not in self.skip]
-            if only_unmeasured:
-                others = [p for p in others if p not in self.prober.probed()]
+            if only_unmeasured:  # and those its last try could not reach: a peer still starting is tried again
+                failed = set(self.prober.unreachable())
+                others = [p for p in others if p not in self.prober.probed() or p in failed]
             if others:
                 self.links = self.prober.probe_round(others)
                 self.unreachable = self.prober.unreachable()
