@@ -78,8 +78,11 @@ class Coordinator:
             last_spec = time.monotonic()
             while not stop.is_set() and not self.role.done:
                 if time.monotonic() - last_spec > RUN_SPEC_TTL / 3:
-                    self.node.records.publish_run_spec(self.spec)
-                    last_spec = time.monotonic()
+                    try:
+                        self.node.records.publish_run_spec(self.spec)
+                        last_spec = time.monotonic()
+                    except Exception as e:  # the DHT timed out: the stored spec lives on; next tick tries again
+                        logger.warning("could not refresh the run spec: %s: %s", type(e).__name__, e)
                 self.role.tick()
             self.role.finish(stop)
         finally:

@@ -84,8 +84,11 @@ class SchedulerRole:
         self._carry_out(self.scheduler.resume(schedules, completed, self._read_records(), time.monotonic()))
 
     def tick(self) -> None:
-        """One round: look at the peers' records, then handle the control messages that came meanwhile."""
-        self._carry_out(self.scheduler.observe(self._read_records(), time.monotonic()))
+        """One round: look at the peers' records, then handle the control messages that came meanwhile. A DHT read
+        that fails (it times out on a loaded host) skips this look: no read is not an empty swarm."""
+        records = self._try_read_records()
+        if records is not None:
+            self._carry_out(self.scheduler.observe(records, time.monotonic()))
         self._drain(TICK_WAIT)
 
     def finish(self, stop: threading.Event) -> None:
@@ -103,10 +106,20 @@ class SchedulerRole:
     def _linger(self, stop: threading.Event, timeout: float = 30.0) -> None:
         end = time.monotonic() + timeout
         while not stop.is_set() and time.monotonic() < end:
-            live = self.scheduler.liveness.update(self._read_records(), time.monotonic())
-            if not any(p in self.scheduler.schedule.placement for p in live):
-                return
+            records = self._try_read_records()
+            if records is not None:
+                live = self.scheduler.liveness.update(records, time.monotonic())
+                if not any(p in self.scheduler.schedule.placement for p in live):
+                    return
             self._drain(TICK_WAIT)
+
+    def _try_read_records(self) -> dict | None:
+        """`_read_records`, or None (logged) when the DHT did not answer."""
+        try:
+            return self._read_records()
+        except Exception as e:  # a timeout, a daemon hiccup: the next tick reads again
+            logger.warning("could not read the peers' records: %s: %s", type(e).__name__, e)
+            return None
 
     def _read_records(self) -> dict:
         """The members' records; joiners are admitted or refused on the way (see `AdmissionDesk`)."""
