@@ -31,7 +31,7 @@ from swarm.constants import (
     PROBE_TIMEOUT,
 )
 from swarm.net.message_jitter import MessageJitter
-from swarm.net.transport import Transport, TransportError
+from swarm.net.transport import PeerUnreachable, Transport, TransportError
 from swarm.wire import PeerRecord
 
 logger = logging.getLogger(__name__)
@@ -110,7 +110,8 @@ class LinkProber:
                 self._failed.discard(peer)
             except (TransportError, ConnectionError) as e:
                 logger.warning("probing %s failed: %s", peer, e)
-                self._failed.add(peer)
+                if isinstance(e, PeerUnreachable):  # no stream opened; a refusal (a joiner that has not admitted
+                    self._failed.add(peer)          # this peer yet) or a timeout says nothing of the link
         return self.links()
 
     def probed(self) -> set[str]:
