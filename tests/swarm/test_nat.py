@@ -12,6 +12,7 @@ import pytest
 from peers.data_ledger import read_ledger, sample_status
 from swarm.local.local_swarm import LocalSwarm
 from swarm.local.nat_network import NatNetwork, unavailable_reason
+from tests.utils.waiting import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300),
               pytest.mark.skipif(unavailable_reason() is not None, reason=str(unavailable_reason()))]
@@ -71,13 +72,18 @@ def test_a_member_that_cannot_be_dialled_is_told_so_and_restarts_relayed(tmp_pat
     coordinator's dial-back finds nothing takes a connection there and tells it, with what to do; the public peer is
     not told. The coordinator relays, so the home peer restarts itself relayed (same process, same key) and the run
     trains with it through the relay, nobody declared gone."""
-    net = NatNetwork([None, 0], tag="d" + str(int(time.time()) % 10000))
+    net = NatNetwork([None, 0, None], tag="d" + str(int(time.time()) % 10000))
     with net:
-        swarm = LocalSwarm(tmp_path, 2, run_id="dial", network=net, peer_args=[["--stage", "0"], ["--stage", "1"]],
-                           coordinator_args=["--iterations", "4", "--min-peers", "2", "--stages", "2", "--skip",
+        swarm = LocalSwarm(tmp_path, 2, run_id="dial", network=net,
+                           peer_args=[["--stage", "0"], ["--stage", "1"], ["--stage", "1"]],
+                           coordinator_args=["--iterations", "4", "--min-peers", "3", "--stages", "2", "--skip",
                                              "0", "--relay"])
         try:
             swarm.start()
+            # the run starts with a third (public) peer, joining once the home peer restarted: a run that had
+            # already trained its 4 iterations would leave nothing to restart for
+            wait_for(lambda: swarm.events("restarting", who="peer-01"), 90, "the home peer restarting relayed")
+            swarm.add_peer(2)
             records = swarm.watch(4, timeout=150)
             home = swarm.peers[1]
             home.wait(timeout=60)  # the restarted process finishes the run (its pid is the one started)
