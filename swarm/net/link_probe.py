@@ -180,13 +180,12 @@ def link_matrices(records: Mapping[str, PeerRecord], order: Sequence[str], *, de
 
 
 def unmeasured_links(records: Mapping[str, PeerRecord]) -> list[tuple[str, str]]:
-    """Pairs of these peers measured in neither direction and not found unreachable by either (the first plan
-    waits a while for those; the planner fills any pair without a measurement with the median link)."""
+    """Pairs of these peers measured in neither direction (the first plan waits a while for those; the planner
+    fills them with the median link, or with a penalty where a probe could not reach: `link_matrices`). A pair
+    found unreachable is still waited for: a relayed peer's probes fail until its relay knows it."""
     ids = list(records)
-
-    def known(p: str, q: str) -> bool:
-        return q in records[p].links or q in records[p].unreachable
-    return [(p, q) for i, p in enumerate(ids) for q in ids[i + 1:] if not known(p, q) and not known(q, p)]
+    return [(p, q) for i, p in enumerate(ids) for q in ids[i + 1:] if q not in records[p].links and
+            p not in records[q].links]
 
 
 def links_complete(records: Mapping[str, PeerRecord]) -> bool:
