@@ -77,6 +77,10 @@ def warm_up_optimizers() -> None:
 class Peer:
     """One peer process. `run(stop)` blocks until the run ends or `stop` is set.
 
+    At ~360 lines it is just past the house limit: it is the lifecycle owner that wires a dozen components (each in
+    a file of its own) and routes between them; what is left here is that wiring, the iteration loop and the
+    routing of gossip (`_on_gossip`), which is the next piece to move out into a component of its own.
+
     :param scheduler_role: builds the scheduler role this peer takes on should it succeed a dead scheduler, with
       `SchedulerRole`'s keyword arguments (the coordinator package sits above this one, so its caller hands it
       in); None: this peer never takes the role
