@@ -1,41 +1,62 @@
-"""Churn benchmark: training throughput under a seeded churn trace, against the same run without churn, for
-SkipPipe and for the full pipeline.
+"""Churn benchmark: training throughput and convergence under a seeded churn trace with silent deaths, against the
+same run without churn, for SkipPipe, the full pipeline and the SWARM-style baseline.
 
-    .venv/bin/python benchmarks/churn.py [--peers 8] [--minutes 3] [--rate 0.1] [--seed 0]
+    .venv/bin/python benchmarks/churn.py [--peers 8] [--minutes 3] [--rate 0.1] [--deaths kill,freeze] [--runs 3]
+        [--checkpoint-every 10] [--plot churn.png] [--out churn.json] [--lock /tmp/skippipe-heavy.lock]
 
 Each run is a real local swarm (coordinator and peer processes on loopback). After the first iteration is
-committed, a window of `--minutes` starts; in the churn runs, peers are killed (kill -9: the whole process
-tree, as when a machine dies) at the times of a seeded trace of `--rate` x peers failures per minute,
-and each is replaced by a new peer `--rejoin` seconds later (volunteer swarms keep their size on average).
+committed, a window of `--minutes` starts; in the churn runs, peers die at the times of a seeded trace of `--rate`
+x peers failures per minute, and each is replaced by a new peer `--rejoin` seconds later (volunteer swarms keep
+their size on average). Deaths alternate between the kinds of `--deaths` (seeded order):
+
+- `kill`: kill -9 of the victim's whole process tree: its connections are reset, new ones refused at once;
+- `freeze`: SIGSTOP of the whole tree (peer, p2pd, DHT process, gossip sidecar): a host that dies silently,
+  nothing is reset and only timeouts tell. It stays frozen to the end of the run (then it is killed).
+
 Throughput is the tokens of the iterations committed within the window over its length. The churn run starts from
 the plan its churn-free run drew (`--first-schedule`): each run plans on the links it measures, and two plans of
 one method can differ by more than the churn costs. The data holders' ledgers are checked as well: every sample
 handed out must have been processed exactly once.
-Prints, per method, tokens/s without and with churn and the fraction kept (target: SkipPipe keeps >= 70% at
-10% of peers per minute, and more than the full pipeline keeps).
+
+Convergence (`--checkpoint-every K`, 0 = off): the peers checkpoint every K iterations, the checkpoints are copied
+out as they appear, and afterwards each saved iteration's whole model is gathered and its validation loss measured
+(`benchmarks/validation_curve.py`), against the seconds since the window started. The target loss (`--target-loss`,
+default: the worst of the churn-free runs' best losses, so that every churn-free run reaches it) gives each run's
+time to target. Every method trains the same model on the same corpus; the methods' placements differ (the SWARM
+baseline plans its own), so their tokens per iteration do too: compare tokens/s and time to target.
+
+`--runs N` repeats the whole comparison N times (repetition r uses seed `--seed` + r: a new trace, the same for
+every method within it) and prints min / median / max over the repetitions. `--lock FILE` holds an flock on FILE
+during each swarm run (a machine shared with other heavy jobs).
 """
 
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import math
 import random
 import shutil
+import statistics
 import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.validation_curve import CheckpointSnapshots, time_to_loss, validation_curve  # noqa: E402
 from peers.data_ledger import read_ledger, sample_status  # noqa: E402
 from swarm.local.local_swarm import LocalSwarm  # noqa: E402
 
-METHODS = {"skippipe": 0.33, "full-pipeline": 0.0}
-"""Method -> skip ratio of its run."""
+METHODS = {"skippipe": 0.33, "full-pipeline": 0.0, "swarm": 0.0}
+"""Method (its `swarm.planner`) -> skip ratio of its run."""
+DEATHS = ("kill", "freeze")
 
 
 def churn_trace(seed: int, peers: int, seconds: float, rate: float) -> list[float]:
@@ -47,46 +68,58 @@ def churn_trace(seed: int, peers: int, seconds: float, rate: float) -> list[floa
     return [gap * (k + 0.5 + rng.uniform(-0.25, 0.25)) for k in range(count)]
 
 
-def run(args: argparse.Namespace, method: str, churn: bool, root: Path, first_schedule: Path | None = None) -> dict:
-    run_dir = root / f"{method}-{'churn' if churn else 'steady'}"
-    config = root / f"{method}.toml"
-    config.write_text(f"""
-[run]
-run_id = "churn-{method}"
-stages = {args.stages}
-skip = {METHODS[method]}
-microbatches = 2
-iterations = 0
-min_peers = {args.peers}
-seed = {args.seed}
+def death_kinds(seed: int, count: int, deaths: tuple[str, ...]) -> list[str]:
+    """The kind of each of `count` deaths: the kinds of `deaths` in turn, from a seeded first one (so that a short
+    trace of two kinds has both)."""
+    first = random.Random(seed + 2).randrange(len(deaths))
+    return [deaths[(first + k) % len(deaths)] for k in range(count)]
 
-[swarm]
-planner = "{method}"
-heartbeat = 1.0
-""")
 
-    def peer_args(i: int) -> list[str]:
-        return ["--iteration-deadline", "120", "--ledger", str(run_dir / f"ledger-{i:02d}.jsonl")]
+@dataclass
+class Played:
+    """What `play_trace` did: the window's start (wall clock), the deaths by kind, the joins, the frozen trees."""
 
-    if first_schedule:  # the same machines as the run that drew it: the same keys
-        run_dir.mkdir(parents=True, exist_ok=True)
-        for key in first_schedule.parent.glob("*.key"):
-            shutil.copy(key, run_dir / key.name)
+    start: float
+    died: Counter = field(default_factory=Counter)
+    joined: int = 0
+    frozen: list = field(default_factory=list)
+    """The Popen of each frozen peer: still stopped; `kill_frozen` kills them."""
 
-    swarm = LocalSwarm(run_dir, args.peers, run_id=f"churn-{method}",
-                       coordinator_args=["--config", str(config), *saved_plan_args(first_schedule)],
-                       peer_args=[peer_args(i) for i in range(args.peers)])
-    failures = churn_trace(args.seed, args.peers, args.minutes * 60, args.rate) if churn else []
-    try:
-        swarm.start()
-        swarm.watch(1, timeout=300)
-        start, killed, joined = play_trace(swarm, failures, args.minutes * 60, args.rejoin, args.seed,
-                                           peer_args)
-        records = swarm.metrics()
-    finally:
-        swarm.stop()
-    return {"method": method, "churn": churn, **window_summary(run_dir, records, start, args.minutes * 60),
-            "killed": killed, "joined": joined}
+    def kill_frozen(self, swarm: LocalSwarm) -> None:
+        """Kill the frozen peers' trees (a dead host stays dead: they are never resumed)."""
+        for proc in self.frozen:
+            swarm.kill(proc)
+
+
+def play_trace(swarm: LocalSwarm, failures: list[float], window: float, rejoin: float, seed: int,
+               joiner_args: Callable[[int], list[str]], deaths: tuple[str, ...] = ("kill",)) -> Played:
+    """From now on for `window` seconds: at each failure time a random live peer dies (the kinds of `deaths` in
+    turn, see `death_kinds`), and a new peer joins `rejoin` seconds after each death."""
+    kinds = iter(death_kinds(seed, len(failures), deaths))
+    events = sorted([(t, "die") for t in failures] + [(t + rejoin, "join") for t in failures])
+    rng = random.Random(seed + 1)
+    played = Played(start=time.time())
+    for at, what in events:
+        if at >= window:
+            break
+        time.sleep(max(0.0, played.start + at - time.time()))
+        if what == "die":
+            kind = next(kinds)
+            live = [p for p in swarm.peers if p.poll() is None and p not in played.frozen]
+            if len(live) > 2:
+                victim = rng.choice(live)
+                if kind == "freeze":
+                    swarm.freeze(victim)
+                    played.frozen.append(victim)
+                else:
+                    swarm.kill(victim)
+                played.died[kind] += 1
+        else:
+            index = len(swarm.peers)
+            swarm.add_peer(index, joiner_args(index))
+            played.joined += 1
+    time.sleep(max(0.0, played.start + window - time.time()))
+    return played
 
 
 def saved_plan_args(first_schedule: Path | None) -> list[str]:
@@ -97,31 +130,6 @@ def saved_plan_args(first_schedule: Path | None) -> list[str]:
 def first_plan(run_dir: Path) -> Path:
     """The plan a run started from (to start another run of the same peers from it)."""
     return run_dir / "schedule-0.json"
-
-
-def play_trace(swarm: LocalSwarm, failures: list[float], window: float, rejoin: float, seed: int,
-               joiner_args: Callable[[int], list[str]]) -> tuple[float, int, int]:
-    """From now on for `window` seconds: kill -9 a random live peer at each failure time and add a new peer
-    `rejoin` seconds after each. Returns the window's start (wall clock) and how many were killed and joined."""
-    events = sorted([(t, "kill") for t in failures] + [(t + rejoin, "join") for t in failures])
-    rng = random.Random(seed + 1)
-    killed, joined = 0, 0
-    start = time.time()
-    for at, kind in events:
-        if at >= window:
-            break
-        time.sleep(max(0.0, start + at - time.time()))
-        if kind == "kill":
-            live = [p for p in swarm.peers if p.poll() is None]
-            if len(live) > 2:
-                swarm.kill(rng.choice(live))
-                killed += 1
-        else:
-            index = len(swarm.peers)
-            swarm.add_peer(index, joiner_args(index))
-            joined += 1
-    time.sleep(max(0.0, start + window - time.time()))
-    return start, killed, joined
 
 
 def kept(steady: dict, churned: dict) -> tuple[float, float]:
@@ -152,37 +160,194 @@ def window_summary(run_dir: Path, records: list[dict], start: float, window: flo
             "samples_processed_times": {str(k): v for k, v in sorted(processed.items())}}
 
 
+@contextmanager
+def held(lock: str | None) -> Iterator[None]:
+    """An exclusive flock on `lock` for the block (nothing when None)."""
+    if not lock:
+        yield
+        return
+    with open(lock, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def run_config(args: argparse.Namespace, method: str, seed: int) -> str:
+    return f"""
+[run]
+run_id = "churn-{method}"
+stages = {args.stages}
+skip = {METHODS[method]}
+microbatches = 2
+iterations = 0
+min_peers = {args.peers}
+seed = {seed}
+checkpoint_every = {args.checkpoint_every}
+
+[swarm]
+planner = "{method}"
+heartbeat = 1.0
+"""
+
+
+def run(args: argparse.Namespace, method: str, seed: int, failures: list[float], run_dir: Path,
+        first_schedule: Path | None = None) -> dict:
+    """One swarm of `method` through the window (`failures` empty: without churn); its figures."""
+    shutil.rmtree(run_dir, ignore_errors=True)
+    run_dir.mkdir(parents=True)
+    config = run_dir / "run.toml"
+    config.write_text(run_config(args, method, seed))
+    if first_schedule:  # the same machines as the run that drew it: the same keys
+        for key in first_schedule.parent.glob("*.key"):
+            shutil.copy(key, run_dir / key.name)
+
+    def peer_args(i: int) -> list[str]:
+        ckpt = ["--checkpoint-dir", str(run_dir / f"ckpt-{i:02d}")] if args.checkpoint_every else []
+        return ["--iteration-deadline", "120", "--ledger", str(run_dir / f"ledger-{i:02d}.jsonl"), *ckpt]
+
+    swarm = LocalSwarm(run_dir, args.peers, run_id=f"churn-{method}",
+                       coordinator_args=["--config", str(config), *saved_plan_args(first_schedule)],
+                       peer_args=[peer_args(i) for i in range(args.peers)])
+    snapshots = CheckpointSnapshots(run_dir, run_dir / "snapshots").start()
+    played = None
+    try:
+        with held(args.lock):
+            try:
+                swarm.start()
+                swarm.watch(1, timeout=300)
+                played = play_trace(swarm, failures, args.minutes * 60, args.rejoin, seed, peer_args,
+                                    tuple(args.deaths.split(",")))
+                records = swarm.metrics()
+            finally:
+                if played is not None:
+                    played.kill_frozen(swarm)
+                swarm.stop()
+    finally:
+        snapshots.stop()
+    result = {"method": method, "churn": bool(failures), "seed": seed,
+              **window_summary(run_dir, records, played.start, args.minutes * 60),
+              "died": dict(played.died), "joined": played.joined}
+    if args.checkpoint_every:
+        result["validation"] = validation_curve(run_dir / "snapshots", records, played.start, args.val_batches)
+        result["snapshots_missed"] = snapshots.missed
+    return result
+
+
+def spread(values: list[float]) -> str:
+    """min / median / max of the finite `values` ("-" when none)."""
+    ok = sorted(v for v in values if v is not None and math.isfinite(v))
+    return f"{ok[0]:.3g} / {statistics.median(ok):.3g} / {ok[-1]:.3g}" if ok else "-"
+
+
+def default_target(results: list[dict]) -> float | None:
+    """The worst of the churn-free runs' best validation losses: every churn-free run reaches it."""
+    best = [min(p["loss"] for p in r["validation"]) for r in results if not r["churn"] and r.get("validation")]
+    return max(best) if best else None
+
+
+def summarize(results: list[dict], methods: list[str], target: float | None) -> None:
+    """Print each method's figures over the repetitions (min / median / max)."""
+    for method in methods:
+        mine = [r for r in results if r["method"] == method]
+        steady = [r for r in mine if not r["churn"]]
+        churned = [r for r in mine if r["churn"]]
+        pairs = [kept(s, c) for s, c in zip(steady, churned, strict=True)]
+        line = (f"{method:>14}: tokens/s without churn {spread([r['tokens_per_s'] for r in steady])}, with churn "
+                f"{spread([r['tokens_per_s'] for r in churned])}; kept {spread([p[0] for p in pairs])} "
+                f"(at equal plans {spread([p[1] for p in pairs])})")
+        if target is not None:
+            for r in mine:
+                r["time_to_target_s"] = time_to_loss(r.get("validation", []), target)
+            line += (f"; seconds to loss {target:.3f}: without churn "
+                     f"{spread([r['time_to_target_s'] for r in steady])}, with churn "
+                     f"{spread([r['time_to_target_s'] for r in churned])} (reached in "
+                     f"{sum(r['time_to_target_s'] is not None for r in churned)} of {len(churned)})")
+        print(line, flush=True)
+
+
+def plot(results: list[dict], target: float | None, path: Path) -> None:
+    """Validation loss against seconds into the window: one colour per method, solid without churn, dashed with."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    colours = dict(zip(METHODS, ("tab:blue", "tab:orange", "tab:green"), strict=True))
+    for r in results:
+        if not r.get("validation"):
+            continue
+        xs, ys = [p["seconds"] for p in r["validation"]], [p["loss"] for p in r["validation"]]
+        label = f"{r['method']}, {'churn' if r['churn'] else 'no churn'}" if r["seed"] == results[0]["seed"] else None
+        ax.plot(xs, ys, color=colours[r["method"]], linestyle="--" if r["churn"] else "-", alpha=0.8, label=label)
+    if target is not None:
+        ax.axhline(target, color="grey", linewidth=0.8, label=f"target {target:.3f}")
+    ax.set_xlabel("seconds since the first committed iteration")
+    ax.set_ylabel("validation loss (whole model)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--peers", type=int, default=8)
     parser.add_argument("--stages", type=int, default=3)
     parser.add_argument("--minutes", type=float, default=3.0, help="length of the measured window")
     parser.add_argument("--rate", type=float, default=0.1, help="failures per peer per minute")
-    parser.add_argument("--rejoin", type=float, default=20.0, help="seconds until a killed peer is replaced")
+    parser.add_argument("--rejoin", type=float, default=20.0, help="seconds until a dead peer is replaced")
+    parser.add_argument("--deaths", default="kill,freeze", help=f"kinds of death, in turn ({', '.join(DEATHS)})")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--runs", type=int, default=1, help="repetitions of the whole comparison")
     parser.add_argument("--methods", default=",".join(METHODS))
+    parser.add_argument("--checkpoint-every", type=int, default=0,
+                        help="measure convergence: checkpoint every K iterations (0 = throughput only)")
+    parser.add_argument("--val-batches", type=int, default=16, help="validation batches per measured checkpoint")
+    parser.add_argument("--target-loss", type=float, default=None, help="default: see the module docstring")
+    parser.add_argument("--plot", default=None, help="write the validation curves here (PNG)")
     parser.add_argument("--out", default=None, help="also write the results as JSON here")
+    parser.add_argument("--lock", default=None, help="hold an flock on this file during each swarm run")
+    parser.add_argument("--work-dir", default=None, help="keep the runs' directories (logs, events) here")
     args = parser.parse_args()
     methods = [m for m in args.methods.split(",") if m]
-    if set(methods) - set(METHODS):
+    if set(methods) - set(METHODS) or not methods:
         sys.exit(f"error: methods must be among {', '.join(METHODS)}")
-    trace = churn_trace(args.seed, args.peers, args.minutes * 60, args.rate)
-    print(f"{args.peers} peers, {args.stages} stages, {args.minutes:g} min window; churn trace (seed {args.seed}): "
-          f"failures at {', '.join(f'{t:.0f}' for t in trace)} s, each replaced {args.rejoin:g} s later", flush=True)
+    if set(args.deaths.split(",")) - set(DEATHS) or not args.deaths:
+        sys.exit(f"error: --deaths must be among {', '.join(DEATHS)}")
+    if args.runs < 1 or args.peers < 3 or args.minutes <= 0 or args.checkpoint_every < 0 or args.val_batches < 1:
+        sys.exit("error: need --runs >= 1, --peers >= 3, --minutes > 0, --checkpoint-every >= 0, --val-batches >= 1")
     results = []
     with tempfile.TemporaryDirectory() as tmp:
-        for method in methods:
-            steady = run(args, method, False, Path(tmp))
-            churned = run(args, method, True, Path(tmp), first_plan(Path(tmp) / f"{method}-steady"))
-            share, at_plan = kept(steady, churned)
-            results += [steady, churned]
-            print(f"{method:>14}: {steady['tokens_per_s']:.0f} tokens/s without churn, {churned['tokens_per_s']:.0f} "
-                  f"with churn ({churned['killed']} killed, {churned['joined']} joined, {churned['epochs']} epochs): "
-                  f"keeps {share:.0%} ({at_plan:.0%} at equal plans); samples processed (times: count) steady "
-                  f"{steady['samples_processed_times']}, churn {churned['samples_processed_times']}", flush=True)
+        tmp = args.work_dir or tmp
+        for rep in range(args.runs):
+            seed = args.seed + rep
+            trace = churn_trace(seed, args.peers, args.minutes * 60, args.rate)
+            kinds = death_kinds(seed, len(trace), tuple(args.deaths.split(",")))
+            print(f"repetition {rep} (seed {seed}): {args.peers} peers, {args.stages} stages, {args.minutes:g} min "
+                  f"window; deaths at {', '.join(f'{t:.0f} s ({k})' for t, k in zip(trace, kinds, strict=True))}, "
+                  f"each replaced {args.rejoin:g} s later", flush=True)
+            for method in methods:
+                root = Path(tmp) / f"rep{rep}"
+                steady = run(args, method, seed, [], root / f"{method}-steady")
+                churned = run(args, method, seed, trace, root / f"{method}-churn",
+                              first_plan(root / f"{method}-steady"))
+                share, at_plan = kept(steady, churned)
+                results += [steady, churned]
+                print(f"  {method:>14}: {steady['tokens_per_s']:.0f} tokens/s without churn, "
+                      f"{churned['tokens_per_s']:.0f} with churn ({dict(churned['died'])} died, {churned['joined']} "
+                      f"joined, {churned['epochs']} epochs): keeps {share:.0%} ({at_plan:.0%} at equal plans); "
+                      f"samples processed (times: count) steady {steady['samples_processed_times']}, churn "
+                      f"{churned['samples_processed_times']}", flush=True)
+    target = args.target_loss if args.target_loss is not None else default_target(results)
+    summarize(results, methods, target)
+    if args.plot and target is not None:
+        plot(results, target, Path(args.plot))
     if args.out:
-        Path(args.out).write_text(json.dumps({"date": time.strftime("%Y-%m-%d"), "args": vars(args),
-                                              "results": results}, indent=1))
+        Path(args.out).write_text(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                                              "args": vars(args), "target_loss": target, "results": results},
+                                             indent=1))
 
 
 if __name__ == "__main__":

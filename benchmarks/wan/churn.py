@@ -1,14 +1,15 @@
 """WAN churn benchmark: training throughput over emulated geo-distributed links under a seeded churn trace,
-against the same run without churn, for SkipPipe and for the full pipeline.
+against the same run without churn, for SkipPipe, the full pipeline and the SWARM-style baseline.
 
     sudo .venv/bin/python benchmarks/wan/churn.py [--peers 13] [--minutes 5] [--rate 0.1] [--rejoin 20]
 
 The swarm of `benchmarks/wan/run.py` (every peer a host of an `EmulatedNetwork`, links shaped to the profile,
 compute emulated) with the churn trace of `benchmarks/churn.py`: after the first committed iteration, a window of
-`--minutes` starts; in the churn runs a random live peer is killed (kill -9 of its process tree: a machine dying)
-at each failure time, and a new volunteer joins `--rejoin` seconds later on a spare host of the network (its
-links and speed are the profile's for that host). Throughput is the tokens of the iterations committed within
-the window over its length; the data holders' ledgers must show every sample handed out processed exactly once.
+`--minutes` starts; in the churn runs a random live peer dies at each failure time (in turn, `--deaths`: kill -9
+of its process tree, a machine dying loudly, or SIGSTOP of it, a host dying silently), and a new volunteer joins
+`--rejoin` seconds later on a spare host of the network (its links and speed are the profile's for that host).
+Throughput is the tokens of the iterations committed within the window over its length; the data holders'
+ledgers must show every sample handed out processed exactly once.
 The churn run starts from the plan its churn-free run drew (`--first-schedule`; later epochs are its own
 re-plans): each run plans on the links it measures, and the full pipeline's churn-free throughput ranged over
 118-148 tokens/s from run to run here (its tuned column), more than the churn costs it. `planned_s` is the mean
@@ -31,14 +32,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benchmarks.churn import churn_trace, first_plan, kept, play_trace, saved_plan_args, window_summary  # noqa: E402
+from benchmarks.churn import DEATHS, churn_trace, first_plan, kept, play_trace, saved_plan_args, window_summary  # noqa: E402
 from benchmarks.wan.run import add_swarm_arguments, checked_methods, emulation, run_config  # noqa: E402
 from scheduler.profiles import swarm_from  # noqa: E402
 from swarm.local.emulated_network import EmulatedNetwork  # noqa: E402
 from swarm.local.local_swarm import LocalSwarm  # noqa: E402
 from swarm.net.identity import ensure_identity  # noqa: E402
 
-METHODS = ("skippipe", "full-pipeline")
+METHODS = ("skippipe", "full-pipeline", "swarm")
 
 
 def run(args: argparse.Namespace, method: str, churn: bool, net: EmulatedNetwork, keys: Path, speeds: list[float],
@@ -60,18 +61,22 @@ def run(args: argparse.Namespace, method: str, churn: bool, net: EmulatedNetwork
                        peer_args=[peer_args(i) for i in range(net.num_hosts)])
     window = args.minutes * 60
     failures = churn_trace(args.seed, args.peers, window, args.rate) if churn else []
+    played = None
     try:
         swarm.start()
         swarm.watch(2, timeout=600)  # the first iteration opens streams: the window starts after it
-        start, killed, joined = play_trace(swarm, failures, window, args.rejoin, args.seed, lambda index: [])
+        played = play_trace(swarm, failures, window, args.rejoin, args.seed, lambda index: [],
+                            tuple(args.deaths.split(",")))
         records = swarm.metrics()
     finally:
+        if played is not None:
+            played.kill_frozen(swarm)
         swarm.stop()
-    result = {"method": method, "churn": churn, **window_summary(run_dir, records, start, window),
-              "killed": killed, "joined": joined}
+    result = {"method": method, "churn": churn, **window_summary(run_dir, records, played.start, window),
+              "died": dict(played.died), "joined": played.joined}
     print(f"  {method} {'with' if churn else 'without'} churn: {result['tokens_per_s']:.0f} tokens/s, "
           f"{result['iterations']} iterations in the window (planned {result['planned_s'] or float('nan'):.2f} s "
-          f"each), {killed} killed, {joined} joined, "
+          f"each), {result['died']} died, {played.joined} joined, "
           f"{result['epochs']} epochs, samples processed (times: count) {result['samples_processed_times']}",
           flush=True)
     return result
@@ -83,7 +88,8 @@ def main() -> None:
     parser.set_defaults(peers=13)  # see the module docstring
     parser.add_argument("--minutes", type=float, default=5.0, help="length of the measured window")
     parser.add_argument("--rate", type=float, default=0.1, help="failures per peer per minute")
-    parser.add_argument("--rejoin", type=float, default=20.0, help="seconds until a killed peer is replaced")
+    parser.add_argument("--rejoin", type=float, default=20.0, help="seconds until a dead peer is replaced")
+    parser.add_argument("--deaths", default="kill,freeze", help=f"kinds of death, in turn ({', '.join(DEATHS)})")
     parser.add_argument("--out", default="runs/wan-churn")
     args = parser.parse_args()
     methods = checked_methods(args, METHODS)
