@@ -55,3 +55,33 @@ def test_two_nodes_find_each_other_and_stop_cleanly(tmp_path):
         first.stop()
         first.stop()  # idempotent
     assert first.dht is None and first.reaper is None and first.gossip is None
+
+
+NODE_IN_A_FRESH_PROCESS = """
+import json, sys, psutil
+from swarm.control.node import Node
+from swarm.net.identity import ensure_identity
+ensure_identity(sys.argv[1])
+node = Node(sys.argv[1], "fresh")
+try:
+    node.start_dht()
+    node.dht.store("k", b"v", expiration_time=2e9)  # a DHT call: hivemind shares its future's state with the DHT
+    found = node.dht.get("k")
+    names = [p.name() for p in psutil.Process().children(recursive=True)]
+finally:
+    node.stop()
+print(json.dumps({"found": found is not None and found.value == b"v", "children": names}))
+"""
+
+
+def test_a_node_starts_no_shared_memory_manager(tmp_path):
+    """hivemind's DHT calls share memory with its process; a node does it without a `torch_shm_manager` (~60 MiB)."""
+    import json
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", NODE_IN_A_FRESH_PROCESS, str(tmp_path / "fresh.key")],
+                         capture_output=True, text=True, timeout=90, check=True)
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["found"]
+    assert "p2pd" in result["children"] and "torch_shm_manager" not in result["children"]
