@@ -86,6 +86,8 @@ class Coordinator:
                 self.role.tick()
             self.role.finish(stop)
         finally:
+            if self.role is not None:
+                self.role.close()
             if self.dial_back is not None:
                 self.dial_back.stop()
             self.node.stop()

@@ -1,6 +1,7 @@
 """`SchedulerRole`: the scheduler at work in a process, the coordinator's or a successor peer's.
 
-It carries out what its `Scheduler` decides: reads the peers' records from the DHT, stores each new schedule
+It carries out what its `Scheduler` decides: reads the peers' records from the DHT (off its loop, through a
+`RecordsPoller`: a read stuck on a silent node must not hold up the commits), stores each new schedule
 epoch there and announces it on gossip, gossips notices and commits, and writes the schedules and the metrics
 file. Control messages reach it through `deliver` (the owner's gossip callback), into a bounded inbox that its
 `tick` drains; a full inbox drops the newest message with a warning, so a flood cannot grow memory.
@@ -27,6 +28,7 @@ from swarm.control.membership import AdmissionPolicy
 from swarm.control.messages import ControlMessage, ScheduleNotice, as_gossip, publish, received
 from swarm.control.records import SwarmRecords
 from swarm.coordinator.admission_desk import AdmissionDesk
+from swarm.coordinator.records_poller import Records, RecordsPoller
 from swarm.coordinator.scheduler import Action, Announce, PublishSchedule, RecordIteration, Scheduler
 from swarm.events import event
 from swarm.run_config import RunConfig
@@ -67,6 +69,8 @@ class SchedulerRole:
         self.desk = AdmissionDesk(policy, records.identity, config.run_id, exempt={spec.coordinator},
                                   issuers={spec.coordinator}, banned=self.scheduler.evicted)
         self._inbox: queue.Queue[GossipMessage] = queue.Queue(INBOX_SIZE)
+        self.poller = RecordsPoller(self._fetch, period=TICK_WAIT)
+        """Reads the records for `tick` (started by the first tick, stopped by `close`)."""
 
     @property
     def done(self) -> bool:
@@ -84,12 +88,17 @@ class SchedulerRole:
         self._carry_out(self.scheduler.resume(schedules, completed, self._read_records(), time.monotonic()))
 
     def tick(self) -> None:
-        """One round: look at the peers' records, then handle the control messages that came meanwhile. A DHT read
-        that fails (it times out on a loaded host) skips this look: no read is not an empty swarm."""
-        records = self._try_read_records()
+        """One round: look at the newest read of the peers' records, if one came since the last look, then handle
+        the control messages that came meanwhile. It never waits on the DHT: a read that fails (it times out on a
+        loaded host) or is slow (a silent node) skips a look, and no read is not an empty swarm."""
+        records = self.poller.start().take()
         if records is not None:
-            self._carry_out(self.scheduler.observe(records, time.monotonic()))
+            self._carry_out(self.scheduler.observe(self._members(records), time.monotonic()))
         self._drain(TICK_WAIT)
+
+    def close(self) -> None:
+        """Stop reading the records (the owner's loop is over)."""
+        self.poller.stop()
 
     def finish(self, stop: threading.Event) -> None:
         """Tell the peers the run is over, if it is (see `Scheduler.closing`); after its last iteration, stay on
@@ -122,8 +131,14 @@ class SchedulerRole:
             return None
 
     def _read_records(self) -> dict:
-        """The members' records; joiners are admitted or refused on the way (see `AdmissionDesk`)."""
-        records = self.records.fetch_peers_with_age(record_lifetime(self.config.heartbeat))
+        """The members' records, read now."""
+        return self._members(self._fetch())
+
+    def _fetch(self) -> Records:
+        return self.records.fetch_peers_with_age(record_lifetime(self.config.heartbeat))
+
+    def _members(self, records: Records) -> dict:
+        """The members among `records`; joiners are admitted or refused on the way (see `AdmissionDesk`)."""
         members, messages = self.desk.sort(records, get_dht_time())
         for message in messages:
             self._announce(message)

@@ -118,3 +118,6 @@ class Succession:
             self.role.finish(stop)
         except Exception:
             logger.exception("the scheduler role failed")
+        finally:
+            if self.role is not None:
+                self.role.close()
