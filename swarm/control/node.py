@@ -29,7 +29,7 @@ from swarm.net.dht_pipe import make_commands_safe
 from swarm.net.dht_shutdown import stop_dht
 from swarm.net.forwarding import Forwarder
 from swarm.net.identity import load_identity
-from swarm.net.process_memory import share_by_descriptor
+from swarm.net.process_memory import return_large_buffers, share_by_descriptor
 from swarm.net.reachability import Reachability, circuit_addresses, dht_options, reachable_addresses
 from swarm.net.reaper import Reaper
 from swarm.wire import PeerRecord
@@ -76,6 +76,7 @@ class Node:
         options = dht_options(reachability, relays=self.relays, announce=tuple(announce))
         self.reaper = Reaper.acquire()
         share_by_descriptor()  # hivemind's futures share a few bytes: no torch_shm_manager process for them
+        return_large_buffers()  # freed messages go back to the system, not to the arenas of the threads that held them
         self.dht = hivemind.DHT(initial_peers=initial_peers, host_maddrs=[f"/ip4/{self.host}/tcp/{self.port}"],
                                 identity_path=self.identity_path, start=True, client_mode=client,
                                 record_validators=[RunRecordValidator(self.run_id)], **options)
