@@ -340,11 +340,14 @@ class Replanner:
                                    run_id=cfg.run_id, microbatch_counts=counts)
             schedule = self._as_configured(schedule, counts)
         shards = self._injected_shards(schedule, shards, peers, old)
-        joiners = [p for p in schedule.placement if before is None or p not in before.placement]
         # a move not yet taken (this epoch replaces the one that made it, from the same iteration) stands
         earlier = old.meta.get("handover") or {}
         handover.update({p: src for p, src in earlier.items() if p in schedule.placement and before is not None
                          and p in before.placement and before.placement[p] != schedule.placement[p]})
+        # joiners load their stage's state from its peers: newcomers, and a peer taken for gone and placed again
+        # on another stage than it held (it has none of that stage's weights, and nobody hands them over)
+        joiners = [p for p in schedule.placement if before is None or p not in before.placement
+                   or (before.placement[p] != schedule.placement[p] and p not in handover)]
         schedule.meta.update(start_iteration=start_iteration, num_shards=num_shards, shards=shards,
                              shard_positions=dict(shard_positions), joiners=joiners,
                              restore=restore_sources(schedule, before, handover), handover=handover)

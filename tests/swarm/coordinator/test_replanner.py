@@ -112,3 +112,25 @@ def test_a_full_pipeline_gets_its_own_placement_with_as_many_columns_as_the_peer
     assert len({route.peers for route in full.routes}) == 2
     assert {p for route in full.routes for p in (route.origin, *route.peers)} == set(records)
     assert len(full.routes) == len(skippipe.routes)  # the same microbatches: SkipPipe's shards, 4 each
+
+
+def test_a_peer_taken_for_gone_and_placed_again_on_another_stage_loads_that_stage_as_a_joiner():
+    """A live peer whose record a DHT hiccup hid is dropped, then placed again by a later epoch from the same
+    iteration: where it lands on another stage than it held, it must load that stage's state (a joiner), not
+    train that stage from its own, other stage's weights."""
+    r = make_replanner("skippipe")
+    records = make_records()
+    first = r.plan(records, epoch=0, start_iteration=0)
+    moved = []
+    for victim in sorted(first.placement):
+        history = EpochHistory([first])
+        live = {p: rec for p, rec in records.items() if p != victim}
+        history.add(r.replan(live, history, start_iteration=5, shard_positions={}))
+        back = dataclasses.replace(records[victim], stage=-1, state=PeerState.JOINING)
+        again = r.replan({**live, victim: back}, history, start_iteration=5, shard_positions={})
+        if again.placement[victim] != first.placement[victim]:
+            moved.append(victim)
+            assert victim in again.meta["joiners"] and victim not in again.meta["handover"]
+        else:  # back on its own stage from the iteration it left at: its weights are that stage's, current
+            assert victim not in again.meta["joiners"]
+    assert moved, "no victim was placed again on another stage: the case under test did not arise"
