@@ -29,7 +29,7 @@ from swarm.net.dht_pipe import make_commands_safe
 from swarm.net.dht_shutdown import stop_dht
 from swarm.net.forwarding import Forwarder
 from swarm.net.identity import load_identity
-from swarm.net.process_memory import return_large_buffers, share_by_descriptor
+from swarm.net.process_memory import freeze_before_fork, return_large_buffers, share_by_descriptor
 from swarm.net.reachability import Reachability, circuit_addresses, dht_options, reachable_addresses
 from swarm.net.reaper import Reaper
 from swarm.wire import PeerRecord
@@ -77,6 +77,7 @@ class Node:
         self.reaper = Reaper.acquire()
         share_by_descriptor()  # hivemind's futures share a few bytes: no torch_shm_manager process for them
         return_large_buffers()  # freed messages go back to the system, not to the arenas of the threads that held them
+        freeze_before_fork()  # hivemind forks the DHT process next: the two share the objects alive now
         self.dht = hivemind.DHT(initial_peers=initial_peers, host_maddrs=[f"/ip4/{self.host}/tcp/{self.port}"],
                                 identity_path=self.identity_path, start=True, client_mode=client,
                                 record_validators=[RunRecordValidator(self.run_id)], **options)

@@ -35,3 +35,22 @@ def test_large_blocks_freed_by_threads_leave_the_process():
     if not result["took"]:
         pytest.skip("this C library has no mallopt")
     assert result["kept_mib"] < 32, f"{result['kept_mib']:.0f} MiB of freed 16 MiB blocks stayed with the process"
+
+
+FREEZE = """
+import gc, json, weakref
+from swarm.net.process_memory import freeze_before_fork
+class Thing: pass
+garbage = Thing(); garbage.me = garbage; dead = weakref.ref(garbage); del garbage  # a cycle nothing reaches
+kept = Thing()
+before = gc.get_freeze_count()
+freeze_before_fork()
+print(json.dumps({"garbage_freed": dead() is None, "frozen": gc.get_freeze_count() - before,
+                  "kept_frozen": kept not in gc.get_objects()}))
+"""
+
+
+def test_freeze_before_fork_collects_the_garbage_and_leaves_the_rest_out_of_collections():
+    out = subprocess.run([sys.executable, "-c", FREEZE], capture_output=True, text=True, timeout=50, check=True)
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["garbage_freed"] and result["frozen"] > 0 and result["kept_frozen"]
