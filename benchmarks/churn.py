@@ -122,6 +122,23 @@ def play_trace(swarm: LocalSwarm, failures: list[float], window: float, rejoin: 
     return played
 
 
+def run_swarm(swarm: LocalSwarm, failures: list[float], window: float, rejoin: float, seed: int,
+              joiner_args: Callable[[int], list[str]], deaths: tuple[str, ...], *, warmup: int = 1,
+              start_timeout: float = 300.0) -> tuple[Played, list[dict]]:
+    """Start `swarm`, wait for `warmup` committed iterations, play the trace through the window (`play_trace`),
+    then stop every process (the frozen ones killed); what the trace did and the run's metrics."""
+    played = None
+    try:
+        swarm.start()
+        swarm.watch(warmup, timeout=start_timeout)
+        played = play_trace(swarm, failures, window, rejoin, seed, joiner_args, deaths)
+        return played, swarm.metrics()
+    finally:
+        if played is not None:
+            played.kill_frozen(swarm)
+        swarm.stop()
+
+
 def saved_plan_args(first_schedule: Path | None) -> list[str]:
     """The coordinator's flags to start from `first_schedule` (a run's plan): none when there is none."""
     return ["--first-schedule", str(first_schedule)] if first_schedule else []
@@ -211,19 +228,10 @@ def run(args: argparse.Namespace, method: str, seed: int, failures: list[float],
                        coordinator_args=["--config", str(config), *saved_plan_args(first_schedule)],
                        peer_args=[peer_args(i) for i in range(args.peers)])
     snapshots = CheckpointSnapshots(run_dir, run_dir / "snapshots").start()
-    played = None
     try:
         with held(args.lock):
-            try:
-                swarm.start()
-                swarm.watch(1, timeout=300)
-                played = play_trace(swarm, failures, args.minutes * 60, args.rejoin, seed, peer_args,
-                                    tuple(args.deaths.split(",")))
-                records = swarm.metrics()
-            finally:
-                if played is not None:
-                    played.kill_frozen(swarm)
-                swarm.stop()
+            played, records = run_swarm(swarm, failures, args.minutes * 60, args.rejoin, seed, peer_args,
+                                        tuple(args.deaths.split(",")))
     finally:
         snapshots.stop()
     result = {"method": method, "churn": bool(failures), "seed": seed,

@@ -32,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benchmarks.churn import DEATHS, churn_trace, first_plan, kept, play_trace, saved_plan_args, window_summary  # noqa: E402
+from benchmarks.churn import DEATHS, churn_trace, first_plan, kept, run_swarm, saved_plan_args, window_summary  # noqa: E402
 from benchmarks.wan.run import add_swarm_arguments, checked_methods, emulation, run_config  # noqa: E402
 from scheduler.profiles import swarm_from  # noqa: E402
 from swarm.local.emulated_network import EmulatedNetwork  # noqa: E402
@@ -61,17 +61,9 @@ def run(args: argparse.Namespace, method: str, churn: bool, net: EmulatedNetwork
                        peer_args=[peer_args(i) for i in range(net.num_hosts)])
     window = args.minutes * 60
     failures = churn_trace(args.seed, args.peers, window, args.rate) if churn else []
-    played = None
-    try:
-        swarm.start()
-        swarm.watch(2, timeout=600)  # the first iteration opens streams: the window starts after it
-        played = play_trace(swarm, failures, window, args.rejoin, args.seed, lambda index: [],
-                            tuple(args.deaths.split(",")))
-        records = swarm.metrics()
-    finally:
-        if played is not None:
-            played.kill_frozen(swarm)
-        swarm.stop()
+    # the first iteration opens streams: the window starts after it
+    played, records = run_swarm(swarm, failures, window, args.rejoin, args.seed, lambda index: [],
+                                tuple(args.deaths.split(",")), warmup=2, start_timeout=600)
     result = {"method": method, "churn": churn, **window_summary(run_dir, records, played.start, window),
               "died": dict(played.died), "joined": played.joined}
     print(f"  {method} {'with' if churn else 'without'} churn: {result['tokens_per_s']:.0f} tokens/s, "
