@@ -18,14 +18,13 @@ import tempfile
 import threading
 from pathlib import Path
 
-from peers.checkpoint import CheckpointError, load_model
+from peers.checkpoint import PEER_MANIFEST, CheckpointError, load_model
 from peers.checkpoint_gather import gather_checkpoint
 from peers.data import Corpus, DataConfig
 from peers.evaluate import mean_loss
 
 logger = logging.getLogger(__name__)
 
-PEER_MANIFEST = "peer.json"
 
 
 class CheckpointSnapshots:
