@@ -1,7 +1,7 @@
 """WAN churn benchmark: training throughput over emulated geo-distributed links under a seeded churn trace,
 against the same run without churn, for SkipPipe, the full pipeline and the SWARM-style baseline.
 
-    sudo .venv/bin/python benchmarks/wan/churn.py [--peers 13] [--minutes 5] [--rate 0.1] [--rejoin 20]
+    sudo .venv/bin/python benchmarks/wan/churn.py [--peers 20] [--emulate-model 1.5b] [--minutes 5] [--rate 0.1]
 
 The swarm of `benchmarks/wan/run.py` (every peer a host of an `EmulatedNetwork`, links shaped to the profile,
 compute emulated) with the churn trace of `benchmarks/churn.py`: after the first committed iteration, a window of
@@ -15,10 +15,10 @@ re-plans): each run plans on the links it measures, and the full pipeline's chur
 118-148 tokens/s from run to run here (its tuned column), more than the churn costs it. `planned_s` is the mean
 planned iteration time of the window's iterations, to tell a plan's drift from the churn's cost.
 
-13 peers by default (runs 20 on): then SkipPipe's placement had stage groups of 3, 2, 2, 2, 2, 2, and the full
-pipeline, which shared it, ran two columns; with 12 the groups were 3, 2, 2, 2, 2, 1: one column. The full pipeline
-now gets its own placement (groups sized for its columns), so the peer count no longer decides its columns.
-`--emulate-model 1.5b` carries that preset's messages and compute, as in `run.py` (default here: none).
+20 peers and the paper's 1.5B messages and compute by default, as in `run.py`, with its flags for a small machine
+(`--stagger`, `--join-timeout`, `--heartbeat`, `--probe-sample`). The full pipeline gets its own placement (groups
+sized for its columns), so the peer count does not decide its columns. A joiner is staggered like the first
+peers.
 """
 
 from __future__ import annotations
@@ -33,7 +33,16 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks.churn import DEATHS, churn_trace, first_plan, kept, run_swarm, saved_plan_args, window_summary  # noqa: E402
-from benchmarks.wan.run import add_swarm_arguments, checked_methods, emulation, run_config  # noqa: E402
+from benchmarks.wan.run import (  # noqa: E402
+    add_scale_arguments,
+    add_swarm_arguments,
+    check_scale_arguments,
+    checked_methods,
+    emulation,
+    run_config,
+    scale_peer_args,
+    stagger_starts,
+)
 from scheduler.profiles import swarm_from  # noqa: E402
 from swarm.local.emulated_network import EmulatedNetwork  # noqa: E402
 from swarm.local.local_swarm import LocalSwarm  # noqa: E402
@@ -53,12 +62,13 @@ def run(args: argparse.Namespace, method: str, churn: bool, net: EmulatedNetwork
 
     def peer_args(i: int) -> list[str]:
         return ["--emulate-speed", f"{speeds[i]:.6f}", "--emulate-latency", str(keys / f"latency-{i:02d}.json"),
-                "--probe-sample", str(args.peers - 1), "--iteration-deadline", "300",
+                *scale_peer_args(args), "--iteration-deadline", "300",
                 "--ledger", str(run_dir / f"ledger-{i:02d}.jsonl")]
 
     swarm = LocalSwarm(run_dir, args.peers, run_id=f"wan-{method}", network=net,
                        coordinator_args=["--config", str(run_dir / "run.toml"), *saved_plan_args(first_schedule)],
                        peer_args=[peer_args(i) for i in range(net.num_hosts)])
+    stagger_starts(swarm, args.stagger)
     window = args.minutes * 60
     failures = churn_trace(args.seed, args.peers, window, args.rate) if churn else []
     # the first iteration opens streams: the window starts after it
@@ -77,13 +87,15 @@ def run(args: argparse.Namespace, method: str, churn: bool, net: EmulatedNetwork
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_swarm_arguments(parser, METHODS)
-    parser.set_defaults(peers=13)  # see the module docstring
+    parser.set_defaults(peers=20, emulate_model="1.5b")  # see the module docstring
+    add_scale_arguments(parser)
     parser.add_argument("--minutes", type=float, default=5.0, help="length of the measured window")
     parser.add_argument("--rate", type=float, default=0.1, help="failures per peer per minute")
     parser.add_argument("--rejoin", type=float, default=20.0, help="seconds until a dead peer is replaced")
     parser.add_argument("--deaths", default="kill,freeze", help=f"kinds of death, in turn ({', '.join(DEATHS)})")
     parser.add_argument("--out", default="runs/wan-churn")
     args = parser.parse_args()
+    check_scale_arguments(args)
     methods = checked_methods(args, METHODS)
     scale = emulation(args)  # --emulate-model: a bigger preset's messages and compute (default: none)
     trace = churn_trace(args.seed, args.peers, args.minutes * 60, args.rate)

@@ -85,8 +85,8 @@ batch_size = {args.batch_size}
 
 [swarm]
 planner = "{method}"
-heartbeat = {getattr(args, "heartbeat", 5.0)}  # 12-20 peers on 2 cores: a record refresh can be late, the peer alive
-message_bytes = {getattr(args, "message_bytes", 0)}  # each activation and gradient padded to the emulated model's
+heartbeat = {args.heartbeat}  # 12-20 peers on 2 cores: a record refresh can be late, the peer alive
+message_bytes = {args.message_bytes}  # each activation and gradient padded to the emulated model's
 """
 
 
@@ -105,19 +105,11 @@ def measure(args: argparse.Namespace, method: str, net: EmulatedNetwork, keys: P
         shutil.copy(key, run_dir / key.name)
     (run_dir / "run.toml").write_text(run_config(args, method))
     peer_args = [["--emulate-speed", f"{speeds[i]:.6f}", "--emulate-latency", str(keys / f"latency-{i:02d}.json"),
-                  "--trace", str(run_dir / f"trace-{i:02d}.jsonl"),
-                  "--probe-sample", str(args.probe_sample or args.peers - 1), "--join-timeout", str(args.join_timeout)]
+                  "--trace", str(run_dir / f"trace-{i:02d}.jsonl"), *scale_peer_args(args)]
                  for i in range(args.peers)]
     swarm = LocalSwarm(run_dir, args.peers, run_id=f"wan-{method}", network=net,
                        coordinator_args=["--config", str(run_dir / "run.toml")], peer_args=peer_args)
-    add_peer = swarm.add_peer
-
-    def staggered(index: int, extra: Sequence[str] = ()) -> subprocess.Popen:
-        # 20 peers starting at once on 2 loaded cores: a p2p daemon may miss hivemind's 15 s start deadline
-        time.sleep(args.stagger)
-        return add_peer(index, extra)
-
-    swarm.add_peer = staggered  # type: ignore[method-assign]
+    stagger_starts(swarm, args.stagger)
     start = time.monotonic()
     footprint = None
     try:
@@ -298,6 +290,49 @@ def add_swarm_arguments(parser: argparse.ArgumentParser, methods: tuple[str, ...
                         help="bytes of each activation and gradient (default: the emulated preset's)")
 
 
+def add_scale_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags that let 20 or more peer trees start and run on a small loaded machine, shared by the WAN
+    benchmarks (check them with `check_scale_arguments`)."""
+    parser.add_argument("--stagger", type=float, default=2.0,
+                        help="seconds between two peers' starts (a peer tree takes ~10 CPU-s to start: 20 at once on "
+                             "2 loaded cores miss the gossip sidecar's 30 s start deadline)")
+    parser.add_argument("--join-timeout", type=float, default=480.0,
+                        help="seconds a peer waits to be placed (the coordinator plans once every peer has joined "
+                             "and probed its links: minutes for 20 peers starting on 2 loaded cores)")
+    parser.add_argument("--heartbeat", type=float, default=15.0,
+                        help="swarm.heartbeat: 20 peer trees load 2 cores so that DHT stores time out for tens of "
+                             "seconds; at 5 s the coordinator's record expired and peers took over as scheduler")
+    parser.add_argument("--probe-sample", type=int, default=0,
+                        help="peers a joiner probes before it announces itself, and per background round after "
+                             "(0 = all others: every link measured before the first plan, but joins are sequential "
+                             "16 MiB probes, minutes for the last of 20 peers)")
+
+
+def check_scale_arguments(args: argparse.Namespace) -> None:
+    """Exit with a message when a flag of `add_scale_arguments` is out of range."""
+    if not 0 <= args.probe_sample < args.peers or not 0.2 <= args.heartbeat <= 60 or not args.stagger >= 0 or \
+            not args.join_timeout > 0:
+        sys.exit("error: --probe-sample must be in [0, peers), --heartbeat in [0.2, 60], --stagger >= 0, "
+                 "--join-timeout > 0")
+
+
+def scale_peer_args(args: argparse.Namespace) -> list[str]:
+    """Every peer's flags that `add_scale_arguments` sets."""
+    return ["--probe-sample", str(args.probe_sample or args.peers - 1), "--join-timeout", str(args.join_timeout)]
+
+
+def stagger_starts(swarm: LocalSwarm, seconds: float) -> None:
+    """Make `swarm` wait `seconds` before it starts each peer, joiners included (20 peer trees starting at once
+    on 2 loaded cores: a p2p daemon may miss hivemind's 15 s start deadline)."""
+    add_peer = swarm.add_peer
+
+    def staggered(index: int, extra: Sequence[str] = ()) -> subprocess.Popen:
+        time.sleep(seconds)
+        return add_peer(index, extra)
+
+    swarm.add_peer = staggered  # type: ignore[method-assign]
+
+
 def emulation(args: argparse.Namespace) -> float:
     """Fill in `args.message_bytes` and `args.microbatch_tokens` from the emulation flags; return the factor on
     the profile's seconds per layer that makes one tiny stage take as long as one of the emulated preset's.
@@ -350,19 +385,7 @@ def main() -> None:
     parser.add_argument("--footprint", action=argparse.BooleanOptionalAction, default=True,
                         help="measure each peer tree's PSS once per run, after its second iteration")
     parser.add_argument("--stall-timeout", type=float, default=600.0, help="seconds without a committed iteration")
-    parser.add_argument("--stagger", type=float, default=2.0,
-                        help="seconds between two peers' starts (a peer tree takes ~10 CPU-s to start: 20 at once on "
-                             "2 loaded cores miss the gossip sidecar's 30 s start deadline)")
-    parser.add_argument("--join-timeout", type=float, default=480.0,
-                        help="seconds a peer waits to be placed (the coordinator plans once every peer has joined "
-                             "and probed its links: minutes for 20 peers starting on 2 loaded cores)")
-    parser.add_argument("--heartbeat", type=float, default=15.0,
-                        help="swarm.heartbeat: 20 peer trees load 2 cores so that DHT stores time out for tens of "
-                             "seconds; at 5 s the coordinator's record expired and peers took over as scheduler")
-    parser.add_argument("--probe-sample", type=int, default=0,
-                        help="peers a joiner probes before it announces itself, and per background round after "
-                             "(0 = all others: every link measured before the first plan, but joins are sequential "
-                             "16 MiB probes, minutes for the last of 20 peers)")
+    add_scale_arguments(parser)
     parser.add_argument("--budget", type=float, default=0.0,
                         help="seconds this invocation may take (0 = no limit): a run still going then is stopped and "
                              "kept if it counted an iteration (iterations_done in results.json); none starts after")
@@ -378,8 +401,9 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit("error: terminated (SIGTERM); the swarm is being stopped"))
     if args.repeats < 1 or args.iterations < 2:
         sys.exit("error: --repeats must be >= 1 and --iterations >= 2 (the first is not counted)")
-    if not 0 <= args.probe_sample < args.peers or not args.budget >= 0 or not 0.2 <= args.heartbeat <= 60:
-        sys.exit("error: --probe-sample must be in [0, peers), --budget >= 0, --heartbeat in [0.2, 60]")
+    check_scale_arguments(args)
+    if not args.budget >= 0:
+        sys.exit("error: --budget must be >= 0")
     methods = checked_methods(args, METHODS)
     scale = emulation(args)
     out = Path(args.out)
