@@ -9,12 +9,14 @@ A dead host is silent (frozen, or its link cut): nothing is reset, so no send fa
 an answer is late. The deadlines below keep what a silent death costs near two iterations plus a few seconds:
 a backward late past twice its planned round trip, or a stage mate's averaging contribution late past one
 iteration, makes the peer probe the one in question; a probe not answered within half an iteration (at least
-`SILENCE_FLOOR` seconds, so that a live peer on a loaded machine is not taken for dead) makes it unreachable.
+`SILENCE_FLOOR` seconds, so that a live peer on a loaded machine is not taken for dead) makes it unreachable. A
+peer that answers but does not pass the microbatch on is given up on later, past a stall limit (`STALL_FACTOR`).
 """
 
 from __future__ import annotations
 
 import statistics
+from collections.abc import Mapping
 
 from scheduler.round_trips import round_trips
 from scheduler.schedule import Schedule
@@ -33,6 +35,12 @@ within it, a frozen one never does."""
 PROBE_TIMEOUT_FACTOR = 0.5
 """A probe of a peer in question waits this many iterations (what iterations take) for its answer, at least
 SILENCE_FLOOR seconds: on a slow swarm the probe may queue behind large messages on the same link."""
+STALL_FACTOR = 4.0
+"""A backward still not back STALL_FACTOR times its hop deadline after its forward left, plus two probe timeouts
+for the next hop and for each peer after it on the path (those check on their own next hops first, and a dead one
+is found within a probe timeout of its deadline), is given up on: the next hop answers, but holds the microbatch
+(stuck behind its own full memory, or sitting on it on purpose), and the iteration would otherwise wait for its
+deadline, then run again on the same peers."""
 AVERAGING_OVERDUE_FACTOR = 1.0
 """A stage mate whose averaging contribution has not come this many iterations after this peer's own is probed
 (at least SILENCE_FLOOR seconds after)."""
@@ -91,3 +99,18 @@ class IterationClock:
         predicted = schedule.predicted_iteration_seconds or 0.0
         scale = self.expected(schedule) / predicted if predicted > 0 else 1.0
         return {mb: HOP_DEADLINE_FACTOR * t * scale + HOP_DEADLINE_SLACK for mb, t in self._round_trips[2].items()}
+
+    def stall_limits(self, schedule: Schedule, peer: str) -> dict[int, float]:
+        """Seconds after which `peer` gives up on a backward of each of its microbatches (`stall_limits_for` its
+        hop deadlines): none if the schedule carries no costs."""
+        return stall_limits_for(schedule, peer, self.hop_deadlines(schedule, peer), self.probe_timeout(schedule))
+
+
+def stall_limits_for(schedule: Schedule, peer: str, hop_deadlines: Mapping[int, float],
+                     probe_timeout: float) -> dict[int, float]:
+    """`peer`'s stall limit for each microbatch with a hop deadline (see `STALL_FACTOR`): the further from the end
+    of its path `peer` is, the longer it waits, so that the peer next to a stalled one gives up on it first and
+    the others hear that the attempt broke, instead of blaming their own next hops."""
+    after = {r.microbatch: len(r.nodes) - 1 - r.nodes.index(peer) for r in schedule.routes
+             if peer in r.nodes}
+    return {mb: STALL_FACTOR * d + 2 * probe_timeout * (1 + after.get(mb, 0)) for mb, d in hop_deadlines.items()}

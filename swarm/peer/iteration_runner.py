@@ -10,7 +10,9 @@
 Deadlines come from the `IterationClock`. A microbatch whose backward is overdue at this peer makes it probe the
 peer it sent the forward to, and so does a stage mate whose averaging contribution is overdue: one that does not
 answer in time is taken for unreachable (detoured around, not waited for by the averaging, and reported), and the
-sends to it still under way are given up on (a silent host, frozen or cut off, never makes them fail). A newer
+sends to it still under way are given up on (a silent host, frozen or cut off, never makes them fail); one that
+answers but still holds the microbatch past the hop's stall limit has that attempt broken (`PipelineExecutor`: its
+holder re-queues it around that peer, and the report counts against it). A newer
 epoch that starts at the iteration in progress aborts it (IterationAborted), and so does the run finishing while
 the peer is asked to stop; no commit in time is an IterationTimeout.
 """
@@ -114,6 +116,7 @@ class IterationRunner:
                                     give_up=lambda mb, why: self.reports.unrecoverable(iteration, schedule.epoch, mb,
                                                                                        why),
                                     hop_deadlines=self.clock.hop_deadlines(schedule, self.peer_id),
+                                    stall_limits=self.clock.stall_limits(schedule, self.peer_id),
                                     overdue=self._check_next_hop)
         t0 = time.perf_counter()
         result = executor.run(lambda t: self.inbox.receive("hop", t),

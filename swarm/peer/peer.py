@@ -411,8 +411,9 @@ class Peer:
             self.runner.note_unreachable(peer, certain=unreachable)
 
     def _on_gossip(self, msg: GossipMessage) -> None:
-        """Gossip thread: the scheduler's notices go to the follower, a broken microbatch of this holder's back to
-        the main loop (its executor re-queues it), everything to this peer's own scheduler role if it holds it."""
+        """Gossip thread: the scheduler's notices go to the follower, a broken microbatch attempt to the main loop
+        (its holder's executor re-queues it, a relay's drops what it keeps of it), everything to this peer's own
+        scheduler role if it holds it."""
         role = self.succession.role if self.succession is not None else None
         if role is not None:
             role.deliver(msg)
@@ -432,8 +433,7 @@ class Peer:
             self.dial_verdict.on_sit_out(message)
         elif self.follower.on_message(msg.sender, message):
             self.inbox.wake()
-        elif isinstance(message, Broken) and self.stage == 0 and self.schedule is not None and \
-                msg.sender in self.schedule.placement:
+        elif isinstance(message, Broken) and self.schedule is not None and msg.sender in self.schedule.placement:
             self.inbox.signal(Requeue(iteration=message.iteration, epoch=message.epoch,
                                       microbatch=message.microbatch, attempt=message.attempt, gone=message.gone,
                                       why=message.why, maybe_ran=message.maybe_ran))

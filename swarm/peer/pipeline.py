@@ -143,7 +143,7 @@ class PipelineExecutor:
                  hold: Callable[[Inbound], None] | None = None, timeline: Timeline | None = None,
                  gone: Callable[[], Collection[str]] = frozenset, broken: Broken | None = None,
                  give_up: GiveUp | None = None, hop_deadlines: Mapping[int, float] | None = None,
-                 overdue: Overdue | None = None) -> None:
+                 overdue: Overdue | None = None, stall_limits: Mapping[int, float] | None = None) -> None:
         """:param hold: takes messages of a newer schedule epoch (from peers that switched first) for later
         :param timeline: records each operation's span (forward, backward, ...)
         :param gone: peers known to be gone (declared by the scheduler, or unreachable from this peer); read
@@ -152,7 +152,9 @@ class PipelineExecutor:
           it re-queues)
         :param give_up: told of each microbatch of this holder's it cannot re-queue
         :param hop_deadlines: and `overdue`: see `AwaitedBackwards` (a dead next hop holding its microbatch is
-          otherwise noticed only when its record expires)"""
+          otherwise noticed only when its record expires)
+        :param stall_limits: see `AwaitedBackwards`: a live next hop holding a microbatch past its limit breaks
+          that attempt (reported like a dead one's: its holder re-queues it around that peer)"""
         self.me, self.worker, self.schedule, self.run_id, self.iteration = me, worker, schedule, run_id, iteration
         self.timeline = timeline
         self.send = send
@@ -161,7 +163,7 @@ class PipelineExecutor:
         self.in_use: dict[int, Route] = dict(self.routes)
         """Each microbatch's route as this peer last saw it: the scheduled one, or a detour of it."""
         self.gone, self.on_broken, self.on_give_up = gone, broken, give_up
-        self.awaited = AwaitedBackwards(hop_deadlines, overdue)
+        self.awaited = AwaitedBackwards(hop_deadlines, overdue, stall_limits)
         self.unreachable: set[str] = set()
         """Peers no stream could be opened to during this iteration."""
         self._broken: set[tuple[int, int]] = set()
@@ -208,7 +210,7 @@ class PipelineExecutor:
                     f"iteration {self.iteration}: {self.result.backward_done}/{self.expected} backward passes after "
                     f"{deadline:.0f} s (stashed {self.worker.stashed}, {waiting} forwards waiting)")
             self._accept(receive(0.0))
-            self.awaited.check_overdue(self._broken, self.iteration)
+            self._check_late()
             if not self._step():
                 self._accept(receive(self._idle_wait()))
         self.result.finished = time.time()
@@ -222,7 +224,7 @@ class PipelineExecutor:
         """Process messages of this iteration; also after `run` returned, while the peer waits for the commit:
         a detour may still bring it a microbatch of a gone peer of its stage."""
         self._accept(messages)
-        self.awaited.check_overdue(self._broken, self.iteration)
+        self._check_late()
         while self._step():
             if self._poll is not None:
                 self._accept(self._poll(0.0))
@@ -363,6 +365,16 @@ class PipelineExecutor:
             self._break(h.microbatch, u.peer, f"its {h.direction.name.lower()} could not be delivered to {u.peer}",
                         maybe_ran=not u.unreachable)
 
+    def _check_late(self) -> None:
+        """Backwards late past their hop deadline make this peer check on the next hop (`overdue`); one still not
+        back past its stall limit breaks its attempt there: that peer answers, but holds the iteration up."""
+        self.awaited.check_overdue(self._broken, self.iteration)
+        for mb, peer, attempt, waited in self.awaited.stalled(self._broken):
+            if attempt == self._attempt.get(mb, 0):
+                limit = self.awaited.stall_limits[mb]
+                self._break(mb, peer, f"{peer} has held it for {waited:.1f} s (stall limit {limit:.1f} s)",
+                            maybe_ran=True)
+
     def _check_awaited(self) -> None:
         """A microbatch whose forward went to a peer now gone cannot come back: that peer held its activations."""
         gone = self._gone_now()
@@ -398,10 +410,14 @@ class PipelineExecutor:
         Its gradient is in no stage's sum unless its loss was computed: then the stages after the gone peer on
         its path hold it (the backward passed them; the gone peer's own too if it may have run it), and so does
         the head; the new attempt tells them so. A report of an earlier attempt, of a microbatch not injected yet
-        or already finished, is ignored.
+        or already finished, is ignored; one of another holder's microbatch ends that attempt here
+        (`_attempt_broken_elsewhere`).
         """
         mb = report.microbatch
-        if mb not in self._owes or self.routes.get(mb) is None or self.routes[mb].origin != self.me or \
+        if self.routes.get(mb) is not None and self.routes[mb].origin != self.me:
+            self._attempt_broken_elsewhere(report)
+            return
+        if mb not in self._owes or self.routes.get(mb) is None or \
                 report.attempt != self._attempt.get(mb, 0) or any(p.microbatch == mb for p in self._pending):
             return
         new, counted = requeued_route(self.schedule, self.in_use[mb], report, self._counted.get(mb, frozenset()),
@@ -423,6 +439,20 @@ class PipelineExecutor:
         logger.warning("iteration %d: microbatch %d re-queued (attempt %d) on %s; stages %s already hold its "
                        "gradient", self.iteration, mb, report.attempt + 1, "/".join(new.nodes[1:]) or "stage 0",
                        sorted(counted) or "none")
+
+    def _attempt_broken_elsewhere(self, report: Requeue) -> None:
+        """Another holder's microbatch attempt broke further along its path (reported by the peer that found it):
+        its holder re-queues it, so what this relay keeps of that attempt is stale. Its stashed activations are
+        dropped (they would hold a memory slot until the commit, and other microbatches' forwards wait for
+        slots) and its backward is no longer awaited (it would not come, and this peer would blame its next hop)."""
+        mb, attempt = report.microbatch, report.attempt
+        if attempt != self._attempt.get(mb, 0) or (mb, attempt) in self._broken:
+            return
+        self._broken.add((mb, attempt))
+        self.awaited.forget(mb)
+        if self.worker.drop(mb):
+            logger.info("microbatch %d's attempt %d broke at %s: its stashed forward is dropped here", mb, attempt,
+                        report.gone)
 
     def _handle(self, m: Inbound) -> None:
         h = m.header

@@ -11,6 +11,7 @@ from swarm.peer.iteration_clock import (
     HOP_DEADLINE_SLACK,
     MIN_ITERATION_DEADLINE,
     SILENCE_FLOOR,
+    STALL_FACTOR,
     IterationClock,
 )
 from tests.swarm.coordinator.conftest import make_records, make_replanner
@@ -65,3 +66,20 @@ def test_a_silent_peer_is_probed_and_given_up_on_within_an_iteration_or_a_few_se
     commits(clock, 40.0, 40.0, 40.0)  # slow ones (large messages): in proportion
     assert clock.probe_timeout(schedule) == pytest.approx(20.0)
     assert clock.averaging_overdue(schedule) == pytest.approx(40.0)
+
+
+def test_a_live_next_hop_holding_a_microbatch_is_given_up_on_first_by_the_peer_next_to_it(schedule):
+    clock = IterationClock(300.0)
+    probe = clock.probe_timeout(schedule)
+    limits = {p: clock.stall_limits(schedule, p) for p in schedule.placement}
+    for p, by_mb in limits.items():
+        deadlines = clock.hop_deadlines(schedule, p)
+        assert set(by_mb) == set(deadlines)
+        # well past the point where a silent next hop is checked on and found (its deadline, then a probe)
+        assert all(by_mb[mb] >= STALL_FACTOR * deadlines[mb] + 2 * probe for mb in by_mb)
+    for r in schedule.routes:
+        waiting = [p for p in r.nodes if r.microbatch in limits[p]]  # the peers that await a backward of it
+        # a peer waits longer than every peer after it on the path: the one next to a stalled peer gives up on
+        # it first, and those before hear that the attempt broke instead of blaming their own next hops
+        for earlier, later in zip(waiting, waiting[1:]):
+            assert limits[earlier][r.microbatch] > limits[later][r.microbatch] + probe

@@ -3,7 +3,8 @@
 Each peer's `PipelineExecutor` runs in a thread of this process on its own `StageWorker`; messages between them
 go through in-memory queues (scaffolding standing in for the transport, whose own tests are elsewhere). A send to
 a "dead" peer comes back as `Undelivered(unreachable=True)`, as the peer's transport reports a refused stream. A
-broken microbatch's report goes straight to its holder's inbox, as the peer's gossip hands it to the main loop.
+broken microbatch's report goes straight to every other peer's inbox, as the peers' gossip hands it to their main
+loops.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from scheduler.path_rules import PathRules
 from scheduler.schedule import Route, Schedule
 from swarm.constants import MAX_MICROBATCH_ATTEMPTS
 from swarm.net.delivery import Inbound, Undelivered
+from swarm.peer.iteration_clock import stall_limits_for
 from swarm.peer.pipeline import PipelineExecutor, Requeue
 from swarm.wire import Direction, HopHeader
 
@@ -55,14 +57,17 @@ def batches(sched: Schedule, origin: str) -> dict[int, torch.Tensor]:
 class Iteration:
     """One iteration of `sched` on the live peers; `dead` peers never answer, `dies_after` peers stop working
     after handling that many messages (their activations die with them), `frozen` peers accept messages (their
-    transport acknowledges them) but never process them. With `hop_deadline`, a peer whose backward is that late
-    checks on the peer it sent the forward to, as `Peer` probes it: a dead or frozen one is then gone."""
+    transport acknowledges them) but never process them, and `sitting` ones do the same while answering checks.
+    With `hop_deadline`, a peer whose backward is that late checks on the peer it sent the forward to, as `Peer`
+    probes it: a dead or frozen one is then gone; with `probe_timeout` too, a backward still not back past its stall
+    limit (`stall_limits_for`) breaks its attempt at that peer."""
 
     def __init__(self, sched: Schedule, dead: set[str] = frozenset(), gone: set[str] = frozenset(),
                  dies_after: dict[str, int] | None = None, frozen: set[str] = frozenset(),
-                 hop_deadline: float | None = None):
+                 sitting: set[str] = frozenset(), hop_deadline: float | None = None,
+                 probe_timeout: float | None = None):
         self.sched, self.dead, self.dies_after = sched, set(dead), dict(dies_after or {})
-        self.frozen = set(frozen)
+        self.frozen, self.sitting = set(frozen), set(sitting)
         self.checked: list[tuple[str, str, int]] = []
         self.inbox: dict[str, queue.Queue] = {p: queue.Queue() for p in sched.placement}
         self.broken: list[tuple[str, Requeue]] = []
@@ -72,14 +77,16 @@ class Iteration:
         self.gone = frozenset(gone)  # replaced, never mutated: executor threads read it
         self.workers = {p: StageWorker(p, s, MODEL, SPLIT, OptimConfig(), dtype=torch.float64, seed=0)
                         for p, s in sched.placement.items()}
+        deadlines = {r.microbatch: hop_deadline for r in sched.routes} if hop_deadline else None
         self.executors = {
             p: PipelineExecutor(me=p, worker=self.workers[p], schedule=sched, run_id=RUN, iteration=0,
                                 send=self._sender(p), batches=batches(sched, p) if s == 0 else None,
                                 gone=lambda: self.gone,
                                 broken=self._reporter(p),
                                 give_up=lambda mb, why, p=p: self.given_up.append((p, mb, why)),
-                                hop_deadlines={r.microbatch: hop_deadline for r in sched.routes}
-                                if hop_deadline else None, overdue=self._checker(p))
+                                hop_deadlines=deadlines, overdue=self._checker(p),
+                                stall_limits=stall_limits_for(sched, p, deadlines, probe_timeout)
+                                if deadlines and probe_timeout else None)
             for p, s in sched.placement.items() if p not in dead}
         self.committed = threading.Event()
 
@@ -98,7 +105,9 @@ class Iteration:
     def _reporter(self, me: str):
         def report(r: Requeue) -> None:
             self.broken.append((me, r))
-            self.inbox[self.sched.routes[r.microbatch].origin].put(r)
+            for peer, inbox in self.inbox.items():
+                if peer != me:
+                    inbox.put(r)
         return report
 
     def _checker(self, me: str):
@@ -110,7 +119,7 @@ class Iteration:
 
     def _receive(self, me: str):
         def receive(timeout: float) -> list:
-            if me in self.frozen:
+            if me in self.frozen or me in self.sitting:
                 time.sleep(timeout)
                 return []
             if self.dies_after.get(me, 1) <= 0:  # it handled its last messages: from now on it is dead
@@ -272,6 +281,46 @@ def test_a_backward_late_past_its_hop_deadline_gets_the_next_hop_checked_and_a_f
     assert all(r.gone == "a2" for _, r in it.broken)
     assert it.losses() == pytest.approx(reference.losses(), rel=1e-12)
     assert_same_gradients(it, reference)
+
+
+def test_a_next_hop_that_answers_but_holds_its_microbatches_is_given_up_on_and_gone_around():
+    sched = schedule()
+    reference = Iteration(sched)
+    reference.run()
+    # a2 takes its forwards and answers every check, but never passes them on (stuck, or sitting on them on
+    # purpose): checking on it finds nothing wrong, and without a stall limit the iteration waits for its deadline
+    it = Iteration(sched, sitting={"a2"}, hop_deadline=0.3, probe_timeout=0.3)
+    start = time.monotonic()
+    it.run(timeout=30)
+    assert time.monotonic() - start < 10
+    assert "a2" in {peer for _, peer, _ in it.checked} and "a2" not in it.gone  # checked, and it answered
+    # the peer next to it gave up on it (a1 for h0's microbatch 0; h1 itself for microbatch 5): nobody else is
+    # blamed, h0 does not blame a1 for the backward a1 never got
+    assert it.broken and {r.gone for _, r in it.broken} == {"a2"}
+    assert it.holders_requeued() >= 1 and not it.given_up
+    assert it.losses() == pytest.approx(reference.losses(), rel=1e-12)
+    assert_same_gradients(it, reference)
+
+
+def drain(q: queue.Queue) -> list:
+    out = []
+    while not q.empty():
+        out.append(q.get_nowait())
+    return out
+
+
+def test_a_relay_drops_what_it_keeps_of_an_attempt_broken_further_on():
+    sched = schedule()
+    it = Iteration(sched)
+    h0, a1 = it.executors["h0"], it.executors["a1"]
+    h0.handle([])  # h0's microbatches are due at once: microbatches 0 and 1 go to a1
+    a1.handle(drain(it.inbox["a1"]))  # a1 runs their forwards and keeps their activations for the backward
+    assert {0, 1} <= set(it.workers["a1"].stashed)
+    # a peer further on reports microbatch 0's attempt broken: h0 re-queues it, so a1's activations of it are stale
+    # and only hold a memory slot other forwards may wait for
+    a1.handle([Requeue(iteration=0, epoch=0, microbatch=0, attempt=0, gone="a2")])
+    assert 0 not in it.workers["a1"].stashed and 1 in it.workers["a1"].stashed
+    assert not a1.result.requeued and not it.broken  # not its microbatch to re-queue, nor its break to report
 
 
 def test_a_requeue_names_the_current_attempt_of_an_injected_microbatch_and_gives_up_at_the_limit():
