@@ -214,13 +214,16 @@ class GossipClient:
 
     def start(self, identity_path: str, *, listen_host: str = LOOPBACK_HOST, listen_port: int = 0,
               bootstrap: Iterable[str] = (), timeout: float = START_TIMEOUT, log_path: str | None = None,
-              heartbeat_interval: float = GOSSIP_HEARTBEAT_INTERVAL) -> GossipInfo:
+              heartbeat_interval: float = GOSSIP_HEARTBEAT_INTERVAL, degree_high: int | None = None
+              ) -> GossipInfo:
         """Start the sidecar, wait until it listens, connect it to ``bootstrap`` multiaddrs.
 
         :param identity_path: the peer's key file (libp2p protobuf RSA key, as written by swarm.net.identity)
         :param listen_port: TCP port, 0 = pick a free one
         :param bootstrap: multiaddrs with /p2p/<peer id>; unreachable ones are logged, all unreachable is an error
         :param log_path: append the sidecar's log here instead of this process's stderr
+        :param degree_high: prune a topic's mesh above this many peers (None: the sidecar's default; for
+          benchmarks that measure what it changes)
         :returns: the sidecar's peer id and multiaddrs
         """
         if self._proc is not None:
@@ -229,6 +232,8 @@ class GossipClient:
         cmd = [sys.executable, "-m", "swarm.control.gossip_sidecar", "--identity", os.path.abspath(identity_path),
                "--fd", str(theirs.fileno()), "--owner-pid", str(os.getpid()), "--listen-host", listen_host,
                "--listen-port", str(int(listen_port)), "--heartbeat", repr(float(heartbeat_interval))]
+        if degree_high is not None:
+            cmd += ["--degree-high", str(int(degree_high))]
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [_REPO_ROOT, os.environ.get("PYTHONPATH")])))
         log_file = open(log_path, "ab") if log_path else None
         try:

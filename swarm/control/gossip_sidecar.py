@@ -65,7 +65,19 @@ SHUTDOWN_GRACE = 5.0
 """After this long shutting down, the process exits regardless of libp2p tasks still unwinding."""
 MAX_EQUIVOCATION_ENTRIES = 8192
 """py-libp2p remembers every message for equivocation checks and never forgets; we trim to this many."""
-GOSSIP_DEGREE, GOSSIP_DEGREE_LOW, GOSSIP_DEGREE_HIGH = 6, 4, 12
+GOSSIP_DEGREE, GOSSIP_DEGREE_LOW = 6, 4
+GOSSIP_DEGREE_HIGH = 64
+"""A mesh prunes down to GOSSIP_DEGREE only above this many peers. GossipSub's usual 12 suits a swarm of equals;
+ours has a hub: every peer bootstraps from the coordinator's sidecar, and a joiner has no other link until it is
+admitted. py-libp2p 0.8 then delivers a message only along mesh links (its lazy IHAVE gossip delivered nothing to
+pruned peers in `benchmarks/gossip_fanout.py`), so with 12 a joiner outside the coordinator's mesh waited for its
+admission until a re-graft happened to take it in: 1.5-2.5 minutes in 20-peer runs. Control messages are few and
+small, so the extra fan-out costs little."""
+GRAFT_FLOOD_SECONDS = 0.0
+"""py-libp2p's GRAFT flood check (a GRAFT sooner than this after a PRUNE is punished with another PRUNE), off:
+py-libp2p 0.8 also stamps the check's clock when it *receives* a PRUNE, so two peers that pruned each other once
+prune each other's every later GRAFT, each PRUNE restarting the other's clock (15 such floods in 40 s of one
+`gossip_fanout.py` run, none with the check off). Backoff after a PRUNE is still enforced (`prune_back_off`)."""
 MAX_DROP_WARNINGS, DROP_WARNING_WINDOW = 20, 10.0
 """At most this many warnings about dropped network input per window: a peer that floods garbage cannot flood the
 log (GossipSub's peer scoring penalises it meanwhile)."""
@@ -333,11 +345,12 @@ async def _run(args: argparse.Namespace, key_pair: KeyPair, owner_sock: socket.s
     host = new_host(key_pair=key_pair, sec_opt={NOISE_PROTOCOL_ID: noise})
     gossipsub = GossipSub(
         protocols=[PROTOCOL_ID_V12, PROTOCOL_ID_V11, PROTOCOL_ID], degree=GOSSIP_DEGREE,
-        degree_low=GOSSIP_DEGREE_LOW, degree_high=GOSSIP_DEGREE_HIGH, heartbeat_initial_delay=0.1,
+        degree_low=GOSSIP_DEGREE_LOW, degree_high=args.degree_high, heartbeat_initial_delay=0.1,
         heartbeat_interval=args.heartbeat,
         # py-libp2p's adaptive gossip stretches the heartbeat to 30-60 s when the mesh is below its target
         # degree, which is the normal state of a small swarm: keep the heartbeat we asked for.
         adaptive_gossip_enabled=False, max_messages_per_topic_per_second=GOSSIP_MAX_MESSAGES_PER_SECOND)
+    gossipsub.graft_flood_threshold = GRAFT_FLOOD_SECONDS
     pubsub = _CheckedPubsub(host, gossipsub, strict_signing=True)
     owner = trio.SocketStream(trio.socket.from_stdlib_socket(owner_sock))
     async with host.run(listen_addrs=[_listen_maddr(args.listen_host, args.listen_port)]):
@@ -383,8 +396,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--listen-host", default="127.0.0.1")
     parser.add_argument("--listen-port", type=int, default=0, help="0 = pick a free port")
     parser.add_argument("--heartbeat", type=float, default=GOSSIP_HEARTBEAT_INTERVAL, help="seconds")
+    parser.add_argument("--degree-high", type=int, default=GOSSIP_DEGREE_HIGH,
+                        help="prune a topic's mesh above this many peers (see GOSSIP_DEGREE_HIGH)")
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
+    if not GOSSIP_DEGREE <= args.degree_high <= 1024:
+        parser.error(f"--degree-high must be in [{GOSSIP_DEGREE}, 1024]")
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s gossip-sidecar[%(process)d] %(name)s: %(message)s")
     forbidden = sorted({"hivemind", "torch"} & set(sys.modules))

@@ -239,10 +239,13 @@ class Peer:
                                   outbox=self.outbox, dht=lambda: node.dht, loss_seconds=self.loss_seconds,
                                   checks=checks)
         node.start_heartbeat(self._record, period=self.config.heartbeat)  # with its proof of the join token
-        self.members.wait(stop, o.join_timeout, over=self.follower.finished)  # then: links, placement
-        self.members.observe(records.fetch_peers())  # the members' certificates, before they probe this joiner
         self.succession = Succession(self.peer_id, records, node.gossip, self.follower, make_role=self._make_role,
                                      role_args=self._role_args, on_records=self.members.observe)
+        # gossip links to members' sidecars before the admission comes: it must not hang on the one to the
+        # coordinator, whose mesh prunes most peers from ~13 on (it then only arrives by lazy gossip)
+        self.succession.connect_control_plane(records.fetch_peers())
+        self.members.wait(stop, o.join_timeout, over=self.follower.finished)  # then: links, placement
+        self.members.observe(records.fetch_peers())  # the members' certificates, before they probe this joiner
         self.departure = Departure(self.peer_id, stop, node, self.follower, self.succession, self.keeper)
         announced = lambda: self.succession.announced if self.succession.announced is not None \
             else records.fetch_peers()  # noqa: E731

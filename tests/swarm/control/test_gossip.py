@@ -427,3 +427,41 @@ def test_import_boundaries():
             "print(a, sorted({'hivemind', 'torch'} & set(sys.modules)))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=25, cwd=REPO)
     assert out.stdout.split() == ["False", "[]"], out.stderr[-2000:]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_a_hub_reaches_every_peer_linked_only_to_it(tmp_path):
+    """The coordinator's sidecar is every joiner's only link until it is admitted: with more such peers than
+    GossipSub's usual mesh degree (12), every one of them must still get every message the hub publishes (py-libp2p
+    delivers only along mesh links, so a hub that pruned its mesh to 6 reached 6 of 16)."""
+    spokes = 14
+    inboxes = [queue.Queue() for _ in range(spokes)]
+    hub, clients = GossipClient(), [GossipClient(on_message=inbox.put) for inbox in inboxes]
+    keys = [str(tmp_path / f"{i}.key") for i in range(spokes + 1)]
+    for key in keys:
+        ensure_identity(key)
+    try:
+        info = hub.start(keys[0], log_path=str(tmp_path / "hub.log"))
+        with ThreadPoolExecutor(4) as pool:
+            list(pool.map(lambda i: clients[i].start(keys[i + 1], bootstrap=[info.maddrs[0]],
+                                                     log_path=str(tmp_path / f"{i}.log")), range(spokes)))
+        for client in (hub, *clients):
+            client.subscribe(SCHEDULE)
+        hub.wait_for_mesh(SCHEDULE, spokes, timeout=60)
+        for i in range(3):
+            hub.publish(SCHEDULE, {"i": i})
+        for n, inbox in enumerate(inboxes):
+            got = set()
+            end = time.monotonic() + 20
+            while len(got) < 3 and time.monotonic() < end:
+                try:
+                    got.add(inbox.get(timeout=max(0.1, end - time.monotonic())).payload["i"])
+                except queue.Empty:
+                    break
+            assert got == {0, 1, 2}, f"spoke {n} got {sorted(got)} of the hub's 3 messages"
+    finally:
+        pids = [c.pid for c in (hub, *clients) if c.pid is not None]
+        for c in (hub, *clients):
+            c.close()
+        assert wait_gone(pids, 10) == []
