@@ -62,7 +62,8 @@ RESTORE_DTYPES = ("float32", "float16", "bfloat16")
 """Dtypes a receiver casts a compressed tensor back to (`HopHeader.restore_dtype`): at most twice its wire bytes,
 never float64 or from an integer, so a header cannot make a receiver inflate a tensor beyond what compression saved."""
 
-FAULTS = ("scale-gradients", "huge-gradients", "inflate-weight", "byzantine", "corrupt-activations")
+FAULTS = ("scale-gradients", "huge-gradients", "inflate-weight", "byzantine", "corrupt-activations",
+          "withhold-activations")
 """Misbehaviours a peer can be told to show on purpose (`swarm.peer.faults`), to test a swarm's defences."""
 
 # ---- addresses --------------------------------------------------------------------------------------------------

@@ -31,6 +31,8 @@ EVENTS: dict[str, tuple[str, ...]] = {
     # a peer's pipeline
     "detoured": ("microbatch", "gone", "to", "to_stage"),
     "microbatch_broken": ("microbatch", "attempt", "why"),
+    # a relay reported this holder's microbatch broken at `accused`, which then served its next attempt
+    "report_disproved": ("reporter", "accused", "microbatch"),
     # what a peer refused
     "refused_message": ("sender", "why"),
     "dropped_message": ("sender", "microbatch", "why"),

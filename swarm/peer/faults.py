@@ -3,8 +3,9 @@
 It changes what the peer sends to its stage group, as the Byzantine members the defences are built against would:
 its averaging contribution scaled by -1e6, one coordinate set to 3e38 (finite, but it overflows any sum), or an
 honest contribution claimed over 2^40 visits; "byzantine" takes them in turn, one kind each iteration. With
-"corrupt-activations" it is a relay that passes on activations with non-finite values instead. Everything else it
-does honestly. Never use it on a run you care about.
+"corrupt-activations" it is a relay that passes on activations with non-finite values instead, and with
+"withhold-activations" one that takes forwards and never passes them on, while answering every probe. Everything
+else it does honestly. Never use it on a run you care about.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import torch
 from swarm.constants import FAULTS
 from swarm.wire import Direction, HopHeader
 
-Tamper = Callable[[HopHeader, torch.Tensor], tuple[HopHeader, torch.Tensor]]
+Tamper = Callable[[HopHeader, torch.Tensor], tuple[HopHeader, torch.Tensor] | None]
+"""A message as it is to be sent, or None: not sent at all (the sender believes it delivered)."""
 
 
 def tamper(fault: str) -> Tamper:
@@ -26,9 +28,11 @@ def tamper(fault: str) -> Tamper:
         raise ValueError(f"fault must be one of {', '.join(FAULTS)}, got {fault!r}")
     kinds = FAULTS[:3]
 
-    def apply(header: HopHeader, tensor: torch.Tensor) -> tuple[HopHeader, torch.Tensor]:
+    def apply(header: HopHeader, tensor: torch.Tensor) -> tuple[HopHeader, torch.Tensor] | None:
+        relayed = header.direction == Direction.FORWARD and header.hop != 1  # not its own microbatch's injection
+        if fault == "withhold-activations":
+            return None if relayed else (header, tensor)
         if fault == "corrupt-activations":
-            relayed = header.direction == Direction.FORWARD and header.hop != 1  # not its own microbatch's injection
             if relayed:
                 tensor = tensor.clone()
                 tensor.view(-1)[::7] = float("nan")

@@ -237,7 +237,12 @@ class Outbox:
         if header.direction in PIPELINE:
             header = replace(header, sent_at=time.time())  # before the queue: its wait is the link's too
         if self._tamper is not None:
-            header, tensor = self._tamper(header, tensor)
+            tampered = self._tamper(header, tensor)
+            if tampered is None:  # withheld on purpose: as far as this peer says, it went
+                withheld: Future[bool] = Future()
+                withheld.set_result(True)
+                return withheld
+            header, tensor = tampered
 
         def deliver() -> bool:
             try:

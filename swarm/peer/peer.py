@@ -439,4 +439,4 @@ class Peer:
         elif isinstance(message, Broken) and self.schedule is not None and msg.sender in self.schedule.placement:
             self.inbox.signal(Requeue(iteration=message.iteration, epoch=message.epoch,
                                       microbatch=message.microbatch, attempt=message.attempt, gone=message.gone,
-                                      why=message.why, maybe_ran=message.maybe_ran))
+                                      why=message.why, maybe_ran=message.maybe_ran, reporter=msg.sender))

@@ -64,6 +64,8 @@ class Requeue:
     maybe_ran: bool = False
     """Whether `gone` may have run this attempt's backward (a send to it failed after it may have arrived): then
     its stage is taken to hold the microbatch already, lest a wrongly suspected peer's stage count it twice."""
+    reporter: str | None = None
+    """The peer whose report this is (None: this peer found it)."""
 
 
 Receive = Callable[[float], "list[Inbound | Undelivered | Requeue]"]
@@ -148,8 +150,8 @@ class PipelineExecutor:
         :param timeline: records each operation's span (forward, backward, ...)
         :param gone: peers known to be gone (declared by the scheduler, or unreachable from this peer); read
           often, detoured around
-        :param broken: told of each microbatch attempt of another holder's that cannot finish (this holder's own
-          it re-queues)
+        :param broken: told of each microbatch attempt that cannot finish here, to report it (this holder's own
+          it also re-queues; another holder's, its holder re-queues on the report)
         :param give_up: told of each microbatch of this holder's it cannot re-queue
         :param hop_deadlines: and `overdue`: see `AwaitedBackwards` (a dead next hop holding its microbatch is
           otherwise noticed only when its record expires)
@@ -173,6 +175,9 @@ class PipelineExecutor:
         """Microbatch -> the stages whose gradient already holds it (sent along by its holder)."""
         self._head_counted: set[int] = set()
         """This holder's microbatches whose loss (and head gradient) is already in the sums."""
+        self._accused: dict[int, tuple[str, str, int]] = {}
+        """This holder's microbatch -> (reporter, the peer it reported the attempt broken at, the new attempt that
+        still goes through that peer): see `_check_accusation`."""
         self.own = sorted((r for r in schedule.routes if r.origin == me), key=lambda r: (r.inject_after, r.microbatch))
         self._owes: set[int] = {r.microbatch for r in schedule.routes if me in r.peers or r.origin == me}
         """Microbatches whose backward this peer is still to run, each counted once in `expected`."""
@@ -298,6 +303,7 @@ class PipelineExecutor:
                                  iteration=self.iteration)
 
     def _loss(self, r: Route, act: torch.Tensor) -> None:
+        self._check_accusation(r)
         counted = r.microbatch in self._head_counted  # its loss was computed before the path broke
         start = time.time()
         loss, grad = self.worker.loss(r.microbatch, act, accumulate=not counted)
@@ -401,8 +407,8 @@ class PipelineExecutor:
                          gone=gone, why=why, maybe_ran=maybe_ran)
         if mine:
             self.requeue(report)
-        elif self.on_broken is not None:
-            self.on_broken(report)
+        if self.on_broken is not None:  # a holder's own word counts against `gone` too, and ends the attempt
+            self.on_broken(report)       # at the relays that keep some of it
 
     def requeue(self, report: Requeue) -> None:
         """Run a microbatch of this holder's again, around the peer that broke its current attempt.
@@ -420,8 +426,12 @@ class PipelineExecutor:
         if mb not in self._owes or self.routes.get(mb) is None or \
                 report.attempt != self._attempt.get(mb, 0) or any(p.microbatch == mb for p in self._pending):
             return
-        new, counted = requeued_route(self.schedule, self.in_use[mb], report, self._counted.get(mb, frozenset()),
-                                      loss_done=mb in self._head_counted, gone=self._gone_now() | {report.gone})
+        new, counted = None, frozenset()
+        for avoid in self._avoid(report):
+            new, counted = requeued_route(self.schedule, self.in_use[mb], report, self._counted.get(mb, frozenset()),
+                                          loss_done=mb in self._head_counted, gone=self._gone_now() | avoid)
+            if new is not None:
+                break
         if new is None or report.attempt + 1 > MAX_MICROBATCH_ATTEMPTS:
             why = "no detour obeys the rules" if new is None else f"{MAX_MICROBATCH_ATTEMPTS} attempts broke"
             logger.warning("iteration %d: microbatch %d cannot be re-queued (%s): the iteration must run again",
@@ -434,11 +444,39 @@ class PipelineExecutor:
         self.worker.drop(mb)
         self.awaited.forget(mb)
         self.in_use[mb] = new
+        if report.reporter is not None and report.gone in new.nodes:  # the accused is still on the path:
+            self._accused[mb] = (report.reporter, report.gone, report.attempt + 1)  # the new attempt tests the word
         self._pending.insert(0, dataclasses.replace(new, inject_after=0.0))
         self.result.requeued.append((mb, report.attempt + 1))
         logger.warning("iteration %d: microbatch %d re-queued (attempt %d) on %s; stages %s already hold its "
                        "gradient", self.iteration, mb, report.attempt + 1, "/".join(new.nodes[1:]) or "stage 0",
                        sorted(counted) or "none")
+
+    def _avoid(self, report: Requeue) -> list[set[str]]:
+        """The peers a re-queued microbatch goes around, in order of preference: the peer it broke at; else, when
+        a relay on its path reported that and nothing can take that peer's place, the reporter. Its word may be a
+        lie (a relay sitting on microbatches can blame the peer after it, alone on its stage, and the iteration
+        would run again and again); going around the reporter instead tests it (`_check_accusation`)."""
+        reporter, on_path = report.reporter, self.in_use[report.microbatch].nodes[1:]
+        if reporter is None or reporter == self.me or reporter not in on_path or reporter == report.gone:
+            return [{report.gone}]
+        return [{report.gone}, {reporter}]
+
+    def _check_accusation(self, r: Route) -> None:
+        """This holder's microbatch reached its loss: if its attempt went through a peer another one had reported
+        it broken at, that peer served it, and the report was false (or the reporter cannot reach it): reported
+        against the reporter, whose microbatches went around it meanwhile."""
+        accused = self._accused.get(r.microbatch)
+        if accused is None or accused[2] != self._attempt.get(r.microbatch, 0):
+            return
+        reporter, peer, attempt = self._accused.pop(r.microbatch)
+        if peer not in r.nodes or self.on_broken is None:
+            return
+        why = f"it reported microbatch {r.microbatch} broken at {peer}, which then served its next attempt"
+        logger.warning("iteration %d: %s", self.iteration, f"{reporter}: {why}",
+                       extra=event("report_disproved", reporter=reporter, accused=peer, microbatch=r.microbatch))
+        self.on_broken(Requeue(iteration=self.iteration, epoch=self.schedule.epoch, microbatch=r.microbatch,
+                               attempt=attempt - 1, gone=reporter, why=why))
 
     def _attempt_broken_elsewhere(self, report: Requeue) -> None:
         """Another holder's microbatch attempt broke further along its path (reported by the peer that found it):

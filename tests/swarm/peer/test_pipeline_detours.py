@@ -9,6 +9,7 @@ loops.
 
 from __future__ import annotations
 
+import dataclasses
 import queue
 import threading
 import time
@@ -57,17 +58,18 @@ def batches(sched: Schedule, origin: str) -> dict[int, torch.Tensor]:
 class Iteration:
     """One iteration of `sched` on the live peers; `dead` peers never answer, `dies_after` peers stop working
     after handling that many messages (their activations die with them), `frozen` peers accept messages (their
-    transport acknowledges them) but never process them, and `sitting` ones do the same while answering checks.
+    transport acknowledges them) but never process them, and `sitting` ones do the same while answering checks;
+    `withholding` ones run their forwards but never pass them on (as `--fault withhold-activations`).
     With `hop_deadline`, a peer whose backward is that late checks on the peer it sent the forward to, as `Peer`
     probes it: a dead or frozen one is then gone; with `probe_timeout` too, a backward still not back past its stall
     limit (`stall_limits_for`) breaks its attempt at that peer."""
 
     def __init__(self, sched: Schedule, dead: set[str] = frozenset(), gone: set[str] = frozenset(),
                  dies_after: dict[str, int] | None = None, frozen: set[str] = frozenset(),
-                 sitting: set[str] = frozenset(), hop_deadline: float | None = None,
-                 probe_timeout: float | None = None):
+                 sitting: set[str] = frozenset(), withholding: set[str] = frozenset(),
+                 hop_deadline: float | None = None, probe_timeout: float | None = None):
         self.sched, self.dead, self.dies_after = sched, set(dead), dict(dies_after or {})
-        self.frozen, self.sitting = set(frozen), set(sitting)
+        self.frozen, self.sitting, self.withholding = set(frozen), set(sitting), set(withholding)
         self.checked: list[tuple[str, str, int]] = []
         self.inbox: dict[str, queue.Queue] = {p: queue.Queue() for p in sched.placement}
         self.broken: list[tuple[str, Requeue]] = []
@@ -93,7 +95,9 @@ class Iteration:
     def _sender(self, me: str):
         def send(peer: str, header: HopHeader, tensor: torch.Tensor) -> Future:
             sent: Future = Future()
-            if peer in self.dead:
+            if me in self.withholding and header.direction == Direction.FORWARD:
+                sent.set_result(True)  # as far as it says, it went
+            elif peer in self.dead:
                 self.inbox[me].put(Undelivered(peer, header, tensor.clone(), unreachable=True))
                 sent.set_result(False)
             else:
@@ -107,7 +111,7 @@ class Iteration:
             self.broken.append((me, r))
             for peer, inbox in self.inbox.items():
                 if peer != me:
-                    inbox.put(r)
+                    inbox.put(dataclasses.replace(r, reporter=me))  # the gossip names who said it
         return report
 
     def _checker(self, me: str):
@@ -298,6 +302,31 @@ def test_a_next_hop_that_answers_but_holds_its_microbatches_is_given_up_on_and_g
     # blamed, h0 does not blame a1 for the backward a1 never got
     assert it.broken and {r.gone for _, r in it.broken} == {"a2"}
     assert it.holders_requeued() >= 1 and not it.given_up
+    assert it.losses() == pytest.approx(reference.losses(), rel=1e-12)
+    assert_same_gradients(it, reference)
+
+
+def test_a_relay_that_withholds_and_blames_the_peer_after_it_is_gone_around_and_reported():
+    # every path visits stages 1, 2 and 3, and stage 3 has one peer: a2 runs its forwards but passes none on, then
+    # (past its stall limit) reports a3, the peer after it, for holding them; nothing can go around a3
+    rules = PathRules(num_stages=4, stages_per_path=4, max_swaps=0, max_swap_distance=1)
+    placement = {"h0": 0, "h1": 0, "a1": 1, "b1": 1, "a2": 2, "b2": 2, "a3": 3}
+    routes = [("h0", ("a1", "a2", "a3")), ("h0", ("b1", "b2", "a3")), ("h1", ("a1", "a2", "a3")),
+              ("h1", ("b1", "b2", "a3"))]
+    sched = Schedule(epoch=0, rules=rules, placement=placement, memory=dict.fromkeys(placement, 4),
+                     routes=tuple(Route(microbatch=i, origin=o, stages=(1, 2, 3), peers=p)
+                                  for i, (o, p) in enumerate(routes)), run_id=RUN)
+    reference = Iteration(sched)
+    reference.run()
+    it = Iteration(sched, withholding={"a2"}, hop_deadline=0.3, probe_timeout=0.3)
+    it.run(timeout=30)
+    assert not it.given_up  # the iteration was not run again: the holders went around the reporter instead
+    blamed = {(reporter, r.microbatch): r.gone for reporter, r in it.broken}
+    assert blamed[("a2", 0)] == blamed[("a2", 2)] == "a3"
+    # a3 then served both microbatches' next attempts (through b2): each holder reports a2's word as false, so the
+    # scheduler hears two peers against a2, and one (a2's own) against a3
+    assert blamed[("h0", 0)] == blamed[("h1", 2)] == "a2"
+    assert {r.gone for reporter, r in it.broken if reporter != "a2"} == {"a2"}
     assert it.losses() == pytest.approx(reference.losses(), rel=1e-12)
     assert_same_gradients(it, reference)
 

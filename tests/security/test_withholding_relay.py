@@ -1,0 +1,55 @@
+"""A relay that takes forwards and never passes them on, while answering every probe (`--fault
+withhold-activations`), and that blames the peer after it for holding them up, where that peer is alone on its
+stage. Checking on the relay finds it alive, and nothing can go around the peer it blames: before the stall limit
+and the holders' test of such reports, the iteration waited out its deadline (a minute), then ran again on the same
+peers, forever. Now its holders go around the reporter, find that the peer it blamed serves their microbatches,
+and report it; two such reports take it out, and the run completes on the others.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from swarm.local.local_swarm import LocalSwarm
+from swarm.net.identity import ensure_identity
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(360)]
+
+ITERATIONS = 4
+PINS = ["0", "0", "1", "1", "2"]  # both data holders send to stage 1, where peer-03 withholds; stage 2 has one peer
+WITHHOLDER = 3
+COORDINATOR_ARGS = ["--iterations", str(ITERATIONS), "--min-peers", str(len(PINS)), "--stages", "3", "--skip", "0",
+                    "--seed", "0", "--microbatches", "4"]
+# no rebalancing: the test is about the stall, not about where the planner moves peers after it
+CONFIG = "[swarm]\nheartbeat = 3.0\nrebalance = false\n"
+
+
+def test_a_relay_that_withholds_and_blames_the_peer_after_it_is_found_out_and_taken_out(tmp_path):
+    peer_args = [["--stage", s, "--iteration-deadline", "120"] for s in PINS]
+    peer_args[WITHHOLDER] += ["--fault", "withhold-activations"]
+    config = tmp_path / "run.toml"
+    config.write_text(CONFIG)
+    run_dir = tmp_path / "run"
+    swarm = LocalSwarm(run_dir, len(PINS), run_id="withhold", coordinator_args=["--config", str(config),
+                                                                               *COORDINATOR_ARGS], peer_args=peer_args)
+    try:
+        swarm.start()
+        records = swarm.watch(ITERATIONS, timeout=240)
+    finally:
+        swarm.stop()
+    withholder = ensure_identity(str(run_dir / f"peer-{WITHHOLDER:02d}.key"))
+    assert [r["iteration"] for r in records] == list(range(1, ITERATIONS + 1))
+    assert all(math.isfinite(r["loss"]) for r in records)
+    # it blamed the peer after it; each holder went around it, saw that peer serve the next attempt and said so
+    disproved = swarm.events("report_disproved")
+    assert {e["reporter"] for e in disproved} == {withholder}, disproved
+    assert {e["node"] for e in disproved} >= {ensure_identity(str(run_dir / f"peer-{i:02d}.key")) for i in (0, 1)}
+    gone = swarm.events("declared_gone", who="coordinator")
+    assert [e["peer"] for e in gone] == [withholder], gone  # taken out, and nobody else
+    assert "2 peers" in gone[0]["why"], gone  # the two holders' reports (its own word counts against nobody)
+    assert withholder not in swarm.schedule()["placement"]
+    # no iteration ran again (a re-run re-plans with nobody gone): the one it held took a stall limit, not a minute
+    assert all(e["gone"] == [withholder] for e in swarm.events("replanned", who="coordinator"))
+    assert max(r["iteration_seconds"] for r in records) < 45, records
