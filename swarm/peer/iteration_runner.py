@@ -76,6 +76,9 @@ class IterationRunner:
         self._transport, self._stopping = transport, stopping
         self.averaging_deadline, self.checkpoint_dir = averaging_deadline, checkpoint_dir
         self.log_param_digest, self.threads = log_param_digest, threads
+        self.disproved: frozenset[str] = frozenset()
+        """Relays whose report against another peer this peer found false in this epoch: gone around, so that one
+        whose lie costs a stall limit costs it once per epoch, not every iteration (replaced, never mutated)."""
         self.unreachable: frozenset[str] = frozenset()
         """Peers no stream could be opened to since this peer adopted its schedule: detoured around like gone ones,
         and not waited for by the stage averaging (replaced, never mutated)."""
@@ -91,6 +94,7 @@ class IterationRunner:
     def new_epoch(self) -> None:
         """The scheduler's newer view is in use: a peer still unreachable fails (and is reported) again."""
         self.unreachable = frozenset()
+        self.disproved = frozenset()
         self._given_up = frozenset()
         self.reports.new_epoch()
 
@@ -111,7 +115,7 @@ class IterationRunner:
         executor = PipelineExecutor(me=self.peer_id, worker=worker, schedule=schedule, run_id=self.run_id,
                                     iteration=iteration, send=self.outbox.send, batches=batches,
                                     hold=self.inbox.hold, timeline=self.timeline,
-                                    gone=lambda: self.follower.gone | self.unreachable,
+                                    gone=lambda: self.follower.gone | self.unreachable | self.disproved,
                                     broken=self.reports.broken,
                                     give_up=lambda mb, why: self.reports.unrecoverable(iteration, schedule.epoch, mb,
                                                                                        why),
@@ -124,6 +128,7 @@ class IterationRunner:
                               aborted=lambda: self._give_up_on_gone() or self.follower.replaced(iteration) or
                               self._stopping(),
                               settled=lambda: self.follower.is_committed(iteration, schedule.epoch))
+        self.disproved = self.disproved | executor.disproved
         if stage == 0 and data is not None:
             self.reports.done(iteration, schedule.epoch, result, data.shards.positions())
         waited = time.time()

@@ -168,6 +168,9 @@ class PipelineExecutor:
         self.awaited = AwaitedBackwards(hop_deadlines, overdue, stall_limits)
         self.unreachable: set[str] = set()
         """Peers no stream could be opened to during this iteration."""
+        self.disproved: set[str] = set()
+        """Relays whose report against another peer this holder found false (`_check_accusation`): gone around,
+        like gone peers, for the rest of the iteration (the peer's runner keeps them for the epoch)."""
         self._broken: set[tuple[int, int]] = set()
         self._attempt: dict[int, int] = {}
         """Microbatch -> its newest attempt this peer has seen (0 unless re-queued)."""
@@ -337,7 +340,7 @@ class PipelineExecutor:
             self.awaited.sent(r.microbatch, r.nodes[hop], sent, self._attempt.get(r.microbatch, 0))
 
     def _gone_now(self) -> set[str]:
-        return set(self.gone()) | self.unreachable
+        return set(self.gone()) | self.unreachable | self.disproved
 
     def _around_gone(self, r: Route, hop: int) -> tuple[Route, int] | None:
         """The route and hop a forward takes from here: `r` itself, or a detour around gone peers."""
@@ -472,6 +475,7 @@ class PipelineExecutor:
         reporter, peer, attempt = self._accused.pop(r.microbatch)
         if peer not in r.nodes or self.on_broken is None:
             return
+        self.disproved.add(reporter)  # its other microbatches here go around it from now on
         why = f"it reported microbatch {r.microbatch} broken at {peer}, which then served its next attempt"
         logger.warning("iteration %d: %s", self.iteration, f"{reporter}: {why}",
                        extra=event("report_disproved", reporter=reporter, accused=peer, microbatch=r.microbatch))

@@ -327,6 +327,7 @@ def test_a_relay_that_withholds_and_blames_the_peer_after_it_is_gone_around_and_
     # scheduler hears two peers against a2, and one (a2's own) against a3
     assert blamed[("h0", 0)] == blamed[("h1", 2)] == "a2"
     assert {r.gone for reporter, r in it.broken if reporter != "a2"} == {"a2"}
+    assert it.executors["h0"].disproved == it.executors["h1"].disproved == {"a2"}  # gone around from now on
     assert it.losses() == pytest.approx(reference.losses(), rel=1e-12)
     assert_same_gradients(it, reference)
 
