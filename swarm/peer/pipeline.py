@@ -138,7 +138,13 @@ def requeued_route(schedule: Schedule, r: Route, report: Requeue, counted: froze
 
 class PipelineExecutor:
     """Runs one iteration of `schedule` on this peer's `worker`. Admission of a message is the pure
-    `hop_mismatch`; the forwards whose backward it waits for are its `AwaitedBackwards`."""
+    `hop_mismatch`; the forwards whose backward it waits for are its `AwaitedBackwards`.
+
+    At ~420 lines it is past the size a class should have: the ordering of operations (`_step`) and the
+    bookkeeping of broken attempts (`_break`, `requeue`, `_avoid`, `_check_accusation`, the attempt and counted
+    maps) share the attempt state. The next move takes the attempt bookkeeping out into a class of its own that
+    this one asks whether a message is stale and tells of breaks.
+    """
 
     def __init__(self, *, me: str, worker: StageWorker, schedule: Schedule, run_id: str, iteration: int,
                  send: Send, batches: dict[int, torch.Tensor] | None = None,
