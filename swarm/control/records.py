@@ -18,6 +18,7 @@ import asyncio
 import dataclasses
 import logging
 import threading
+import time
 from collections.abc import Callable, Collection
 from typing import Any
 
@@ -188,7 +189,9 @@ class SwarmRecords:
 class Heartbeat:
     """Refreshes a peer's record every ``period`` seconds; on :meth:`stop` announces that the peer leaves.
 
-    A failed refresh is logged and retried at the next beat: the record's ttl (several periods) absorbs a few.
+    Beats keep their cadence: each starts one period after the previous one started, however long its store took
+    (a store may take up to a period), so a slow DHT does not age the record past what readers expect. A failed
+    refresh is logged and retried at the next beat: the record's ttl (several periods) absorbs a few.
     """
 
     def __init__(self, records: SwarmRecords, make_record: Callable[[], PeerRecord], *,
@@ -206,6 +209,7 @@ class Heartbeat:
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            started = time.monotonic()
             try:
                 if self.records.publish_peer(self.make_record(), ttl=self.ttl, timeout=min(self.period, DHT_TIMEOUT)):
                     self.beats += 1
@@ -213,7 +217,7 @@ class Heartbeat:
                     logger.warning("heartbeat: the DHT did not store this peer's record")
             except Exception as e:  # keep beating: one failed store must not drop the peer from the swarm
                 logger.warning("heartbeat failed: %s: %s", type(e).__name__, e)
-            self._stop.wait(self.period)
+            self._stop.wait(max(0.0, started + self.period - time.monotonic()))
 
     def beat_now(self, timeout: float = DHT_TIMEOUT) -> bool:
         """Publish the record now, from the calling thread (a change of state the scheduler should see at once)."""

@@ -95,7 +95,10 @@ class Liveness:
         return now - self._first_seen.get(peer, now)
 
     def report_unreachable(self, reporter: str, target: str, now: float) -> None:
-        """`reporter` could open no stream to `target`; corroborated, `target` is declared gone."""
+        """`reporter` could open no stream to `target`; corroborated, `target` is declared gone (once: later reports
+        about a peer already declared gone change nothing)."""
+        if target in self.declared_gone:
+            return
         self._reports.report(reporter, target, now)
         self._judge(now)
 

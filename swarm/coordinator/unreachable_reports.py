@@ -12,8 +12,10 @@ from collections.abc import Mapping
 
 REPORTS_VALID_HEARTBEATS = 3.0
 """A report counts for this many heartbeat periods."""
-OVERDUE_HEARTBEATS = 1.5
-"""A heartbeat older than this many periods is overdue (a live peer refreshes its record every period)."""
+OVERDUE_HEARTBEATS = 2.5
+"""A heartbeat older than this many periods is overdue. A live peer refreshes its record every period, and a store
+may take up to a period and fail: one failed beat leaves the record two periods and a store old, which a loaded
+machine sees now and then; only a second missed beat makes it overdue."""
 
 
 class UnreachableReports:

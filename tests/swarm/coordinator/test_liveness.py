@@ -13,6 +13,7 @@ from swarm.coordinator.liveness import (
     Liveness,
     rejoin_after,
 )
+from swarm.coordinator.unreachable_reports import OVERDUE_HEARTBEATS
 from swarm.wire import PeerRecord, PeerState
 
 HEARTBEAT = 2.0
@@ -55,8 +56,11 @@ def test_reports_convict_with_two_reporters_or_an_overdue_heartbeat_and_a_rejoin
     live.update(fresh, 0.0)
     live.report_unreachable("a", "d", 1.0)
     assert "d" in live.live(1.0) and live.reporters("d", 1.0) == {"a"}
-    live.update({**fresh, "d": (record("d"), 2.5 * HEARTBEAT)}, 1.0)  # its heartbeat is overdue: corroborated
+    overdue = (OVERDUE_HEARTBEATS + 0.1) * HEARTBEAT
+    live.update({**fresh, "d": (record("d"), overdue)}, 1.0)  # its heartbeat is overdue: corroborated
     assert "d" not in live.live(1.0) and "d" in live.declared_gone
+    live.report_unreachable("b", "d", 1.2)  # a late report about a peer already gone does not declare it again
+    assert live.reporters("d", 1.2) == set()
     rejoining = {**fresh, "d": (dataclasses.replace(record("d"), state=PeerState.JOINING), 0.5)}
     live.update(rejoining, 2.0)
     assert "d" not in live.live(2.0)  # alive after all and asks to be placed again: not at once...
@@ -72,7 +76,7 @@ def test_a_heartbeat_ages_between_reads_so_a_silent_peer_reported_once_is_gone()
     live.update({p: (record(p), 0.5) for p in "abc"}, 0.0)  # c's heartbeat was fresh at the last read...
     live.report_unreachable("a", "c", 0.5)
     assert "c" in live.live(0.5)  # one reporter, and c's heartbeat is not overdue: not enough
-    live.report_unreachable("a", "c", 1.0 + HEARTBEAT)  # ...no read since showed a newer one: now overdue
+    live.report_unreachable("a", "c", OVERDUE_HEARTBEATS * HEARTBEAT)  # no newer read since: overdue
     assert "c" in live.declared_gone
     assert "b" not in live.declared_gone
 

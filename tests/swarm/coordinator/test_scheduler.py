@@ -170,7 +170,9 @@ def test_corroborated_unreachable_reports_declare_a_peer_gone_before_its_record_
     s.handle(a, Unreachable(peer=relay), 3.0)  # one report while its heartbeat is fresh: one broken link is no proof
     s.handle("stranger", Unreachable(peer=relay), 3.0)  # not a peer of the schedule: does not count
     assert relay in s.liveness.update(read(), 3.0)
-    ages[relay] = 4.0  # its heartbeat is now overdue (2 periods of 2 s): the report stands corroborated
+    ages[relay] = 4.5  # one beat missed (a store that failed): not overdue yet
+    assert relay in s.liveness.update(read(), 3.0)
+    ages[relay] = 5.5  # its heartbeat is now overdue (past 2.5 periods of 2 s): the report stands corroborated
     assert relay not in s.liveness.update(read(), 3.0)
     records[relay] = dataclasses.replace(records[relay], state=PeerState.JOINING)
     ages[relay] = 1.0

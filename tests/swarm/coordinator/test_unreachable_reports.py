@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from swarm.coordinator.unreachable_reports import UnreachableReports
+from swarm.coordinator.unreachable_reports import OVERDUE_HEARTBEATS, UnreachableReports
 
 
 def test_one_reporter_needs_an_overdue_heartbeat_two_need_nothing_more():
@@ -10,8 +10,10 @@ def test_one_reporter_needs_an_overdue_heartbeat_two_need_nothing_more():
     r.report("a", "x", now=0.0)
     r.report("x", "x", now=0.0)  # a peer's word about itself does not count
     assert r.gone({"x": 1.0}, now=0.5) == {}
+    assert r.gone({"x": 4.5}, now=0.5) == {}  # one failed beat (a store that timed out) is not overdue yet
     assert r.gone({}, now=0.5) == {}  # no heartbeat known: its record expires on its own
-    assert "heartbeat is 3.5 s old" in r.gone({"x": 3.5}, now=0.5)["x"]
+    late = OVERDUE_HEARTBEATS * 2.0 + 0.5
+    assert f"heartbeat is {late:.1f} s old" in r.gone({"x": late}, now=0.5)["x"]
     r.report("b", "x", now=1.0)
     assert "from 2 peers" in r.gone({"x": 0.1}, now=1.0)["x"]
 
