@@ -48,7 +48,8 @@ EVENTS: dict[str, tuple[str, ...]] = {
     "shard_moved": ("shard", "source", "to"),
     "peer_moved": ("peer", "from_stage", "to_stage", "source", "why"),
     "stage_emptied": ("stages",),
-    "declared_gone": ("peer", "why"),
+    # witness: what corroborated it (reporters, ping, heartbeat, broken, faulty: `swarm.coordinator.liveness`)
+    "declared_gone": ("peer", "why", "witness"),
     # two members of one stage group cannot reach each other: `peer` sits out `seconds` (`partner` keeps serving)
     "estranged": ("peer", "partner", "stage", "seconds"),
     # admission: the scheduler's decisions, and a joiner told it is not admitted

@@ -366,11 +366,41 @@ class SitOut:
                    seconds=read_float(d.get("seconds"), f"{name}.seconds", 0.0, 86400.0))
 
 
+MAX_NONCE = (1 << 62) - 1
+
+
+@dataclass(frozen=True)
+class Ping:
+    """The scheduler asks `peer`, which one peer reported unreachable, whether it is alive: it answers `Pong` with
+    the same `nonce` (`swarm.coordinator.pings`)."""
+
+    TOPIC: ClassVar[Topic] = "membership"
+    peer: str
+    nonce: int
+
+    @classmethod
+    def _decode(cls, d: dict, name: str) -> Ping:
+        return cls(peer=_peer(d, name), nonce=read_int(d.get("nonce"), f"{name}.nonce", 0, MAX_NONCE))
+
+
+@dataclass(frozen=True)
+class Pong:
+    """The sender is alive: its answer to the scheduler's `Ping` with `nonce`."""
+
+    TOPIC: ClassVar[Topic] = "membership"
+    nonce: int
+
+    @classmethod
+    def _decode(cls, d: dict, name: str) -> Pong:
+        return cls(nonce=read_int(d.get("nonce"), f"{name}.nonce", 0, MAX_NONCE))
+
+
 ControlMessage = Join | Leave | Gone | Finished | Stuck | Broken | Unrecoverable | Unreachable | ScheduleNotice | \
-    Done | Commit | Faulty | Admitted | Refused | NotDialable | SitOut
+    Done | Commit | Faulty | Admitted | Refused | NotDialable | SitOut | Ping | Pong
 MESSAGE_TYPES: dict[str, type] = {cls.__name__.lower(): cls for cls in
                                   (Join, Leave, Gone, Finished, Stuck, Broken, Unrecoverable, Unreachable,
-                                   ScheduleNotice, Done, Commit, Faulty, Admitted, Refused, NotDialable, SitOut)}
+                                   ScheduleNotice, Done, Commit, Faulty, Admitted, Refused, NotDialable, SitOut,
+                                   Ping, Pong)}
 
 
 def encode(message: ControlMessage) -> dict[str, Any]:

@@ -102,13 +102,24 @@ class Liveness:
         self._reports.report(reporter, target, now)
         self._judge(now)
 
+    def answered(self, peer: str, now: float) -> None:
+        """`peer` answered the scheduler's ping (see `UnreachableReports`)."""
+        self._reports.answered(peer, now)
+
+    def unanswered(self, peer: str, now: float) -> None:
+        """The scheduler's ping to `peer` went unanswered: with a report about it, it is declared gone."""
+        if peer not in self.declared_gone:
+            self._reports.unanswered(peer, now)
+            self._judge(now)
+
     def reporters(self, target: str, now: float) -> set[str]:
         """Peers that recently reported `target` unreachable."""
         return self._reports.reporters(target, now)
 
-    def declare_gone(self, peer: str, why: str, now: float | None = None) -> None:
-        """Take `peer` for gone before its record expires (the next DHT read leaves it out)."""
-        logger.warning("%s is gone: %s", peer, why, extra=event("declared_gone", peer=peer, why=why))
+    def declare_gone(self, peer: str, why: str, now: float | None = None, *, witness: str) -> None:
+        """Take `peer` for gone before its record expires (the next DHT read leaves it out); `witness` names what
+        convinced the scheduler (`UnreachableReports.gone`'s, or `broken`, `faulty`)."""
+        logger.warning("%s is gone: %s", peer, why, extra=event("declared_gone", peer=peer, why=why, witness=witness))
         self.declared_gone.add(peer)
         self._declared_at[peer] = self._now if now is None else now
         self._times_declared[peer] = self._times_declared.get(peer, 0) + 1
@@ -129,5 +140,5 @@ class Liveness:
                 self._reports.forget(p)
         # a heartbeat's age as of now: what the last read said, plus the time since (a silent peer's grows)
         ages = {p: age + max(0.0, now - self._last_seen[p]) for p, age in self._heartbeat_age.items()}
-        for p, why in self._reports.gone(ages, now).items():
-            self.declare_gone(p, why, now)
+        for p, (witness, why) in self._reports.gone(ages, now).items():
+            self.declare_gone(p, why, now, witness=witness)

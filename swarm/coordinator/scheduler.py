@@ -4,8 +4,9 @@ It is fed each read of the peers' heartbeat records (`observe`) and each control
 with actions for its owner to carry out: publish a schedule epoch, announce a control message, record an
 iteration's metrics. It plans the first epoch once the swarm has settled, re-plans when a scheduled peer is gone,
 leaves or a joiner has settled, reruns an iteration reported stuck or unrecoverable, takes a peer for gone on
-corroborated reports, has one of two members of a stage that report each other unreachable sit out a while
-(`estrangements`), and commits an iteration once every data holder has reported it.
+corroborated reports (it pings a peer that one peer reported, for a witness of its own), has one of two members
+of a stage that report each other unreachable sit out a while (`estrangements`), and commits an iteration once
+every data holder has reported it.
 
 A re-planned epoch starts at the next iteration: the one in progress goes on, its forwards detoured around gone
 peers (peers are told who is gone), unless a data holder is among them (its microbatches cannot finish) or a
@@ -30,6 +31,7 @@ from swarm.control.messages import (
     Gone,
     Join,
     Leave,
+    Pong,
     Refused,
     SitOut,
     Stuck,
@@ -41,6 +43,7 @@ from swarm.coordinator.epochs import EpochHistory
 from swarm.coordinator.estrangements import Estrangements
 from swarm.coordinator.fault_reports import FaultReports
 from swarm.coordinator.liveness import Liveness
+from swarm.coordinator.pings import Pings, ping_timeout
 from swarm.coordinator.replanner import Replanner
 from swarm.coordinator.restart_reports import RestartReports
 from swarm.coordinator.shard_assignment import shard_drawers
@@ -119,6 +122,8 @@ class Scheduler:
         self._fault_reports = FaultReports()
         self.evicted: set[str] = set()
         """Peers voted out of the run (never admitted again under their key)."""
+        self.pings = Pings(ping_timeout(config.heartbeat))
+        """Peers one peer reported unreachable, asked whether they are alive (`swarm.coordinator.pings`)."""
         self._broken_at: dict[str, set[str]] = {}
         """Peer -> the peers that reported a microbatch of the iteration in progress broken at it."""
         self.estrangements = Estrangements(self.liveness.first_seen)
@@ -288,7 +293,11 @@ class Scheduler:
         elif isinstance(message, (Stuck, Unrecoverable)):
             return self._restart_iteration(sender, message, now)
         elif isinstance(message, Broken):
-            self._note_broken(sender, message, now)
+            return self._note_broken(sender, message, now)
+        elif isinstance(message, Pong):
+            if self.pings.answer(sender, message.nonce):
+                logger.info("%s answered the scheduler's ping: alive", sender)
+                self.liveness.answered(sender, now)
         elif isinstance(message, Unreachable):
             return self._note_unreachable(sender, message.peer, now)
         elif isinstance(message, Done):
@@ -306,7 +315,7 @@ class Scheduler:
         if why is None:
             return []
         self.evicted.add(report.suspect)
-        self.liveness.declare_gone(report.suspect, f"evicted: {why}")
+        self.liveness.declare_gone(report.suspect, f"evicted: {why}", witness="faulty")
         return [Announce(Refused(peer=report.suspect, why=f"evicted: {why}"))]
 
     def _note_unreachable(self, sender: str, target: str, now: float) -> list[Action]:
@@ -316,17 +325,30 @@ class Scheduler:
                 sender in self.liveness.declared_gone:
             return []
         self.liveness.report_unreachable(sender, target, now)
+        ping = self._ping(target, now)
         stage = schedule.placement[sender]
         live = self.liveness.live(now)
         if schedule.placement[target] != stage or not {sender, target} <= set(live):
-            return []
+            return ping
         if target in self.liveness.reporters(sender, now):  # both ways
-            return self._estrange(sender, target, stage, now)
+            return ping + self._estrange(sender, target, stage, now)
         if live[target].reachability == "unreachable":
             # one way: the target says the coordinator's dial-back found it takes no connection (and it is not
             # relayed); its mate's gradients cannot reach it, so it sits out (its own word only ever benches itself)
-            return self._estrange(sender, target, stage, now, bench=target)
-        return []
+            return ping + self._estrange(sender, target, stage, now, bench=target)
+        return ping
+
+    def _ping(self, peer: str, now: float) -> list[Action]:
+        """Ask `peer`, reported unreachable and not (yet) declared gone, whether it is alive."""
+        ping = None if peer in self.liveness.declared_gone else self.pings.send(peer, now)
+        return [Announce(ping)] if ping is not None else []
+
+    def check_pings(self, now: float) -> None:
+        """Take the pings that waited their timeout out as witnesses against their peers (the next look re-plans
+        without those the reports then show gone)."""
+        for peer in self.pings.unanswered(now):
+            logger.info("%s did not answer the scheduler's ping within %.0f s", peer, self.pings.timeout)
+            self.liveness.unanswered(peer, now)
 
     def _estrange(self, a: str, b: str, stage: int, now: float, *, bench: str | None = None) -> list[Action]:
         """`a` and `b`, of one stage group, both alive, cannot reach each other (both reported it, or `bench` cannot
@@ -342,14 +364,15 @@ class Scheduler:
                                                        seconds=seconds))
         return [Announce(SitOut(peer=e.benched, partner=e.partner, stage=stage, seconds=seconds))]
 
-    def _note_broken(self, sender: str, report: Broken, now: float) -> None:
+    def _note_broken(self, sender: str, report: Broken, now: float) -> list[Action]:
         """A microbatch of the iteration in progress broke at a scheduled peer (its holder re-queues it). The
         reporter's word is one report that the peer is unreachable: the peer is taken for gone once that is
-        corroborated (`UnreachableReports`: a second reporter, or its own heartbeat overdue), never on one word."""
+        corroborated (`UnreachableReports`: a second reporter, the scheduler's ping unanswered, or its own heartbeat
+        overdue), never on one word."""
         schedule, suspect = self.schedule, report.gone
         if schedule is None or sender not in schedule.placement or suspect not in schedule.placement or \
                 suspect in self.liveness.declared_gone or report.iteration != self.completed:
-            return
+            return []
         self.liveness.report_unreachable(sender, suspect, now)
         # the same iteration's microbatches broken at `suspect` by two peers, whatever the time between (its reruns
         # under new epochs included): a relay that corrupts what one holder's paths carry in one epoch and another
@@ -358,7 +381,9 @@ class Scheduler:
         witnesses.add(sender)
         if len(witnesses) >= 2 and suspect not in self.liveness.declared_gone:
             self.liveness.declare_gone(suspect, f"microbatches of iteration {report.iteration} broke at it for "
-                                                f"{len(witnesses)} peers ({', '.join(sorted(witnesses)[:3])})", now)
+                                                f"{len(witnesses)} peers ({', '.join(sorted(witnesses)[:3])})", now,
+                                        witness="broken")
+        return self._ping(suspect, now)
 
     def _restart_iteration(self, sender: str, report: Stuck | Unrecoverable, now: float) -> list[Action]:
         """A scheduled peer reports the iteration in progress unable to finish: stuck past its deadline (a message

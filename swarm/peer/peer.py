@@ -31,7 +31,19 @@ from peers.device_speed import announced_speed
 from scheduler.schedule import Schedule
 from swarm.constants import MAX_PROBE_BYTES, PROBE_GOODPUT_BYTES
 from swarm.control.gossip import GossipMessage
-from swarm.control.messages import Admitted, Broken, Join, Leave, NotDialable, Refused, SitOut, publish, received
+from swarm.control.messages import (
+    Admitted,
+    Broken,
+    Join,
+    Leave,
+    NotDialable,
+    Ping,
+    Pong,
+    Refused,
+    SitOut,
+    publish,
+    received,
+)
 from swarm.control.node import Node
 from swarm.events import event
 from swarm.net.delivery import Inbound
@@ -414,9 +426,9 @@ class Peer:
             self.runner.note_unreachable(peer, certain=unreachable)
 
     def _on_gossip(self, msg: GossipMessage) -> None:
-        """Gossip thread: the scheduler's notices go to the follower, a broken microbatch attempt to the main loop
-        (its holder's executor re-queues it, a relay's drops what it keeps of it), everything to this peer's own
-        scheduler role if it holds it."""
+        """Gossip thread: the scheduler's notices go to the follower (its pings are answered here), a broken
+        microbatch attempt to the main loop (its holder's executor re-queues it, a relay's drops what it keeps of
+        it), everything to this peer's own scheduler role if it holds it."""
         role = self.succession.role if self.succession is not None else None
         if role is not None:
             role.deliver(msg)
@@ -434,6 +446,8 @@ class Peer:
             self.dial_verdict.on_not_dialable(message)
         elif isinstance(message, SitOut) and message.peer == self.peer_id and self.follower.trusted(msg.sender):
             self.dial_verdict.on_sit_out(message)
+        elif isinstance(message, Ping) and message.peer == self.peer_id and self.follower.trusted(msg.sender):
+            self.reports.tell(Pong(nonce=message.nonce))  # from this thread: a busy main loop still answers
         elif self.follower.on_message(msg.sender, message):
             self.inbox.wake()
         elif isinstance(message, Broken) and self.schedule is not None and msg.sender in self.schedule.placement:

@@ -34,6 +34,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 PEERS = 6
 FROZEN_AFTER = 6
 ITERATIONS = 14
+HEARTBEAT = 8.0
+"""Seconds between two heartbeats: slow enough that a heartbeat overdue (2.5 periods) cannot be what finds the
+frozen peer within the bound; a report and the scheduler's unanswered ping, or two reports, must."""
 CI_MARGIN = 2.0
 """How many times the detection budget a loaded CI machine may take (compute and gossip run slower there)."""
 
@@ -49,7 +52,7 @@ def detection_budget(expected: float) -> float:
 def test_a_frozen_peer_is_routed_around_and_declared_gone_within_a_few_iterations(tmp_path):
     config = tmp_path / "run.toml"
     config.write_text(f"[run]\nrun_id = 'silent'\nstages = 3\nskip = 0.33\nmicrobatches = 2\n"
-                      f"iterations = {ITERATIONS}\nmin_peers = {PEERS}\nseed = 0\n")
+                      f"iterations = {ITERATIONS}\nmin_peers = {PEERS}\nseed = 0\n[swarm]\nheartbeat = {HEARTBEAT}\n")
     swarm = LocalSwarm(tmp_path / "run", PEERS, run_id="silent", coordinator_args=["--config", str(config)],
                        peer_args=["--iteration-deadline", "120"])
     ids = {}
@@ -81,6 +84,7 @@ def test_a_frozen_peer_is_routed_around_and_declared_gone_within_a_few_iteration
     assert [r["iteration"] for r in records] == list(range(1, ITERATIONS + 1))
     gone = swarm.events("declared_gone", who="coordinator")
     assert [e["peer"] for e in gone] == [victim], gone  # the frozen peer, and no live one
+    assert gone[0]["witness"] in ("ping", "reporters"), gone  # not its heartbeat: that takes 20 s to be overdue
     assert records[-1]["peers_online"] == PEERS - 1
     assert any(victim in e["gone"] for e in swarm.events("replanned", who="coordinator"))
 

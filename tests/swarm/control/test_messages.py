@@ -22,6 +22,8 @@ from swarm.control.messages import (
     Join,
     Leave,
     NotDialable,
+    Ping,
+    Pong,
     Refused,
     ScheduleNotice,
     SitOut,
@@ -50,6 +52,7 @@ EXAMPLES = [
     Admitted(peer="QmA", cert=b"\x85signed"), Refused(peer="QmA", why="its join token is not this run's"),
     NotDialable(peer="QmA", tried=("/ip4/192.168.1.11/tcp/4001",), relay=True),
     SitOut(peer="QmA", partner="QmB", stage=2, seconds=60.0),
+    Ping(peer="QmA", nonce=2**61 + 5), Pong(nonce=2**61 + 5),
 ]
 
 
@@ -102,6 +105,9 @@ def test_every_message_type_has_an_example():
                   "shards": {"0": {**POSITION, "cursor": -1}}}, "commit.shards[0].cursor"),
     ("progress", {"type": "commit", "version": WIRE_VERSION, "iteration": 1, "epoch": 0,
                   "shards": {str(k): POSITION for k in range(MAX_SHARDS + 1)}}, "commit.shards"),
+    ("membership", {"type": "ping", "version": WIRE_VERSION, "peer": "QmA", "nonce": -1}, "ping.nonce"),
+    ("membership", {"type": "pong", "version": WIRE_VERSION, "nonce": 2**64}, "pong.nonce"),
+    ("membership", {"type": "pong", "version": WIRE_VERSION, "nonce": "7"}, "pong.nonce"),
     ("membership", {"type": "notdialable", "version": WIRE_VERSION, "peer": "QmA", "tried": ["x" * 600]},
      "notdialable.tried"),
     ("membership", {"type": "notdialable", "version": WIRE_VERSION, "peer": "QmA", "tried": ["/ip4/a"] * 33},

@@ -16,6 +16,7 @@ from swarm.control.messages import (
     Done,
     Finished,
     Gone,
+    Ping,
     SitOut,
     Stuck,
     Unreachable,
@@ -47,7 +48,8 @@ def published(actions: list) -> list[Schedule]:
 
 
 def notices(actions: list) -> list:
-    return [a.message for a in actions if isinstance(a, Announce)]
+    """What `actions` announce, pings aside (tests/swarm/coordinator/test_pings.py covers those)."""
+    return [a.message for a in actions if isinstance(a, Announce) and not isinstance(a.message, Ping)]
 
 
 def planned(s: Scheduler, peers: dict[str, PeerRecord], now: float = 0.0) -> Schedule:

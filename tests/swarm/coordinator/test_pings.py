@@ -1,0 +1,82 @@
+"""The scheduler pings a peer that one peer reported unreachable: an unanswered ping is its own witness (the peer
+is declared gone while its heartbeat is still fresh), an answer from that peer says it is alive (an overdue
+heartbeat then does not convict it), and nobody else can answer for it."""
+
+from __future__ import annotations
+
+from swarm.control.messages import Ping, Pong, Unreachable
+from swarm.coordinator.pings import PING_CAP, PING_FLOOR, Pings, ping_timeout
+from swarm.coordinator.scheduler import Announce, PublishSchedule
+from swarm.coordinator.unreachable_reports import OVERDUE_HEARTBEATS
+from tests.swarm.coordinator.conftest import make_scheduler
+
+
+def pings(actions: list) -> list[Ping]:
+    return [a.message for a in actions if isinstance(a, Announce) and isinstance(a.message, Ping)]
+
+
+def first_plan(s, records):
+    s.observe({p: (r, 0.5) for p, r in records.items()}, 0.0)
+    (schedule,) = [a.schedule for a in s.observe({p: (r, 0.5) for p, r in records.items()}, 5.0)
+                   if isinstance(a, PublishSchedule)]
+    return schedule
+
+
+def test_one_ping_per_peer_in_flight_answered_only_by_that_peer_with_its_nonce():
+    p = Pings(timeout=3.0)
+    ping = p.send("x", now=0.0)
+    assert ping is not None and ping.peer == "x"
+    assert p.send("x", now=1.0) is None  # one in flight: more reports do not make more pings
+    assert not p.answer("y", ping.nonce)  # another peer cannot answer for it
+    assert not p.answer("x", ping.nonce ^ 1)
+    assert p.answer("x", ping.nonce) and not p.answer("x", ping.nonce)  # once
+    late = p.send("z", now=10.0)
+    assert p.unanswered(12.9) == [] and p.unanswered(13.0) == ["z"] and p.unanswered(20.0) == []
+    assert not p.answer("z", late.nonce)  # too late: it already counted as unanswered
+    assert ping_timeout(1.0) == PING_FLOOR and ping_timeout(4.0) == 4.0 and ping_timeout(15.0) == PING_CAP
+
+
+def test_a_peer_that_does_not_answer_is_declared_gone_before_its_heartbeat_is_overdue(records):
+    s = make_scheduler()
+    first = first_plan(s, records)
+    reporter, target = [p for p, st in first.placement.items() if st != 0][:2]
+    ages = {p: (r, 0.5) for p, r in records.items()}
+    s.observe(ages, 6.0)
+    (ping,) = pings(s.handle(reporter, Unreachable(peer=target), 6.0))
+    assert ping.peer == target
+    assert pings(s.handle(reporter, Unreachable(peer=target), 6.5)) == []
+    s.check_pings(6.0 + s.pings.timeout - 0.1)
+    assert target not in s.liveness.declared_gone  # one report, and the ping may still be answered
+    s.check_pings(6.0 + s.pings.timeout)
+    assert target in s.liveness.declared_gone  # its heartbeat (0.5 s old at the last read) is not overdue
+    (replan,) = [a.schedule for a in s.observe(ages, 10.0) if isinstance(a, PublishSchedule)]
+    assert target not in replan.placement
+    assert pings(s.handle(reporter, Unreachable(peer=target), 10.5)) == []  # gone: nothing more to ask
+
+
+def test_a_peer_that_answers_is_kept_even_when_its_heartbeat_is_overdue(records):
+    s = make_scheduler()
+    first = first_plan(s, records)
+    reporter, target = [p for p, st in first.placement.items() if st != 0][:2]
+    s.observe({p: (r, 0.5) for p, r in records.items()}, 6.0)
+    (ping,) = pings(s.handle(reporter, Unreachable(peer=target), 6.0))
+    s.handle(reporter, Pong(nonce=ping.nonce), 6.2)  # the reporter cannot answer for it
+    s.handle(target, Pong(nonce=ping.nonce ^ 1), 6.3)  # nor can it with another nonce
+    s.check_pings(6.0 + s.pings.timeout)
+    assert target in s.liveness.declared_gone
+    s = make_scheduler()
+    first_plan(s, records)
+    s.observe({p: (r, 0.5) for p, r in records.items()}, 6.0)
+    (ping,) = pings(s.handle(reporter, Unreachable(peer=target), 6.0))
+    s.handle(target, Pong(nonce=ping.nonce), 6.5)  # alive
+    s.check_pings(6.0 + s.pings.timeout)
+    overdue = (OVERDUE_HEARTBEATS + 0.5) * s.config.heartbeat
+    s.observe({**{p: (r, 0.5) for p, r in records.items()}, target: (records[target], overdue)}, 7.0)
+    assert target not in s.liveness.declared_gone  # its DHT store is slow, but it answered: as good as a beat
+    (again,) = pings(s.handle(reporter, Unreachable(peer=target), 7.5))  # a new report: asked again
+    s.handle(target, Pong(nonce=again.nonce), 8.0)
+    s.check_pings(7.5 + s.pings.timeout)
+    assert target not in s.liveness.declared_gone
+    s.observe({**{p: (r, 0.5) for p, r in records.items()}, target: (records[target], overdue + 12.0)}, 20.0)
+    assert pings(s.handle(reporter, Unreachable(peer=target), 20.0)) == []  # it stopped answering, and beating:
+    assert target in s.liveness.declared_gone  # its last answer is as old as an overdue heartbeat by now
