@@ -1,10 +1,22 @@
-"""`EpochHistory`: the schedule epochs a scheduler has published, and which one runs a given iteration."""
+"""`EpochHistory`: the schedule epochs a scheduler has published, and which one runs a given iteration; and who
+succeeds the scheduler under an epoch (`successors`)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from scheduler.schedule import Schedule
+
+
+def successors(previous: Schedule | None, schedule: Schedule, first_seen: Callable[[str], float]) -> list[str]:
+    """Who takes the scheduler's role over if it dies, under `schedule` (which follows `previous`), in order: the
+    peers of the previous list still placed, then the others by how long they have been in the run (`first_seen`).
+    Named in the signed schedule, so that a stranger cannot make itself successor (the smallest peer id, as it
+    was, is a matter of grinding keys)."""
+    before = previous.meta.get("successors", []) if previous is not None else []
+    kept = [p for p in before if p in schedule.placement]
+    rest = sorted((p for p in schedule.placement if p not in kept), key=lambda p: (first_seen(p), p))
+    return kept + rest
 
 
 class EpochHistory:

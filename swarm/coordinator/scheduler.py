@@ -39,7 +39,7 @@ from swarm.control.messages import (
     Unrecoverable,
 )
 from swarm.coordinator.commit_tracker import CommitTracker, iteration_metrics
-from swarm.coordinator.epochs import EpochHistory
+from swarm.coordinator.epochs import EpochHistory, successors
 from swarm.coordinator.estrangements import Estrangements
 from swarm.coordinator.fault_reports import FaultReports
 from swarm.coordinator.liveness import Liveness
@@ -265,19 +265,9 @@ class Scheduler:
         return self._publish(schedule)
 
     def _publish(self, schedule: Schedule) -> list[Action]:
-        schedule.meta["successors"] = self._successors(schedule)
+        schedule.meta["successors"] = successors(self.schedule, schedule, self.liveness.first_seen)
         self.epochs.add(schedule)
         return [PublishSchedule(schedule)]
-
-    def _successors(self, schedule: Schedule) -> list[str]:
-        """Who takes the scheduler's role over if it dies, in order: the peers of the previous list still placed,
-        then the others by how long they have been in the run. Named in the signed schedule, so that a stranger
-        cannot make itself successor (the smallest peer id, as it was, is a matter of grinding keys)."""
-        previous = self.schedule.meta.get("successors", []) if self.schedule is not None else []
-        kept = [p for p in previous if p in schedule.placement]
-        rest = sorted((p for p in schedule.placement if p not in kept),
-                      key=lambda p: (self.liveness.first_seen(p), p))
-        return kept + rest
 
     # ---- reports ------------------------------------------------------------------------------------
     def handle(self, sender: str, message: ControlMessage, now: float) -> list[Action]:
