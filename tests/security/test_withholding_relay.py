@@ -48,12 +48,15 @@ def test_a_relay_that_withholds_and_blames_the_peer_after_it_is_found_out_and_ta
     assert disproved and {e["reporter"] for e in disproved} == {withholder}, disproved
     witnesses = {e["node"] for e in disproved}
     gone = swarm.events("declared_gone", who="coordinator")
+    assert [e["peer"] for e in gone] in ([], [withholder]), gone  # nobody else, ever
     if len(witnesses) >= 2:  # two holders' reports take it out
-        assert [e["peer"] for e in gone] == [withholder], gone
-        assert "2 peers" in gone[0]["why"], gone
+        assert gone, "two holders disproved its reports, and it stayed in"
+    # one disproving witness is no proof (it could be the liar) and the witness goes around it; a second holder
+    # whose microbatch it held past the stall limit is a second witness: two peers' word, never one, nor its
+    # heartbeat (it beats) or the scheduler's ping (it answers)
+    if gone:
+        assert gone[0]["witness"] in ("reporters", "broken"), gone
         assert withholder not in swarm.schedule()["placement"]
-    else:  # one witness is no proof (it could be the liar): nobody is taken out, the witness goes around it
-        assert gone == [], gone
     # no iteration ran again (a re-run re-plans with nobody gone), and a lie cost its witness one stall limit per
     # epoch, not a minute's deadline each iteration
     assert all(e["gone"] == [withholder] for e in swarm.events("replanned", who="coordinator"))
