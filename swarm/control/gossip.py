@@ -61,7 +61,11 @@ GOSSIP_HEARTBEAT_INTERVAL = 0.5
 """GossipSub heartbeat (mesh repair, IHAVE gossip); py-libp2p's default of 120 s would leave a new mesh empty."""
 GOSSIP_MAX_MESSAGES_PER_SECOND = 100
 """Per topic and per forwarding peer; py-libp2p's default of 10 would drop membership events in a busy swarm."""
-START_TIMEOUT = 30.0
+START_TIMEOUT = 120.0
+"""Seconds the sidecar may take to listen. It imports py-libp2p (~2 CPU-s): 20 peer trees starting 3 s apart on 2
+cores kept some sidecars past 30 s, and a peer that starts slowly on a loaded host is better than one that exits."""
+BOOTSTRAP_ROUNDS = 3
+"""Rounds of tries over the bootstrap peers (a loaded bootstrap peer may time one connection out), 2 s apart."""
 REQUEST_TIMEOUT = 10.0
 CLOSE_TIMEOUT = 5.0
 
@@ -261,12 +265,19 @@ class GossipClient:
             raise
         logger.info("gossip sidecar pid %d is %s at %s", self._proc.pid, self.info.peer_id, self.info.maddrs)
         bootstrap, failures = list(bootstrap), []
-        for maddr in bootstrap:
-            try:
-                self.connect(maddr)
-            except (GossipError, TimeoutError, FrameError) as e:
-                logger.warning("gossip bootstrap peer %s unreachable: %s", maddr, e)
-                failures.append(maddr)
+        for attempt in range(BOOTSTRAP_ROUNDS if bootstrap else 0):
+            if attempt:
+                time.sleep(2.0)
+            failures = []
+            for maddr in bootstrap:
+                try:
+                    self.connect(maddr)
+                except (GossipError, TimeoutError, FrameError) as e:
+                    logger.warning("gossip bootstrap peer %s unreachable (try %d of %d): %s", maddr, attempt + 1,
+                                   BOOTSTRAP_ROUNDS, e)
+                    failures.append(maddr)
+            if len(failures) < len(bootstrap):
+                break
         if bootstrap and len(failures) == len(bootstrap):
             self.close()
             raise GossipError(f"could not reach any of the {len(bootstrap)} gossip bootstrap peers")
