@@ -64,7 +64,3 @@ class Pings:
         for p in late:
             del self._out[p]
         return late
-
-    def forget(self, peer: str) -> None:
-        """`peer` is gone or back: no answer of it is awaited."""
-        self._out.pop(peer, None)
