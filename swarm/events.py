@@ -27,6 +27,7 @@ EVENTS: dict[str, tuple[str, ...]] = {
     "stopped": ("iteration", "why"),  # why: run finished, scheduler silent, asked to stop, iterations done
     "param_digest": ("iteration", "stage", "digest"),
     "averaging_failed": ("group", "why"),
+    "averaging_partial": ("group", "received"),  # received: fraction of the group mean that arrived
     "scheduler_changed": ("previous", "scheduler"),
     # a peer's pipeline
     "detoured": ("microbatch", "gone", "to", "to_stage"),

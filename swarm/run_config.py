@@ -116,7 +116,8 @@ class RunConfig:
     """Seconds between a peer's record refreshes; a record expires after three missed ones (failure detection)."""
     averaging: Averaging = "allgather"
     """Stage-group averaging: all-gather over the tensor transport (exact, one round trip, for small groups)
-    or hivemind's DecentralizedAverager (butterfly all-reduce, for large groups and models)."""
+    or hivemind's DecentralizedAverager (butterfly all-reduce, for large groups and models; a member that stops
+    mid-round leaves its part unaveraged, and the group's copies then drift apart slightly)."""
     checkpoint_every: int = 0
     """Iterations between a peer's own checkpoints (0 = never); written where the peer's --checkpoint-dir says."""
     architecture: ModelConfig | None = None

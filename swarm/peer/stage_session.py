@@ -60,7 +60,8 @@ class StageSession:
         """The stage group's visit-weighted mean through hivemind's DecentralizedAverager: (visits, members heard).
 
         Its butterfly all-reduce hands each peer `local + (mean - local)`, so peers agree only up to float
-        rounding; averaging in float64 keeps that far below float32 resolution.
+        rounding (while every round is whole: `swarm.stage_group.hivemind_averager`); averaging in float64 keeps
+        that far below float32 resolution.
         """
         from swarm.stage_group.hivemind_averager import StageAverager
 
@@ -72,7 +73,8 @@ class StageSession:
             return worker.visits, 1
         if self._averager is None:
             self._averager = StageAverager(self._dht(), run_id=self.run_id, stage=self.stage, tensors=[own],
-                                           target_group_size=group_size, min_matchmaking_time=1.0)
+                                           target_group_size=group_size, min_matchmaking_time=1.0,
+                                           round_timeout=timeout)
         result = self._averager.average([own], worker.visits, timeout=timeout)
         worker.set_mean_gradients(unflatten(own, sums), round(result.total_weight))
         return round(result.total_weight), result.group_size

@@ -214,7 +214,9 @@ def test_parity_with_the_in_process_swarm(run):
 
 def test_hivemind_averaging_keeps_stage_groups_in_agreement(tmp_path):
     """The DecentralizedAverager backend: 5 peers (stage groups of 2), a few iterations; same-stage weights agree
-    to float rounding (its butterfly all-reduce applies deltas, so not bit for bit; see below)."""
+    to float rounding (its butterfly all-reduce applies deltas, so not bit for bit; see below) unless a round of
+    theirs was partial, which the peer that got it reports (hivemind keeps a member's own values for a part whose
+    reducer failed): then they still differ by no more than the steps could move them."""
     from safetensors.torch import load_file
 
     config = tmp_path / "run.toml"
@@ -236,16 +238,18 @@ def test_hivemind_averaging_keeps_stage_groups_in_agreement(tmp_path):
     for i in range(5):
         directory, manifest = resolve_checkpoint(tmp_path / f"ckpt-{i}", PEER_MANIFEST)
         by_stage[manifest["stage"]].append(load_file(str(directory / f"stage-{manifest['stage']}.safetensors")))
-    groups = [g for g in by_stage.values() if len(g) > 1]
+    partial = {e["group"] for e in swarm.events("averaging_partial")}
+    groups = {stage: g for stage, g in by_stage.items() if len(g) > 1}
     assert groups
-    for group in groups:
+    for stage, group in groups.items():
+        whole = f"skippipe/hm/stage{stage}/avg" not in partial
         for name, tensor in group[0].items():
             # rounding differences of the butterfly (~1e-7 relative) only show where the group's mean gradient is
             # ~0: AdamW's first steps move such an element by about +-lr whatever its size, so a sign that rounds
             # the other way (rare LM-head rows) costs up to 2 lr per step there; everywhere else the weights agree
             # to float rounding. Without averaging, every element would differ.
             off = ~torch.isclose(tensor, group[1][name], rtol=1e-5, atol=1e-7)
-            assert off.float().mean() < 1e-3, (name, int(off.sum()))
+            assert not whole or off.float().mean() < 1e-3, (name, int(off.sum()))
             assert (tensor - group[1][name]).abs().max() <= 4 * 2 * 3e-3, name  # 4 steps at lr <= 3e-3
 
 

@@ -110,8 +110,10 @@ def transport_peer(key_path: str, initial_peers: list[str], options: dict[str, A
 
 
 def averaging_peer(idx: int, initial_peers: list[str], barrier: Any, res_q: mp.Queue,
-                   rounds: list[tuple[float, float]]) -> None:
-    """One member of a stage group: for each (value, weight) in ``rounds`` fills its gradient and averages."""
+                   rounds: list[tuple[float, float]], group_size: int = 3, next_chunk_timeout: float | None = None,
+                   run_id: str = "run-avg", columns: int = 1000) -> None:
+    """One member of a stage group: for each (value, weight) in ``rounds`` fills its gradient (a 3 x ``columns`` and
+    a 7-element tensor) and averages; answers (result, a few of the values, seconds, every distinct value)."""
     mp.set_start_method("fork", force=True)  # hivemind's averager is an mp.Process that cannot be pickled
     import hivemind
     import torch
@@ -120,9 +122,10 @@ def averaging_peer(idx: int, initial_peers: list[str], barrier: Any, res_q: mp.Q
     from swarm.stage_group.hivemind_averager import StageAverager
 
     dht = hivemind.DHT(initial_peers=initial_peers, host_maddrs=["/ip4/127.0.0.1/tcp/0"], start=True)
-    grads = [torch.zeros(3, 1000), torch.zeros(7)]
-    averager = StageAverager(dht, run_id="run-avg", stage=1, tensors=grads, min_matchmaking_time=1.0,
-                             target_group_size=3)
+    grads = [torch.zeros(3, columns), torch.zeros(7)]
+    options = {} if next_chunk_timeout is None else {"next_chunk_timeout": next_chunk_timeout}
+    averager = StageAverager(dht, run_id=run_id, stage=1, tensors=grads, min_matchmaking_time=1.0,
+                             target_group_size=group_size, **options)
     results = []
     try:
         for value, weight in rounds:
@@ -132,9 +135,41 @@ def averaging_peer(idx: int, initial_peers: list[str], barrier: Any, res_q: mp.Q
             start = time.perf_counter()
             result = averager.average(grads, weight, timeout=20)
             results.append((result, grads[0].view(-1)[:2].tolist() + grads[1][:1].tolist(),
-                            time.perf_counter() - start))
+                            time.perf_counter() - start, torch.cat([g.view(-1) for g in grads]).unique().tolist()))
         res_q.put((idx, results))
         barrier.wait(timeout=60)
+    finally:
+        averager.shutdown()
+        stop_dht(dht)
+
+
+def frozen_averaging_peer(initial_peers: list[str], barrier: Any, res_q: mp.Queue, run_id: str,
+                          columns: int) -> None:
+    """A member of stage 1's group that joins one round and then goes silent, as a frozen host does: the averager a
+    StageAverager runs, asked for a round that waits for a trigger, which never comes once the group is found.
+    """
+    mp.set_start_method("fork", force=True)
+    import hivemind
+    import torch
+    from hivemind.averaging.control import AveragingStage
+
+    from swarm.net.dht_shutdown import stop_dht
+    from swarm.stage_group.hivemind_averager import GroupAverager
+
+    dht = hivemind.DHT(initial_peers=initial_peers, host_maddrs=["/ip4/127.0.0.1/tcp/0"], start=True)
+    prefix = f"skippipe/{run_id}/stage1/avg"  # a StageAverager's for stage 1
+    averager = GroupAverager([torch.zeros(3, columns), torch.zeros(7)], dht, received=mp.Value("d", 1.0),
+                             prefix=prefix, start=True, target_group_size=3, min_matchmaking_time=1.0,
+                             request_timeout=1.0)
+    try:
+        # looking for the group first, so that the others join it: it then waits for a trigger that never comes
+        control = averager.step(weight=1.0, gather=1.0, timeout=20, require_trigger=True, wait=False)
+        barrier.wait(timeout=60)
+        end = time.monotonic() + 20
+        while control.stage == AveragingStage.LOOKING_FOR_GROUP and time.monotonic() < end:
+            time.sleep(0.05)
+        res_q.put(("frozen", control.stage.name))
+        barrier.wait(timeout=60)  # until the others are done
     finally:
         averager.shutdown()
         stop_dht(dht)

@@ -39,7 +39,7 @@ def test_weighted_mean_across_three_processes(bootstrap):
             join_or_stop(p, timeout=20)
     expected = [(1 * 1 + 2 * 2 + 4 * 5) / 8, (5 * 2 + 5 * 2 + -1 * 0) / 4]  # sum(w v) / sum(w), not mean(v)
     for i in range(3):
-        for r, (result, values, _) in enumerate(results[i]):
+        for r, (result, values, _, _) in enumerate(results[i]):
             total = sum(rounds[j][r][1] for j in range(3))
             assert result.averaged and result.group_size == 3 and result.total_weight == total
             assert values == pytest.approx([expected[r]] * 3, rel=1e-6), (i, r)
@@ -54,3 +54,37 @@ def test_lone_peer_keeps_its_tensors_after_the_deadline(bootstrap):
         averager.shutdown()
     assert not result.averaged and result.group_size == 1
     assert torch.equal(grads[0], torch.full((5,), 3.0))
+
+
+def test_a_member_silent_mid_round_leaves_its_part_unaveraged_and_the_round_reports_it(bootstrap):
+    """hivemind's contract for a member that found the group and then went silent (a frozen host): the others leave
+    it out once it is `next_chunk_timeout` late, and the part it was to average stays as each of them had it; the
+    round is reported partial, with the fraction that was averaged."""
+    from tests.utils.swarm_workers import frozen_averaging_peer
+
+    ctx = mp.get_context("spawn")
+    barrier, res_q = ctx.Barrier(3), ctx.Queue()
+    maddrs = [str(m) for m in bootstrap.get_visible_maddrs()]
+    own, columns = {0: 1.0, 1: 3.0}, 200_000  # hivemind cuts 512 KiB parts: each member has at least one to average
+    procs = [spawn(averaging_peer, i, maddrs, barrier, res_q, [(own[i], 1)], 3, 2.0, "run-frozen", columns)
+             for i in own]
+    procs.append(spawn(frozen_averaging_peer, maddrs, barrier, res_q, "run-frozen", columns))
+    try:
+        results = dict(res_q.get(timeout=100) for _ in range(3))
+    finally:
+        for p in procs:
+            join_or_stop(p, timeout=20)
+    for i, value in own.items():
+        [(result, _, seconds, distinct)] = results[i]
+        assert result.averaged and result.group_size == 3, (result, results["frozen"])
+        assert 0 < result.received < 1, result  # the silent member's share was not averaged, the rest was
+        assert distinct == sorted([2.0, value]), (i, distinct)  # the pair's mean where it arrived, else its own
+        assert seconds < 20
+
+
+def test_the_group_weight_counts_only_what_members_could_have_processed():
+    """What members tell a round is theirs to say: a value that is no finite non-negative count adds nothing."""
+    from swarm.stage_group.hivemind_averager import total_weight
+
+    assert total_weight([2, 3.0, "7", -1, float("nan"), float("inf"), True, None, [4]]) == 5.0
+    assert total_weight([]) == 0.0
