@@ -4,7 +4,8 @@ A peer is live while its signed record was seen within its lifetime (three heart
 announced that it leaves, and corroborated reports do not show it dead (`UnreachableReports`). One DHT read can
 miss a record on a busy swarm, so a record absent from one read does not make a peer gone.
 
-A peer declared gone that turns out alive and asks to be placed again is taken back only after a cool-down
+A peer declared gone that turns out alive and asks to be placed again (a joining record written after it was
+declared gone) is taken back only after a cool-down
 (`rejoin_after`): a few seconds the first time, so that the scheduler publishes an epoch without it first, then
 30 s, doubled each time it is declared gone again. A peer that keeps failing its neighbours (a corrupting or
 half-reachable relay) would otherwise be placed again at once, in every epoch, and stall each one.
@@ -125,12 +126,18 @@ class Liveness:
         self._times_declared[peer] = self._times_declared.get(peer, 0) + 1
         self._reports.forget(peer)
 
+    def _written_after_declared(self, peer: str) -> bool:
+        """Whether `peer`'s newest record was written after it was declared gone: only such a record asks to be
+        placed again (a peer that froze just after writing a joining record keeps showing that record)."""
+        written = self._last_seen.get(peer, float("-inf")) - self._heartbeat_age.get(peer, float("inf"))
+        return written > self._declared_at.get(peer, float("inf"))
+
     def _judge(self, now: float) -> None:
         """Declare gone the peers that corroborated reports show unreachable; take back those that rejoined."""
         self._now = max(self._now, now)
         for p in list(self.declared_gone):
             record = self.records.get(p)
-            if record is None or record.state != PeerState.JOINING:
+            if record is None or record.state != PeerState.JOINING or not self._written_after_declared(p):
                 continue
             wait = rejoin_after(self._times_declared.get(p, 1))
             if now - self._declared_at.get(p, now) >= wait:  # alive after all, and it asks to be placed

@@ -71,6 +71,23 @@ def test_reports_convict_with_two_reporters_or_an_overdue_heartbeat_and_a_rejoin
     assert "c" not in live.live(3.0)
 
 
+def test_a_peer_that_froze_just_after_writing_a_joining_record_is_not_taken_back_on_that_record():
+    """Its last heartbeat before the freeze still said joining (it was being placed): that record, read again and
+    again as it ages, is no request to be placed again; a record written after the verdict is."""
+    live = Liveness(HEARTBEAT)
+    fresh = {p: (record(p), 0.5) for p in "abc"}
+    joining = dataclasses.replace(record("c"), state=PeerState.JOINING)
+    live.update({**fresh, "c": (joining, 0.5)}, 0.0)  # written at -0.5, then c froze
+    live.report_unreachable("a", "c", 2.0)
+    live.report_unreachable("b", "c", 2.0)
+    assert "c" in live.declared_gone
+    for now in (2.0 + FIRST_REJOIN_COOLDOWN, 3.0 + FIRST_REJOIN_COOLDOWN):
+        live.update({**fresh, "c": (joining, now + 0.5)}, now)  # the same record, older at each read
+        assert "c" in live.declared_gone and "c" not in live.live(now)
+    now = 4.0 + FIRST_REJOIN_COOLDOWN
+    assert "c" in live.update({**fresh, "c": (joining, 0.5)}, now)  # a new one: alive after all, taken back
+
+
 def test_a_heartbeat_ages_between_reads_so_a_silent_peer_reported_once_is_gone():
     live = Liveness(HEARTBEAT)
     live.update({p: (record(p), 0.5) for p in "abc"}, 0.0)  # c's heartbeat was fresh at the last read...
