@@ -26,13 +26,17 @@ class AwaitedBackwards:
     :param overdue: told (peer, microbatch) once per attempt whose backward is past its deadline
     :param stall_limits: microbatch -> seconds after its forward left past which a backward still not back is
       given up on (`stalled`); none: never
+    :param round_trip: told (microbatch, seconds) of each first attempt's backward back from where its forward went
+      (the scheduled path's round trip as measured, for later deadlines)
     """
 
     def __init__(self, hop_deadlines: Mapping[int, float] | None = None,
                  overdue: Callable[[str, int], None] | None = None,
-                 stall_limits: Mapping[int, float] | None = None) -> None:
+                 stall_limits: Mapping[int, float] | None = None,
+                 round_trip: Callable[[int, float], None] | None = None) -> None:
         self.hop_deadlines, self.on_overdue = dict(hop_deadlines or {}), overdue
         self.stall_limits = dict(stall_limits or {})
+        self.on_round_trip = round_trip
         self._awaiting: dict[int, tuple[str, Future[bool] | None, int, float]] = {}
         self._told: set[tuple[int, int]] = set()
         self._stalled: set[tuple[int, int]] = set()
@@ -47,6 +51,8 @@ class AwaitedBackwards:
         awaited = self._awaiting.get(microbatch)
         if awaited is not None and awaited[0] == sender and awaited[2] == attempt:
             del self._awaiting[microbatch]
+            if attempt == 0 and self.on_round_trip is not None:
+                self.on_round_trip(microbatch, time.monotonic() - awaited[3])
 
     def forget(self, microbatch: int) -> None:
         self._awaiting.pop(microbatch, None)

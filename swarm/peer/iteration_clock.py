@@ -3,7 +3,9 @@
 A peer waits for its part of an iteration, for a commit and for a microbatch's backward pass. Fixed timeouts would
 be minutes on a fast swarm and too short on a slow one, so every deadline here is a multiple of what iterations
 take: the schedule's prediction at first, then the median of the periods between the scheduler's recent commits
-(which include averaging and the slowest peer), whichever is longer.
+(which include averaging and the slowest peer), whichever is longer. A backward's deadline follows its own path
+instead, once this peer has seen it come back in the schedule's epoch: the median of its recent round trips, or the
+plan's, whichever is longer. One slow peer then stretches the deadlines of the paths through it, not every path's.
 
 A dead host is silent (frozen, or its link cut): nothing is reset, so no send fails; only the schedule says that
 an answer is late. The deadlines below keep what a silent death costs near two iterations plus a few seconds:
@@ -58,12 +60,25 @@ class IterationClock:
         """Seconds between the scheduler's consecutive commits, most recent last."""
         self._last_commit: float | None = None
         self._round_trips: tuple[int, str, dict[int, float]] = (-1, "", {})
+        self._measured: tuple[int, dict[int, list[float]]] = (-1, {})
+        """(Epoch, microbatch -> seconds its recent first attempts took from this peer's forward to its backward)."""
 
     def committed(self, now: float) -> None:
         """A commit arrived at monotonic time `now`."""
         if self._last_commit is not None:
             self.periods = [*self.periods[-RECENT_ITERATIONS:], now - self._last_commit]
         self._last_commit = now
+
+    def round_trip(self, epoch: int, microbatch: int, seconds: float) -> None:
+        """The backward of `microbatch` (its first attempt, on its scheduled path) came back `seconds` after this
+        peer sent its forward, in schedule epoch `epoch`; an older epoch's are forgotten (other paths)."""
+        if epoch < self._measured[0] or not seconds >= 0:
+            return
+        if epoch > self._measured[0]:
+            self._measured = (epoch, {})
+        trips = self._measured[1].setdefault(microbatch, [])
+        trips.append(seconds)
+        del trips[:-RECENT_ITERATIONS]
 
     def expected(self, schedule: Schedule) -> float:
         """What an iteration takes: the schedule's prediction, or the median of the recent commit periods when
@@ -92,13 +107,17 @@ class IterationClock:
 
     def hop_deadlines(self, schedule: Schedule, peer: str) -> dict[int, float]:
         """`peer`'s per-hop deadlines in `schedule`, by microbatch (see `HOP_DEADLINE_FACTOR`): none if the schedule
-        carries no costs."""
+        carries no costs. The round trip each is a multiple of: the median this peer measured for that microbatch
+        in this epoch (`round_trip`; `peer` is this clock's peer) if longer than planned, else the planned one,
+        scaled to measured iterations until that microbatch came back once."""
         if self._round_trips[:2] != (schedule.epoch, peer):
             trips = round_trips(schedule)
             self._round_trips = (schedule.epoch, peer, {mb: t for (p, mb), t in trips.items() if p == peer})
         predicted = schedule.predicted_iteration_seconds or 0.0
         scale = self.expected(schedule) / predicted if predicted > 0 else 1.0
-        return {mb: HOP_DEADLINE_FACTOR * t * scale + HOP_DEADLINE_SLACK for mb, t in self._round_trips[2].items()}
+        measured = self._measured[1] if self._measured[0] == schedule.epoch else {}
+        return {mb: HOP_DEADLINE_FACTOR * (max(t, statistics.median(measured[mb])) if measured.get(mb) else t * scale)
+                + HOP_DEADLINE_SLACK for mb, t in self._round_trips[2].items()}
 
     def stall_limits(self, schedule: Schedule, peer: str) -> dict[int, float]:
         """Seconds after which `peer` gives up on a backward of each of its microbatches (`stall_limits_for` its

@@ -28,6 +28,7 @@ from peers.checkpoint import param_digest, save_stage_checkpoint
 from scheduler.schedule import Schedule
 from swarm.events import event
 from swarm.net.transport import Transport, TransportError
+from swarm.peer.awaited_backwards import AwaitedBackwards
 from swarm.peer.console import IterationSummary, console_logger, iteration_line
 from swarm.peer.data_holder import DataHolder
 from swarm.peer.host_share import ThreadShare
@@ -119,9 +120,10 @@ class IterationRunner:
                                     broken=self.reports.broken,
                                     give_up=lambda mb, why: self.reports.unrecoverable(iteration, schedule.epoch, mb,
                                                                                        why),
-                                    hop_deadlines=self.clock.hop_deadlines(schedule, self.peer_id),
-                                    stall_limits=self.clock.stall_limits(schedule, self.peer_id),
-                                    overdue=self._check_next_hop)
+                                    awaited=AwaitedBackwards(
+                                        self.clock.hop_deadlines(schedule, self.peer_id), self._check_next_hop,
+                                        self.clock.stall_limits(schedule, self.peer_id),
+                                        lambda mb, seconds: self.clock.round_trip(schedule.epoch, mb, seconds)))
         t0 = time.perf_counter()
         result = executor.run(lambda t: self.inbox.receive("hop", t),
                               deadline=self.clock.iteration_deadline(schedule),

@@ -31,7 +31,7 @@ import dataclasses
 import itertools
 import logging
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 import torch
@@ -75,8 +75,6 @@ Broken = Callable[[Requeue], None]
 the report is for its data holder."""
 GiveUp = Callable[[int, str], None]
 """give_up(microbatch, why): this holder cannot re-queue its microbatch: the iteration must be run again."""
-Overdue = Callable[[str, int], None]
-"""overdue(peer, microbatch): the backward of a microbatch sent to `peer` is late past its per-hop deadline."""
 
 
 class IterationTimeout(RuntimeError):
@@ -150,8 +148,7 @@ class PipelineExecutor:
                  send: Send, batches: dict[int, torch.Tensor] | None = None,
                  hold: Callable[[Inbound], None] | None = None, timeline: Timeline | None = None,
                  gone: Callable[[], Collection[str]] = frozenset, broken: Broken | None = None,
-                 give_up: GiveUp | None = None, hop_deadlines: Mapping[int, float] | None = None,
-                 overdue: Overdue | None = None, stall_limits: Mapping[int, float] | None = None) -> None:
+                 give_up: GiveUp | None = None, awaited: AwaitedBackwards | None = None) -> None:
         """:param hold: takes messages of a newer schedule epoch (from peers that switched first) for later
         :param timeline: records each operation's span (forward, backward, ...)
         :param gone: peers known to be gone (declared by the scheduler, or unreachable from this peer); read
@@ -159,10 +156,9 @@ class PipelineExecutor:
         :param broken: told of each microbatch attempt that cannot finish here, to report it (this holder's own
           it also re-queues; another holder's, its holder re-queues on the report)
         :param give_up: told of each microbatch of this holder's it cannot re-queue
-        :param hop_deadlines: and `overdue`: see `AwaitedBackwards` (a dead next hop holding its microbatch is
-          otherwise noticed only when its record expires)
-        :param stall_limits: see `AwaitedBackwards`: a live next hop holding a microbatch past its limit breaks
-          that attempt (reported like a dead one's: its holder re-queues it around that peer)"""
+        :param awaited: the forwards' deadlines (`AwaitedBackwards`; none by default): a dead next hop holding a
+          microbatch is otherwise noticed only when its record expires, and a live one holding it past its stall
+          limit breaks that attempt (reported like a dead one's: its holder re-queues it around that peer)"""
         self.me, self.worker, self.schedule, self.run_id, self.iteration = me, worker, schedule, run_id, iteration
         self.timeline = timeline
         self.send = send
@@ -171,7 +167,7 @@ class PipelineExecutor:
         self.in_use: dict[int, Route] = dict(self.routes)
         """Each microbatch's route as this peer last saw it: the scheduled one, or a detour of it."""
         self.gone, self.on_broken, self.on_give_up = gone, broken, give_up
-        self.awaited = AwaitedBackwards(hop_deadlines, overdue, stall_limits)
+        self.awaited = awaited if awaited is not None else AwaitedBackwards()
         self.unreachable: set[str] = set()
         """Peers no stream could be opened to during this iteration."""
         self.disproved: set[str] = set()

@@ -57,6 +57,29 @@ def test_hop_deadlines_scale_the_planned_round_trips_to_measured_iterations(sche
         assert slower[mb] == pytest.approx(HOP_DEADLINE_FACTOR * 2 * trip + HOP_DEADLINE_SLACK)
 
 
+def test_a_backward_deadline_follows_its_own_path_once_measured(schedule):
+    """One slow peer makes iterations four times as long as planned: the microbatch whose path goes through it
+    gets a longer deadline, those whose backwards came back as planned keep theirs."""
+    holder = schedule.data_holders[0]
+    clock = IterationClock(300.0)
+    planned = {mb: (d - HOP_DEADLINE_SLACK) / HOP_DEADLINE_FACTOR
+               for mb, d in clock.hop_deadlines(schedule, holder).items()}
+    slow, *fast = sorted(planned)
+    assert fast, "the holder needs two microbatches"
+    commits(clock, 4 * schedule.predicted_iteration_seconds)
+    for seconds in (3.0, 5.0, 4.0):  # the slow path, as measured: median 4 planned round trips
+        clock.round_trip(schedule.epoch, slow, seconds * planned[slow])
+    for mb in fast:
+        clock.round_trip(schedule.epoch, mb, 0.5 * planned[mb])  # faster than planned: the plan's stays
+    deadlines = clock.hop_deadlines(schedule, holder)
+    assert deadlines[slow] == pytest.approx(HOP_DEADLINE_FACTOR * 4 * planned[slow] + HOP_DEADLINE_SLACK)
+    for mb in fast:
+        assert deadlines[mb] == pytest.approx(HOP_DEADLINE_FACTOR * planned[mb] + HOP_DEADLINE_SLACK)
+    clock.round_trip(schedule.epoch + 1, slow, planned[slow])  # a new epoch's paths: the old measurements go
+    assert clock.hop_deadlines(schedule, holder)[fast[0]] == pytest.approx(
+        HOP_DEADLINE_FACTOR * 4 * planned[fast[0]] + HOP_DEADLINE_SLACK)  # back to the measured iterations
+
+
 def test_a_silent_peer_is_probed_and_given_up_on_within_an_iteration_or_a_few_seconds(schedule):
     fast = dataclasses.replace(schedule, predicted_iteration_seconds=0.5)
     clock = IterationClock(300.0)

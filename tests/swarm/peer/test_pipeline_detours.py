@@ -26,6 +26,7 @@ from scheduler.path_rules import PathRules
 from scheduler.schedule import Route, Schedule
 from swarm.constants import MAX_MICROBATCH_ATTEMPTS
 from swarm.net.delivery import Inbound, Undelivered
+from swarm.peer.awaited_backwards import AwaitedBackwards
 from swarm.peer.iteration_clock import stall_limits_for
 from swarm.peer.pipeline import PipelineExecutor, Requeue
 from swarm.wire import Direction, HopHeader
@@ -86,9 +87,9 @@ class Iteration:
                                 gone=lambda: self.gone,
                                 broken=self._reporter(p),
                                 give_up=lambda mb, why, p=p: self.given_up.append((p, mb, why)),
-                                hop_deadlines=deadlines, overdue=self._checker(p),
-                                stall_limits=stall_limits_for(sched, p, deadlines, probe_timeout)
-                                if deadlines and probe_timeout else None)
+                                awaited=AwaitedBackwards(deadlines, self._checker(p),
+                                                         stall_limits_for(sched, p, deadlines, probe_timeout)
+                                                         if deadlines and probe_timeout else None))
             for p, s in sched.placement.items() if p not in dead}
         self.committed = threading.Event()
 
