@@ -3,8 +3,8 @@
 Peers serving the same stage meet under the DHT prefix ``skippipe/<run>/stage<s>/avg`` and all-reduce. Each
 brings the mean gradient over the microbatches it processed and their count as its weight, so the result is the
 mean over every microbatch the group processed, however unevenly they were spread: the reference divided by the
-group size instead. A round has a deadline, matchmaking and all-reduce together; a peer that finds no partner before it
-keeps its own gradient, and a round still running at it fails (the peer keeps its own gradient too).
+group size instead. Matchmaking and the all-reduce each have a deadline; a peer that finds no partner before the
+first keeps its own gradient, and a round still running at the second fails (the peer keeps its own gradient too).
 
 hivemind's butterfly all-reduce tolerates a member that stops mid-round: a sender silent for `NEXT_CHUNK_TIMEOUT`
 seconds is left out of the parts it was to send, and the part a silent reducer was to average stays as each
@@ -110,7 +110,8 @@ class StageAverager:
     :param target_group_size: peers per round; None = as many as show up during matchmaking
     :param min_matchmaking_time: how long to wait for peers to join a round
     :param compression: "none" or "float16" on the wire
-    :param round_timeout: the most seconds one round may take, matchmaking included (also each call's default)
+    :param round_timeout: the most seconds a round's all-reduce may take once its group formed, and the default
+      (and most) a call waits for the group to form
     :param next_chunk_timeout: see `NEXT_CHUNK_TIMEOUT`
     """
 
