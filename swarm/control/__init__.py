@@ -1,7 +1,8 @@
 """The control plane: signed records in the DHT and gossip between peers and the scheduler.
 
 - records.py: SwarmRecords, the signed DHT records (run spec, per-peer heartbeat records, current schedule)
-- record_validator.py: open_record and RunRecordValidator, what makes a record valid, for readers and DHT storage
+- record_validator.py: open_record, OpenedRecords (its memo) and RunRecordValidator, what makes a record valid,
+  for readers and DHT storage
 - membership.py: join-token proofs, AdmissionPolicy and MembershipCert, who belongs to a run
 - gossip.py: GossipClient, the owner side of the GossipSub control plane (schedules, membership), over a pipe
 - gossip_sidecar.py: the py-libp2p GossipSub sidecar process that GossipClient starts (never imports hivemind)

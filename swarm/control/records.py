@@ -32,7 +32,7 @@ from swarm.constants import (
     RUN_SPEC_TTL,
     SCHEDULE_TTL,
 )
-from swarm.control.record_validator import LIFETIME_LIMITS, open_record, record_key
+from swarm.control.record_validator import LIFETIME_LIMITS, OpenedRecords, record_key
 from swarm.events import event
 from swarm.net.identity import Identity
 from swarm.wire import PeerRecord, PeerState, RunSpec, ScheduleMsg, SignedRecord, WireError
@@ -53,6 +53,7 @@ class SwarmRecords:
         self.dht, self.identity, self.run_id = dht, identity, run_id
         self._last_expiry: dict[str, float] = {}
         self._lock = threading.Lock()
+        self._opened = OpenedRecords()  # a record read again is not verified again
 
     # ---- run spec ------------------------------------------------------------------------------------------------
     def publish_run_spec(self, spec: RunSpec, *, ttl: float = RUN_SPEC_TTL, timeout: float = DHT_TIMEOUT) -> bool:
@@ -179,7 +180,7 @@ class SwarmRecords:
         now, out = get_dht_time(), {}
         for subkey, item in found.value.items():
             try:
-                out[subkey] = open_record(kind, self.run_id, subkey, item.value, now, signers=signers)
+                out[subkey] = self._opened.open(kind, self.run_id, subkey, item.value, now, signers=signers)
             except WireError as e:
                 logger.warning("%s[%.60r]: %s: ignored", key, subkey, e,
                                extra=event("ignored_record", signer=str(subkey)[:60], kind=kind, why=str(e)))
