@@ -40,6 +40,17 @@ INBOX_SIZE = 4096
 """Control messages waiting for the role's loop; more are dropped (and logged)."""
 TICK_WAIT = 0.5
 """Seconds one tick waits for a control message before the next look at the records."""
+READS_PER_HEARTBEAT = 4
+"""How often per heartbeat period the scheduler reads the peers' records (each changes once a period)."""
+
+
+def records_read_period(heartbeat: float) -> float:
+    """Seconds between two reads of the peers' records: every tick in a swarm that beats fast, a few times per
+    heartbeat in one that beats slowly. Each read is a DHT lookup that fetches every peer's record from several
+    nodes, which each answer with the whole dictionary: read twice a second in a 20-peer swarm beating every 15 s,
+    that was most of the DHT's work and bought nothing, since a record changes once a heartbeat. A death is still
+    seen within a quarter of a heartbeat of its record's verdict, far below the 2.5 heartbeats it takes."""
+    return max(TICK_WAIT, heartbeat / READS_PER_HEARTBEAT)
 
 
 class SchedulerRole:
@@ -69,7 +80,7 @@ class SchedulerRole:
         self.desk = AdmissionDesk(policy, records.identity, config.run_id, exempt={spec.coordinator},
                                   issuers={spec.coordinator}, banned=self.scheduler.evicted)
         self._inbox: queue.Queue[GossipMessage] = queue.Queue(INBOX_SIZE)
-        self.poller = RecordsPoller(self._fetch, period=TICK_WAIT)
+        self.poller = RecordsPoller(self._fetch, period=records_read_period(config.heartbeat))
         """Reads the records for `tick` (started by the first tick, stopped by `close`)."""
 
     @property

@@ -20,12 +20,13 @@ from swarm.run_config import RunConfig
 pytestmark = pytest.mark.timeout(90)
 
 
-def make_role(tmp_path) -> tuple[hivemind.DHT, SchedulerRole]:
+def make_role(tmp_path, heartbeat: float | None = None) -> tuple[hivemind.DHT, SchedulerRole]:
     key = str(tmp_path / "identity.key")
     ensure_identity(key)
     dht = hivemind.DHT(host_maddrs=["/ip4/127.0.0.1/tcp/0"], identity_path=key, start=True)
     records = SwarmRecords(dht, load_identity(key), "role")
-    config = RunConfig.from_tables({}, run_id="role", min_peers=2)
+    tables = {"swarm": {"heartbeat": heartbeat}} if heartbeat is not None else {}
+    config = RunConfig.from_tables(tables, run_id="role", min_peers=2)
     me = records.identity.peer_id
     return dht, SchedulerRole(config, config.to_spec(coordinator=me, vocab_size=256), me, records, gossip=None)
 
@@ -73,6 +74,20 @@ def test_a_dht_that_stops_answering_does_not_hold_up_the_roles_loop(tmp_path):
             os.kill(dht.pid, signal.SIGCONT)
         reads = role.poller.reads
         tick_until(role, lambda: role.poller.reads > reads)  # reads resume once it answers again
+    finally:
+        role.close()
+        stop_dht(dht)
+
+
+def test_a_swarm_that_beats_slowly_has_its_records_read_a_few_times_per_heartbeat(tmp_path):
+    dht, role = make_role(tmp_path, heartbeat=8.0)
+    try:
+        tick_until(role, lambda: role.poller.reads >= 1)
+        reads, began = role.poller.reads, time.monotonic()
+        while time.monotonic() - began < 5.0:
+            role.tick()
+        # every 8 / READS_PER_HEARTBEAT = 2 s, not at every 0.5 s tick (10 reads): each read is a DHT lookup
+        assert 1 <= role.poller.reads - reads <= 3
     finally:
         role.close()
         stop_dht(dht)
