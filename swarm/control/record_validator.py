@@ -112,10 +112,12 @@ class OpenedRecords:
     the author filter (`signers`), and returns the body decoded the first time. Bodies are frozen dataclasses and are
     shared between the reads that return them: callers must not mutate their dict fields. Only records that opened
     are kept (a forged or junk one takes the full check every time, as before), the newest `max_entries` and at
-    most `max_bytes` of record bytes; records larger than a quarter of that are opened without being kept.
+    most `max_bytes` of record bytes; records larger than a quarter of that are opened without being kept. Only the
+    newest version of each peer's record is read again, so 256 entries hold several heartbeats of a 40-peer swarm;
+    a peer's tree holds two memos (its DHT process and itself), so they are kept small.
     """
 
-    def __init__(self, *, max_entries: int = 512, max_bytes: int = 8 * 1024 * 1024) -> None:
+    def __init__(self, *, max_entries: int = 256, max_bytes: int = 4 * 1024 * 1024) -> None:
         if max_entries < 1 or max_bytes < 1:
             raise ValueError("max_entries and max_bytes must be positive")
         self.max_entries, self.max_bytes = max_entries, max_bytes
