@@ -73,6 +73,12 @@ DEFAULT_HOST = "0.0.0.0"
 LOOPBACK_HOST = "127.0.0.1"
 
 # ---- timeouts, periods, expiry ----------------------------------------------------------------------------------
+P2PD_STARTUP_TIMEOUT = 60.0
+"""Seconds a node's p2p daemon may take to start (hivemind's default, 15, is missed on a loaded host)."""
+DHT_START_ATTEMPTS = 3
+"""Tries to start a node's DHT: a p2p daemon that does not start, or reaches none of its bootstrap peers (busy,
+or not up yet), is started again after `DHT_START_BACKOFF` x its try's number seconds."""
+DHT_START_BACKOFF = 5.0
 DHT_TIMEOUT = 10.0
 """One DHT store or get."""
 CONNECT_TIMEOUT = 10.0

@@ -62,6 +62,8 @@ EVENTS: dict[str, tuple[str, ...]] = {
     "not_dialable": ("peer", "tried", "relay", "advice"),
     # a `--reachability auto` peer found undialable by a relaying coordinator leaves, and its process restarts so
     "restarting": ("reachability",),
+    # a node's p2p daemon did not start (try `attempt`): it is started again (`swarm.control.node`)
+    "dht_start_failed": ("attempt", "error"),
 }
 """Event name -> its fields (an event may carry fewer, or extra context; never another name)."""
 

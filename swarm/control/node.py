@@ -9,12 +9,22 @@ reaper, whose last sweep takes anything left.
 
 from __future__ import annotations
 
+import glob
 import logging
+import time
 from collections.abc import Callable, Iterable
 
 import hivemind
+from hivemind.p2p import P2PDaemonError
 
-from swarm.constants import LOOPBACK_HOST, record_lifetime
+from swarm.constants import (
+    DHT_START_ATTEMPTS,
+    DHT_START_BACKOFF,
+    LOOPBACK_HOST,
+    MAX_ERROR_CHARS,
+    P2PD_STARTUP_TIMEOUT,
+    record_lifetime,
+)
 from swarm.control.gossip import (
     GossipClient,
     GossipInfo,
@@ -25,16 +35,20 @@ from swarm.control.gossip import (
 )
 from swarm.control.record_validator import RunRecordValidator
 from swarm.control.records import Heartbeat, SwarmRecords
+from swarm.events import event
 from swarm.net.dht_pipe import make_commands_safe
 from swarm.net.dht_shutdown import stop_dht
 from swarm.net.forwarding import Forwarder
 from swarm.net.identity import load_identity
 from swarm.net.process_memory import freeze_before_fork, return_large_buffers, share_by_descriptor
 from swarm.net.reachability import Reachability, circuit_addresses, dht_options, reachable_addresses
-from swarm.net.reaper import Reaper
+from swarm.net.reaper import Reaper, unlink_if_dead
 from swarm.wire import PeerRecord
 
 logger = logging.getLogger(__name__)
+
+P2PD_SOCKETS = "/tmp/hivemind-p2pd-*.sock"
+"""Where hivemind's p2pd listens for its client (`P2P._UNIX_SOCKET_PREFIX`)."""
 
 
 class Node:
@@ -70,17 +84,34 @@ class Node:
         (an onlooker) reads and writes through others and stores nothing for them. A "public" node relays for
         others (within `RelayLimits`); a "relayed" one (it cannot be dialled) keeps a reservation on `relays`
         (default: `initial_peers`) and announces its circuit addresses through them (`swarm.net.reachability`);
-        None: neither, the daemon's defaults. `announce` replaces the bound addresses in what the node announces."""
+        None: neither, the daemon's defaults. `announce` replaces the bound addresses in what the node announces.
+        A p2p daemon that does not start, or reaches none of `initial_peers`, is started again, up to
+        `DHT_START_ATTEMPTS` times (a loaded host, a bootstrap peer not up yet); then P2PDaemonError."""
         initial_peers = list(initial_peers)
         self.reachability, self.relays = reachability, tuple(relays) or tuple(initial_peers)
         options = dht_options(reachability, relays=self.relays, announce=tuple(announce))
         self.reaper = Reaper.acquire()
         share_by_descriptor()  # hivemind's futures share a few bytes: no torch_shm_manager process for them
         return_large_buffers()  # freed messages go back to the system, not to the arenas of the threads that held them
-        freeze_before_fork()  # hivemind forks the DHT process next: the two share the objects alive now
-        self.dht = hivemind.DHT(initial_peers=initial_peers, host_maddrs=[f"/ip4/{self.host}/tcp/{self.port}"],
-                                identity_path=self.identity_path, start=True, client_mode=client,
-                                record_validators=[RunRecordValidator(self.run_id)], **options)
+        for attempt in range(1, DHT_START_ATTEMPTS + 1):
+            freeze_before_fork()  # hivemind forks the DHT process next: the two share the objects alive now
+            sockets = set(glob.glob(P2PD_SOCKETS))
+            try:
+                self.dht = hivemind.DHT(initial_peers=initial_peers, host_maddrs=[f"/ip4/{self.host}/tcp/{self.port}"],
+                                        identity_path=self.identity_path, start=True, client_mode=client,
+                                        record_validators=[RunRecordValidator(self.run_id)],
+                                        startup_timeout=P2PD_STARTUP_TIMEOUT, **options)
+                break
+            except P2PDaemonError as e:  # its DHT process and p2pd are gone already, not the daemon's socket
+                for path in set(glob.glob(P2PD_SOCKETS)) - sockets:
+                    unlink_if_dead(path)  # another node's daemon on this host listens on its own
+                if attempt == DHT_START_ATTEMPTS:
+                    raise
+                wait = DHT_START_BACKOFF * attempt
+                logger.warning("the p2p daemon did not start (try %d of %d): %s; trying again in %.0f s", attempt,
+                               DHT_START_ATTEMPTS, str(e)[:MAX_ERROR_CHARS], wait,
+                               extra=event("dht_start_failed", attempt=attempt, error=str(e)[:MAX_ERROR_CHARS]))
+                time.sleep(wait)
         self.reaper.watch()  # the DHT process and its p2pd are on the reaper's list from here
         make_commands_safe(self.dht)  # a schedule of tens of KiB must not kill the DHT process
         self.records = SwarmRecords(self.dht, self.identity, self.run_id)

@@ -84,6 +84,17 @@ def is_listened_on(path: str) -> bool:
         return True
 
 
+def unlink_if_dead(path: str) -> None:
+    """Remove a socket file nobody listens on any more (abstract sockets and other files are left alone)."""
+    try:
+        if not path.startswith("/") or not stat.S_ISSOCK(os.lstat(path).st_mode) or is_listened_on(path):
+            return
+        os.unlink(path)
+        logger.info("removed the socket %s left behind", path)
+    except OSError:
+        pass  # gone already (its owner removed it), or not ours
+
+
 # ---- the node's side ---------------------------------------------------------------------------------------------
 class Reaper:
     """The node's handle on its watchdog. Create one with :meth:`start` (not the constructor), in the node's process:
@@ -344,7 +355,7 @@ class _Watchdog:
             logger.debug("%s: no helpers left", why)
             if not clean:
                 for path in sorted(self.parent_sockets):
-                    self.unlink_if_dead(path)
+                    unlink_if_dead(path)
             return
         names = {pid: _cmdline(p) for pid, p in victims.items()}
         self_exiting = [p for pid, p in victims.items() if any(h in names[pid] for h in SELF_EXITING)]
@@ -362,18 +373,7 @@ class _Watchdog:
         if stuck:
             logger.error("could not stop %s", [p.pid for p in stuck])
         for path in sorted(sockets):
-            self.unlink_if_dead(path)
-
-    @staticmethod
-    def unlink_if_dead(path: str) -> None:
-        """Remove a socket file nobody listens on any more (abstract sockets and other files are left alone)."""
-        try:
-            if not path.startswith("/") or not stat.S_ISSOCK(os.lstat(path).st_mode) or is_listened_on(path):
-                return
-            os.unlink(path)
-            logger.info("removed the socket %s left behind", path)
-        except OSError:
-            pass  # gone already (its owner removed it), or not ours
+            unlink_if_dead(path)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,13 +4,17 @@ leak check fails on any process or socket left)."""
 
 from __future__ import annotations
 
+import logging
 import queue
+import socket
+import threading
 import time
 
 import pytest
 
 from swarm.control.messages import Join, publish, received
 from swarm.control.node import Node
+from swarm.events import EVENT_ATTR
 from swarm.net.identity import ensure_identity
 from swarm.wire import PeerRecord, PeerState
 
@@ -85,3 +89,38 @@ def test_a_node_starts_no_shared_memory_manager(tmp_path):
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["found"]
     assert "p2pd" in result["children"] and "torch_shm_manager" not in result["children"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_node_whose_bootstrap_peer_is_not_up_yet_tries_again_and_joins(tmp_path, caplog):
+    """The second node's first daemon reaches no bootstrap peer and exits; the node starts another once the first
+    node is up, and the two find each other."""
+    keys = [str(tmp_path / f"{name}.key") for name in ("first", "second")]
+    ids = [ensure_identity(key) for key in keys]
+    port = free_port()
+    first = Node(keys[0], "late", port=port)
+    second = Node(keys[1], "late")
+    started = threading.Timer(2.0, first.start_dht)
+    try:
+        started.start()  # after the second node's first try has failed (the daemon gives up in ~4 s)
+        with caplog.at_level(logging.WARNING, logger="swarm.control.node"):
+            records = second.start_dht([f"/ip4/127.0.0.1/tcp/{port}/p2p/{ids[0]}"])
+        started.join()
+        events = [getattr(r, EVENT_ATTR) for r in caplog.records if hasattr(r, EVENT_ATTR)]
+        assert [e["attempt"] for e in events if e["event"] == "dht_start_failed"] == [1]
+        first.start_heartbeat(lambda: PeerRecord(peer_id=first.peer_id, stage=-1, seconds_per_layer=1.0,
+                                                 memory_slots=1, state=PeerState.ONLINE), period=1.0)
+        end = time.monotonic() + 30
+        while first.peer_id not in records.fetch_peers():
+            assert time.monotonic() < end, "the second node never found the first"
+            time.sleep(0.5)
+    finally:
+        started.cancel()
+        second.stop()
+        first.stop()
+
