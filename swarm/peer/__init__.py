@@ -10,6 +10,10 @@
 - iteration_runner.py: IterationRunner, one iteration from the first microbatch to the optimizer step
 - iteration_clock.py: IterationClock, measured iteration times and the deadlines derived from them
 - pipeline.py: PipelineExecutor, one peer's part of one iteration, driven by the messages it receives
+- operation_queue.py: OperationQueue, which operation the executor runs next (the simulator's backward-first rule)
+- attempts.py: Attempts, which attempt of each microbatch is current, which are over, what each one carries
+- attempt_recovery.py: AttemptRecovery, a broken attempt ended here and, at its holder, run again around the break
+- iteration_result.py: IterationResult, what one peer did in one iteration
 - inbound_checks.py: InboundChecks, what the peer expects to receive, told to its transport before any allocation
 - members.py: Members, the peer's admission (its certificate) and which peers are members it takes input from
 - run_spec.py: await_run_spec, the wait for the run spec of the one coordinator a joiner trusts

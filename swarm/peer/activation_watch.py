@@ -20,7 +20,7 @@ import torch
 
 from swarm.events import event
 from swarm.net.delivery import Inbound
-from swarm.peer.pipeline import Requeue
+from swarm.peer.attempts import Requeue
 from swarm.wire import Direction
 
 logger = logging.getLogger(__name__)

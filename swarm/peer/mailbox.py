@@ -24,9 +24,9 @@ import torch
 from swarm.constants import INBOX_SIZE, MAX_BUFFERED_MESSAGES, OUTBOX_SIZE, SEND_CONCURRENCY
 from swarm.net.delivery import Inbound, Undelivered
 from swarm.net.transport import MessageRefused, PeerUnreachable, Transport, TransportError
+from swarm.peer.attempts import Requeue
 from swarm.peer.faults import Tamper
 from swarm.peer.message_padding import MessagePadding
-from swarm.peer.pipeline import Requeue
 from swarm.peer.timeline import Timeline
 from swarm.wire import Direction, HopHeader
 

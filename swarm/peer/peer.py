@@ -53,6 +53,7 @@ from swarm.net.message_jitter import MessageJitter
 from swarm.net.reachability import NOT_OVER_RELAYS
 from swarm.net.transport import Transport
 from swarm.peer.activation_watch import ActivationWatch
+from swarm.peer.attempts import Requeue
 from swarm.peer.data_holder import DataHolder
 from swarm.peer.departure import Departure
 from swarm.peer.faults import tamper
@@ -65,7 +66,7 @@ from swarm.peer.mailbox import Inbox, Kind, Outbox
 from swarm.peer.members import Members
 from swarm.peer.message_padding import MessagePadding
 from swarm.peer.options import PeerOptions, trusted_coordinator
-from swarm.peer.pipeline import IterationAborted, IterationTimeout, Requeue
+from swarm.peer.pipeline import IterationAborted, IterationTimeout
 from swarm.peer.reachability_notice import DialVerdict, announced_addresses, join_reachability
 from swarm.peer.reports import Reports
 from swarm.peer.run_spec import UnsuitedRun, await_run_spec

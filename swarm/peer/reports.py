@@ -24,7 +24,8 @@ from swarm.control.messages import (
     as_gossip,
     publish,
 )
-from swarm.peer.pipeline import IterationResult, Requeue
+from swarm.peer.attempts import Requeue
+from swarm.peer.iteration_result import IterationResult
 
 logger = logging.getLogger(__name__)
 

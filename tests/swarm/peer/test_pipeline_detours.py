@@ -26,9 +26,10 @@ from scheduler.path_rules import PathRules
 from scheduler.schedule import Route, Schedule
 from swarm.constants import MAX_MICROBATCH_ATTEMPTS
 from swarm.net.delivery import Inbound, Undelivered
+from swarm.peer.attempts import Requeue
 from swarm.peer.awaited_backwards import AwaitedBackwards
 from swarm.peer.iteration_clock import stall_limits_for
-from swarm.peer.pipeline import PipelineExecutor, Requeue
+from swarm.peer.pipeline import PipelineExecutor
 from swarm.wire import Direction, HopHeader
 
 pytestmark = pytest.mark.timeout(120)
@@ -381,11 +382,11 @@ def test_a_gone_peer_that_may_have_run_the_backward_has_its_stage_counted_too(ma
     sched = schedule()
     it = Iteration(sched)
     ex = it.executors["h1"]
-    ex._pending = [r for r in ex._pending if r.microbatch != 5]
-    ex._head_counted.add(5)
+    ex.queue.pending = [r for r in ex.queue.pending if r.microbatch != 5]  # injected ...
+    ex.attempts.count_head(5)  # ... and its loss computed
     ex.requeue(Requeue(iteration=0, epoch=0, microbatch=5, attempt=0, gone="a2", maybe_ran=maybe_ran))
-    assert ex.result.requeued == [(5, 1)] and ex._counted[5] == frozenset(counted)
-    assert ex.in_use[5].peers == ("b2", "a3") and ex._pending[0].microbatch == 5
+    assert ex.result.requeued == [(5, 1)] and ex.attempts.counted(5) == frozenset(counted)
+    assert ex.in_use[5].peers == ("b2", "a3") and ex.queue.pending[0].microbatch == 5
 
 
 def test_forged_detours_are_dropped():
