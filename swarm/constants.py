@@ -77,7 +77,8 @@ P2PD_STARTUP_TIMEOUT = 60.0
 """Seconds a node's p2p daemon may take to start (hivemind's default, 15, is missed on a loaded host)."""
 DHT_START_ATTEMPTS = 3
 """Tries to start a node's DHT: a p2p daemon that does not start, or reaches none of its bootstrap peers (busy,
-or not up yet), is started again after `DHT_START_BACKOFF` x its try's number seconds."""
+or not up yet), is started again after `DHT_START_BACKOFF` x its try's number seconds. (Before its own daemon,
+hivemind starts a throwaway one that checks the key is not online elsewhere; that one keeps hivemind's 15 s.)"""
 DHT_START_BACKOFF = 5.0
 DHT_TIMEOUT = 10.0
 """One DHT store or get."""
