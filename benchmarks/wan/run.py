@@ -48,7 +48,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benchmarks.wan.footprint import swarm_footprint  # noqa: E402
+from benchmarks.wan.footprint import kind_of, swarm_footprint  # noqa: E402
 from peers.emulated_model import message_bytes, stage_time_scale  # noqa: E402
 from peers.model import FLAVORS  # noqa: E402
 from scheduler.expected_makespan import expected_makespan  # noqa: E402
@@ -294,8 +294,8 @@ def add_scale_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags that let 20 or more peer trees start and run on a small loaded machine, shared by the WAN
     benchmarks (check them with `check_scale_arguments`)."""
     parser.add_argument("--stagger", type=float, default=2.0,
-                        help="seconds between two peers' starts (a peer tree takes ~10 CPU-s to start: 20 at once on "
-                             "2 loaded cores miss the gossip sidecar's 30 s start deadline)")
+                        help="seconds from a peer's gossip sidecar being up to the next peer's start (a peer tree "
+                             "takes ~10 CPU-s to start: 20 at once on 2 loaded cores miss their start deadlines)")
     parser.add_argument("--join-timeout", type=float, default=480.0,
                         help="seconds a peer waits to be placed (the coordinator plans once every peer has joined "
                              "and probed its links: minutes for 20 peers starting on 2 loaded cores)")
@@ -321,16 +321,40 @@ def scale_peer_args(args: argparse.Namespace) -> list[str]:
     return ["--probe-sample", str(args.probe_sample or args.peers - 1), "--join-timeout", str(args.join_timeout)]
 
 
+HELPERS_WAIT = 120.0
+"""Seconds at most that a peer's start waits for the previous peer's gossip sidecar to be up."""
+
+
 def stagger_starts(swarm: LocalSwarm, seconds: float) -> None:
-    """Make `swarm` wait `seconds` before it starts each peer, joiners included (20 peer trees starting at once
-    on 2 loaded cores: a p2p daemon may miss hivemind's 15 s start deadline)."""
+    """Make `swarm` start each peer, joiners included, `seconds` after the previous one's gossip sidecar is up (at
+    most HELPERS_WAIT after its start): a peer tree's start is ~10 CPU-s, and 40 of them at a fixed pace on 2 cores
+    overloaded the machine (load average 70) until p2p daemons missed their start deadlines and peers exited."""
     add_peer = swarm.add_peer
+    previous: list[subprocess.Popen] = []
 
     def staggered(index: int, extra: Sequence[str] = ()) -> subprocess.Popen:
+        if previous:
+            helpers_up(previous[-1], HELPERS_WAIT)
         time.sleep(seconds)
-        return add_peer(index, extra)
+        proc = add_peer(index, extra)
+        previous.append(proc)
+        return proc
 
     swarm.add_peer = staggered  # type: ignore[method-assign]
+
+
+def helpers_up(proc: subprocess.Popen, timeout: float) -> bool:
+    """Wait until `proc`'s tree has its gossip sidecar (started after its DHT and p2pd), it exits, or `timeout`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            tree = psutil.Process(proc.pid).children(recursive=True)
+            if any(kind_of(p, proc.pid) == "gossip sidecar" for p in tree):
+                return True
+        except psutil.Error:
+            pass  # a process of the tree exited while it was read
+        time.sleep(0.5)
+    return False
 
 
 def emulation(args: argparse.Namespace) -> float:
