@@ -288,8 +288,9 @@ def join(initial_peers, coordinator, run_id, token, device, precision, threads, 
     try:
         restart_as = Peer(options, scheduler_role=SchedulerRole).run(_stop_event())
     except (NotAdmitted, TimeoutError, UnsuitedRun) as e:  # refused, unanswered, or cannot serve: say why
-        logging.getLogger("swarm").error("%s", e)
-        _fail(str(e))
+        said = str(e)  # ours always say why; a library's bare timeout does not: its traceback goes to the log
+        logging.getLogger("swarm").error("%s", said or f"{type(e).__name__} while joining", exc_info=not said)
+        _fail(said or f"{type(e).__name__} while joining (the traceback is in the log)")
     if restart_as is not None:
         _restart_with("--reachability", restart_as)
 
