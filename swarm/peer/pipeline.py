@@ -4,25 +4,26 @@ The networked counterpart of `peers.inprocess.InProcessSwarm`'s loop, calling th
 methods. A data holder injects its microbatches (at their planned times, while it has memory slots),
 computes their loss when they come back and ends their backward; every peer forwards and backpropagates
 what its stage is sent. It runs one operation at a time and chooses the next as the planner's simulator does
-(`OperationQueue`, after `scheduler.simulator`'s `backward_first`): waiting backward passes and losses first (they free memory), then
-forwards and due injections by arrival, a relay's forward before an injection due at the same time; a forward
-the worker cannot admit (TC1) waits until a backward frees a slot. Messages that arrive during an operation
-are considered before the next one, so the measured iteration follows the plan the simulator scored.
+(`OperationQueue`, after `scheduler.simulator`'s `backward_first`): waiting backward passes and losses first
+(they free memory), then forwards and due injections by arrival, a relay's forward before an injection due at the
+same time; a forward the worker cannot admit (TC1) waits until a backward frees a slot. Messages that arrive
+during an operation are considered before the next one, so the measured iteration follows the plan the simulator
+scored.
 
 Nothing from the network is trusted: a message must match the schedule (its microbatch's route and
 stages, or a detour of them; the epoch; the sender being the previous hop), and the worker checks the tensor
 itself. Anything else is logged with the sender's peer id and dropped; the iteration goes on.
 
-Peers that are gone (the scheduler said so, or no stream to them could be opened) are detoured around in flight:
-a forward goes to another peer of the same stage, or of another stage the path may take instead
-(`scheduler.detour`). A microbatch whose activations a gone peer held cannot finish its backward pass: it is
-reported broken to its data holder (`AttemptRecovery`), which re-queues it at once on its route around the gone peer (a new
-`attempt`; messages of earlier ones are stale). Stages whose gradient already holds it (those its backward had
-passed, when its loss had been computed) run it again without accumulating (`HopHeader.counted`), so every stage
-counts it at most once and the rest of the iteration goes on. A holder that cannot re-queue it (no detour obeys
-the rules, or `MAX_MICROBATCH_ATTEMPTS` reached) asks the scheduler to run the iteration again. A peer that died
-holding a microbatch in its queue causes no failed send: the peer that sent it the forward notices when the
-backward is late past its per-hop deadline (the plan's round trip, scaled to measured times) and checks on it.
+Peers that are gone (the scheduler said so, or no stream to them could be opened) are detoured around in flight: a
+forward goes to another peer of the same stage, or of another stage the path may take instead (`scheduler.detour`).
+A microbatch whose activations a gone peer held cannot finish its backward pass: it is reported broken to its data
+holder (`AttemptRecovery`), which re-queues it at once on its route around the gone peer (a new `attempt`; messages
+of earlier ones are stale). Stages whose gradient already holds it (those its backward had passed, when its loss had
+been computed) run it again without accumulating (`HopHeader.counted`), so every stage counts it at most once and
+the rest of the iteration goes on. A holder that cannot re-queue it (no detour obeys the rules, or
+`MAX_MICROBATCH_ATTEMPTS` reached) asks the scheduler to run the iteration again. A peer that died holding a
+microbatch in its queue causes no failed send: the peer that sent it the forward notices when the backward is late
+past its per-hop deadline (the plan's round trip, scaled to measured times) and checks on it.
 """
 
 from __future__ import annotations
