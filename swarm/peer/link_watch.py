@@ -18,8 +18,12 @@ from swarm.wire import PeerRecord, WireError
 
 logger = logging.getLogger(__name__)
 
+LINK_LOOK_PERIOD = 1.0
+"""Seconds between two looks for announced peers this peer has never probed (joiners): the first epoch is planned,
+and a joiner placed, once the records show its links, so a look every few seconds would hold each of them up."""
 LINK_PROBE_PERIOD = 5.0
-"""Seconds between two looks for peers whose links this peer has not measured yet (joiners)."""
+"""Seconds between two tries again of the peers whose last probe failed (one still starting up, or one behind a
+NAT): each try may wait out a connection timeout."""
 LINK_REFRESH_PERIOD = 300.0
 """Seconds between two re-measurements of the stalest links."""
 
@@ -29,28 +33,33 @@ class LinkWatch:
 
     :param announced: the announced peers' records (the peer's latest read of the DHT)
     :param skip: peers never probed (the coordinator runs no pipeline)
+    :param measured: called from the background thread after a round measured a link it had not (the peer publishes
+      its record at once rather than at its next heartbeat)
     """
 
     def __init__(self, prober: LinkProber, peer_id: str, announced: Callable[[], dict[str, PeerRecord]], *,
-                 skip: frozenset[str] = frozenset()) -> None:
+                 skip: frozenset[str] = frozenset(), measured: Callable[[], None] | None = None) -> None:
         self.prober, self.peer_id, self._announced, self.skip = prober, peer_id, announced, skip
+        self._measured = measured
         self.links: dict[str, tuple[float, float]] = {}
         self.unreachable: tuple[str, ...] = ()
         """Peers its probes could not reach at their last try."""
 
-    def probe(self, *, only_unmeasured: bool = False) -> None:
-        """One round over a sample of the announced peers (with `only_unmeasured`, those not yet measured or not
-        reached at the last try)."""
+    def probe(self, *, only_unmeasured: bool = False, retry_unreached: bool = True) -> bool:
+        """One round over a sample of the announced peers (with `only_unmeasured`, those never probed, and with
+        `retry_unreached` those not reached at the last try); True if it measured a link it had not."""
+        before = set(self.links)
         try:
             others = [p for p in self._announced() if p != self.peer_id and p not in self.skip]
             if only_unmeasured:  # and those its last try could not reach: a peer still starting is tried again
-                failed = set(self.prober.unreachable())
+                failed = set(self.prober.unreachable()) if retry_unreached else set()
                 others = [p for p in others if p not in self.prober.probed() or p in failed]
             if others:
                 self.links = self.prober.probe_round(others)
                 self.unreachable = self.prober.unreachable()
         except (TransportError, WireError, TimeoutError) as e:
             logger.warning("link probing failed: %s", e)
+        return bool(set(self.links) - before)
 
     def start(self, stop: threading.Event, finished: threading.Event) -> None:
         """Keep probing in a background thread until `stop` or `finished` is set."""
@@ -58,9 +67,13 @@ class LinkWatch:
                          daemon=True).start()
 
     def _keep_probing(self, stop: threading.Event, finished: threading.Event) -> None:
-        refreshed = time.monotonic()
-        while not stop.wait(LINK_PROBE_PERIOD) and not finished.is_set():
-            refresh = time.monotonic() - refreshed > LINK_REFRESH_PERIOD
-            if refresh:
-                refreshed = time.monotonic()
-            self.probe(only_unmeasured=not refresh)
+        refreshed = retried = time.monotonic()
+        while not stop.wait(LINK_LOOK_PERIOD) and not finished.is_set():
+            now = time.monotonic()
+            refresh, retry = now - refreshed > LINK_REFRESH_PERIOD, now - retried >= LINK_PROBE_PERIOD
+            refreshed, retried = (now if refresh else refreshed), (now if retry else retried)
+            if self.probe(only_unmeasured=not refresh, retry_unreached=retry) and self._measured is not None:
+                try:
+                    self._measured()
+                except Exception as e:  # the next heartbeat carries the links anyway
+                    logger.warning("could not publish the measured links at once: %s", e)

@@ -266,7 +266,8 @@ class Peer:
         probe_bytes = min(max(PROBE_GOODPUT_BYTES, self.config.message_size(self.model_config.dim)), MAX_PROBE_BYTES)
         self.links = LinkWatch(LinkProber(self._transport, sample_size=o.probe_sample, jitter=self.jitter,
                                           goodput_bytes=probe_bytes),
-                               self.peer_id, announced, skip=frozenset({spec.coordinator}))
+                               self.peer_id, announced, skip=frozenset({spec.coordinator}),
+                               measured=node.heartbeat.beat_now)
         self.links.probe()
         try:
             node.heartbeat.beat_now()  # the scheduler places a joiner once its record shows its links
