@@ -97,6 +97,11 @@ Action = PublishSchedule | Announce | RecordIteration
 class Scheduler:
     """The scheduler of one run. `now` arguments are monotonic seconds.
 
+    At ~350 lines it is at the house limit: its decisions (the first plan, membership changes, commits, reports)
+    all read and change the same epoch history and liveness; what is pure or has state of its own is already out
+    (`Liveness`, `Replanner`, `CommitTracker`, `EpochHistory`, `Pings`, `FaultReports`, `RestartReports`,
+    `Estrangements`, the successors in `epochs.py`).
+
     :param config: the run's configuration
     :param model: the run spec's model dictionary
     :param coordinator: the coordinator's peer id (its own heartbeat record is not a member)

@@ -90,7 +90,7 @@ def warm_up_optimizers() -> None:
 class Peer:
     """One peer process. `run(stop)` blocks until the run ends or `stop` is set.
 
-    At ~360 lines it is just past the house limit: it is the lifecycle owner that wires a dozen components (each in
+    At ~370 lines it is just past the house limit: it is the lifecycle owner that wires a dozen components (each in
     a file of its own) and routes between them; what is left here is that wiring, the iteration loop and the
     routing of gossip (`_on_gossip`), which is the next piece to move out into a component of its own.
 
