@@ -4,6 +4,7 @@
 - scheduler_role.py: SchedulerRole, the scheduler at work (DHT reads, publications, gossip, metrics file); the
   coordinator and a successor peer build it the same way
 - scheduler.py: Scheduler, the decisions without I/O: first plan, re-plans on membership, reruns, commits
+- first_plan.py: FirstPlan, when epoch 0 is planned (the swarm settled, its links measured) and from what
 - replanner.py: Replanner, the plans themselves (first, saved, after churn: moves, hand-overs, shards)
 - liveness.py: Liveness, which peers are alive, from heartbeat records and corroborated reports
 - commit_tracker.py: CommitTracker, holders' done reports into commits; the metrics line of an iteration

@@ -42,20 +42,18 @@ from swarm.coordinator.commit_tracker import CommitTracker, iteration_metrics
 from swarm.coordinator.epochs import EpochHistory, successors
 from swarm.coordinator.estrangements import Estrangements
 from swarm.coordinator.fault_reports import FaultReports
+from swarm.coordinator.first_plan import SETTLE_SECONDS, FirstPlan
 from swarm.coordinator.liveness import Liveness
 from swarm.coordinator.pings import Pings, ping_timeout
 from swarm.coordinator.replanner import Replanner
 from swarm.coordinator.restart_reports import RestartReports
 from swarm.coordinator.shard_assignment import shard_drawers
 from swarm.events import event
-from swarm.net.link_probe import links_complete, unmeasured_links
 from swarm.run_config import RunConfig
 from swarm.wire import PeerRecord, PeerState
 
 logger = logging.getLogger(__name__)
 
-SETTLE_SECONDS = 2.0
-"""After the last new peer announced itself, wait this long (for its link probes) before planning."""
 JOIN_PROBE_SECONDS = 60.0
 """A peer joining mid-run is placed once its record shows its first round of link probes (it is ready to work,
 and the planner knows its links), or after this long without them."""
@@ -65,9 +63,6 @@ when the membership changes again."""
 SWARM_REPLAN_ITERATIONS = 10
 """With the SWARM-style planner, a stable swarm is re-planned once its epoch has run this many iterations: SWARM's
 periodic rebalancing, and a fresh draw of its stochastic wiring (peers follow one wiring per epoch)."""
-LINK_WAIT_SECONDS = 30.0
-"""Before the first plan, wait at most this long for the peers to have measured every link (a large swarm
-probes a sample of its links only, and plans with the gaps filled)."""
 
 
 @dataclass(frozen=True)
@@ -97,10 +92,9 @@ Action = PublishSchedule | Announce | RecordIteration
 class Scheduler:
     """The scheduler of one run. `now` arguments are monotonic seconds.
 
-    At ~350 lines it is at the house limit: its decisions (the first plan, membership changes, commits, reports)
-    all read and change the same epoch history and liveness; what is pure or has state of its own is already out
-    (`Liveness`, `Replanner`, `CommitTracker`, `EpochHistory`, `Pings`, `FaultReports`, `RestartReports`,
-    `Estrangements`, the successors in `epochs.py`).
+    Its decisions (membership changes, commits, reports) all read and change the same epoch history and liveness;
+    what is pure or has state of its own has its component (`FirstPlan`, `Liveness`, `Replanner`, `CommitTracker`,
+    `EpochHistory`, `Pings`, `FaultReports`, `RestartReports`, `Estrangements`, the successors in `epochs.py`).
 
     :param config: the run's configuration
     :param model: the run spec's model dictionary
@@ -120,7 +114,7 @@ class Scheduler:
         self.completed = 0
         """Iterations committed; the one in progress is `completed`."""
         self.peers_online = 0
-        self.first_schedule = first_schedule
+        self.first_plan = FirstPlan(config, self.replanner, first_schedule)
         self.ends_run_on_stop = ends_run_on_stop
         self._restarted: set[tuple[int, int]] = set()
         self._restart_reports = RestartReports()
@@ -133,7 +127,6 @@ class Scheduler:
         """Peer -> the peers that reported a microbatch of the iteration in progress broken at it."""
         self.estrangements = Estrangements(self.liveness.first_seen)
         """Same-stage members that cannot reach each other: one of each pair sits out for a while."""
-        self._count, self._settled_since = -1, 0.0
         self._failed_replan: tuple[tuple, float] | None = None
         """(The membership change that could not be planned, when it was tried)."""
 
@@ -158,16 +151,11 @@ class Scheduler:
         self.peers_online = len(peers)
         if self.schedule is not None:
             return self._follow_membership(peers, now)
-        if len(peers) != self._count:
-            self._count, self._settled_since = len(peers), now
-        settled = now - self._settled_since
-        if len(peers) >= self.config.min_peers and settled >= SETTLE_SECONDS and \
-                (self.config.profile or links_complete(peers) or settled >= LINK_WAIT_SECONDS):
-            first = self._first_plan(peers, settled)
-            if first is not None:
-                self._restart_reports.progress(now)  # the first iteration's clock starts
-                return self._publish(first)
-        return []
+        first = self.first_plan.plan(peers, now)
+        if first is None:
+            return []
+        self._restart_reports.progress(now)  # the first iteration's clock starts
+        return self._publish(first)
 
     def resume(self, schedules: Iterable[Schedule], completed: int, records: Mapping[str, tuple[PeerRecord, float]],
                now: float) -> list[Action]:
@@ -179,26 +167,6 @@ class Scheduler:
         self._restart_reports.progress(now)
         peers = self.liveness.update(records, now)
         return self._replan({p: r for p, r in peers.items() if p in self.schedule.placement}, start=completed)
-
-    def _first_plan(self, peers: dict[str, PeerRecord], settled: float) -> Schedule | None:
-        """Epoch 0: the saved plan once every peer it places is live (None while waiting for them), else a fresh
-        plan."""
-        saved = self.first_schedule
-        if saved is not None:
-            missing = sorted(set(saved.placement) - set(peers))
-            moved = sorted(p for p, s in saved.placement.items() if p in peers and peers[p].stage not in (-1, s))
-            if not missing and not moved:
-                return self.replanner.from_saved(saved, peers)
-            if not moved and settled < LINK_WAIT_SECONDS:
-                return None
-            logger.warning("not starting from the saved plan: %s; planning afresh",
-                           f"{len(missing)} of its peers are not here: {missing[:5]}" if missing else
-                           f"peers pin other stages than it places them on: {moved[:5]}")
-        missing_links = [] if self.config.profile else unmeasured_links(peers)
-        if missing_links:
-            logger.warning("planning with %d of %d links not yet measured (taken as the median link): %s",
-                           len(missing_links), len(peers) * (len(peers) - 1) // 2, missing_links[:5])
-        return self.replanner.plan(peers, epoch=0, start_iteration=0)
 
     def _follow_membership(self, peers: dict[str, PeerRecord], now: float) -> list[Action]:
         """Re-plan when a scheduled peer is gone or leaving, or a new one has settled (see the module docstring

@@ -14,7 +14,8 @@ Asked to stop, a placed peer drains: it serves until the scheduler plans without
 a peer moved there if it was the stage's last), then announces that it leaves and shuts down.
 
 The peer's other jobs each have their component: `Node` (DHT, records, gossip, heartbeat, reaper), `Inbox` and
-`Outbox` (bounded), `LinkWatch`, `Succession` (the scheduler's watch and its role), `Reports`, `DataHolder`.
+`Outbox` (bounded), `LinkWatch`, `Succession` (the scheduler's watch and its role), `Reports`, `DataHolder`,
+`ControlRouter` (gossip to whichever of them handles it).
 """
 
 from __future__ import annotations
@@ -32,17 +33,9 @@ from scheduler.schedule import Schedule
 from swarm.constants import MAX_PROBE_BYTES, PROBE_GOODPUT_BYTES
 from swarm.control.gossip import GossipMessage
 from swarm.control.messages import (
-    Admitted,
-    Broken,
     Join,
     Leave,
-    NotDialable,
-    Ping,
-    Pong,
-    Refused,
-    SitOut,
     publish,
-    received,
 )
 from swarm.control.node import Node
 from swarm.events import event
@@ -53,7 +46,7 @@ from swarm.net.message_jitter import MessageJitter
 from swarm.net.reachability import NOT_OVER_RELAYS
 from swarm.net.transport import Transport
 from swarm.peer.activation_watch import ActivationWatch
-from swarm.peer.attempts import Requeue
+from swarm.peer.control_router import ControlRouter
 from swarm.peer.data_holder import DataHolder
 from swarm.peer.departure import Departure
 from swarm.peer.faults import tamper
@@ -76,7 +69,7 @@ from swarm.peer.stage_session import restore_source
 from swarm.peer.succession import Succession
 from swarm.peer.timeline import Timeline
 from swarm.run_config import RunConfig
-from swarm.wire import HopHeader, PeerRecord, PeerState, WireError
+from swarm.wire import HopHeader, PeerRecord, PeerState
 
 logger = logging.getLogger(__name__)
 
@@ -90,9 +83,8 @@ def warm_up_optimizers() -> None:
 class Peer:
     """One peer process. `run(stop)` blocks until the run ends or `stop` is set.
 
-    At ~370 lines it is just past the house limit: it is the lifecycle owner that wires a dozen components (each in
-    a file of its own) and routes between them; what is left here is that wiring, the iteration loop and the
-    routing of gossip (`_on_gossip`), which is the next piece to move out into a component of its own.
+    It is the lifecycle owner that wires a dozen components (each in a file of its own): what is left here is that
+    wiring, the iteration loop and the adoption of schedule epochs.
 
     :param scheduler_role: builds the scheduler role this peer takes on should it succeed a dead scheduler, with
       `SchedulerRole`'s keyword arguments (the coordinator package sits above this one, so its caller hands it
@@ -128,6 +120,7 @@ class Peer:
         self.succession: Succession | None = None
         self.runner: IterationRunner | None = None
         self.links: LinkWatch | None = None
+        self.router: ControlRouter | None = None
         self._transport: Transport | None = None
         self.departure: Departure | None = None
         """Whether it serves on once asked to stop (a graceful leave), from when it has joined."""
@@ -235,6 +228,9 @@ class Peer:
         self.outbox.wire_dtype = self.config.wire_dtype
         self.follower = ScheduleFollower(records, spec.coordinator, self.config.heartbeat,
                                          newest_held=lambda: self.inbox.newest_epoch)
+        self.router = ControlRouter(self.peer_id, o.run_id, spec.coordinator, follower=self.follower,
+                                    members=self.members, dial_verdict=self.dial_verdict, reports=self.reports,
+                                    inbox=self.inbox, role=lambda: self.succession.role if self.succession else None)
         self.runner = IterationRunner(self.peer_id, o.run_id, self.config, inbox=self.inbox, outbox=self.outbox,
                                       follower=self.follower, reports=self.reports, clock=self.clock,
                                       timeline=self.timeline, transport=lambda: self._transport,
@@ -428,31 +424,6 @@ class Peer:
             self.runner.note_unreachable(peer, certain=unreachable)
 
     def _on_gossip(self, msg: GossipMessage) -> None:
-        """Gossip thread: the scheduler's notices go to the follower (its pings are answered here), a broken
-        microbatch attempt to the main loop (its holder's executor re-queues it, a relay's drops what it keeps of
-        it), everything to this peer's own scheduler role if it holds it."""
-        role = self.succession.role if self.succession is not None else None
-        if role is not None:
-            role.deliver(msg)
-        if self.follower is None:
-            return
-        try:
-            message = received(msg, self.options.run_id)
-        except WireError as e:
-            logger.warning("ignored a control message from %s: %s", msg.sender, e,
-                           extra=event("ignored_control", sender=msg.sender, kind="malformed", why=str(e)))
-            return
-        if isinstance(message, (Admitted, Refused)) and self.follower.trusted(msg.sender):
-            self.members.on_control(msg.sender, message)
-        elif isinstance(message, NotDialable) and msg.sender == self.spec.coordinator:
-            self.dial_verdict.on_not_dialable(message)
-        elif isinstance(message, SitOut) and message.peer == self.peer_id and self.follower.trusted(msg.sender):
-            self.dial_verdict.on_sit_out(message)
-        elif isinstance(message, Ping) and message.peer == self.peer_id and self.follower.trusted(msg.sender):
-            self.reports.tell(Pong(nonce=message.nonce))  # from this thread: a busy main loop still answers
-        elif self.follower.on_message(msg.sender, message):
-            self.inbox.wake()
-        elif isinstance(message, Broken) and self.schedule is not None and msg.sender in self.schedule.placement:
-            self.inbox.signal(Requeue(iteration=message.iteration, epoch=message.epoch,
-                                      microbatch=message.microbatch, attempt=message.attempt, gone=message.gone,
-                                      why=message.why, maybe_ran=message.maybe_ran, reporter=msg.sender))
+        """Gossip thread: routed once the peer knows its run (`ControlRouter`); nothing it could act on before."""
+        if self.router is not None:
+            self.router.route(msg)

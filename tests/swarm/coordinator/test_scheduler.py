@@ -22,11 +22,10 @@ from swarm.control.messages import (
     Unreachable,
     Unrecoverable,
 )
+from swarm.coordinator.first_plan import LINK_WAIT_SECONDS, SETTLE_SECONDS
 from swarm.coordinator.liveness import FIRST_REJOIN_COOLDOWN
 from swarm.coordinator.restart_reports import MIN_STUCK_SECONDS
 from swarm.coordinator.scheduler import (
-    LINK_WAIT_SECONDS,
-    SETTLE_SECONDS,
     Announce,
     PublishSchedule,
     RecordIteration,
