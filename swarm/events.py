@@ -28,6 +28,8 @@ EVENTS: dict[str, tuple[str, ...]] = {
     "param_digest": ("iteration", "stage", "digest"),
     "averaging_failed": ("group", "why"),
     "averaging_partial": ("group", "received"),  # received: fraction of the group mean that arrived
+    # hivemind: a stage group's members averaged their whole state (after a partial round, or a member's drift)
+    "state_resynced": ("stage", "members", "received"),
     "scheduler_changed": ("previous", "scheduler"),
     # a peer's pipeline
     "detoured": ("microbatch", "gone", "to", "to_stage"),

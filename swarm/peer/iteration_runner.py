@@ -160,6 +160,8 @@ class IterationRunner:
         t2 = time.perf_counter()
         self.timeline.record("average", time.time() - (t2 - t1), time.time(), iteration=iteration)
         stats = worker.step()
+        if self.config.averaging == "hivemind":
+            session.resync_state(self.averaging_deadline)  # a no-op unless the round asked its members for it
         t3 = time.perf_counter()
         self._checkpoint(session, schedule, iteration + 1, data)
         self.timeline.flush()

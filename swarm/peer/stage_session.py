@@ -14,6 +14,7 @@ import logging
 import time
 from collections.abc import Callable
 
+import torch
 from hivemind import DHT
 
 from peers.averaging import mean_by_visits
@@ -27,7 +28,7 @@ from peers.checkpoint import (
 from peers.model import ModelConfig
 from peers.paced_worker import PacedWorker
 from peers.stage import balanced_split, neighbour_blocks, stage_template
-from peers.worker import StageWorker
+from peers.worker import StageWorker, WorkerError
 from scheduler.schedule import Schedule
 from swarm.events import event
 from swarm.net.delivery import Inbound
@@ -35,7 +36,7 @@ from swarm.peer.mailbox import Inbox
 from swarm.peer.members import NotAdmitted
 from swarm.run_config import RunConfig
 from swarm.stage_group.allgather import flatten, unflatten
-from swarm.stage_group.state_transfer import unflatten_weights
+from swarm.stage_group.state_transfer import check_flat_state, state_parts, unflatten_weights
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +56,11 @@ class StageSession:
         self.stage, self.worker, self.run_id = stage, worker, run_id
         self._dht = dht
         self._averager = None
+        self._state_averager = None
+        self.drifted = False
+        """This peer's state may differ from its group's (hivemind): it stepped without a whole round."""
+        self._resync_with = 0
+        """Members of the last round, when that round asked them to average their whole state after the step."""
 
     def average_with_hivemind(self, group_size: int, timeout: float) -> tuple[int, int]:
         """The stage group's visit-weighted mean through hivemind's DecentralizedAverager: (visits, members heard).
@@ -75,14 +81,51 @@ class StageSession:
             self._averager = StageAverager(self._dht(), run_id=self.run_id, stage=self.stage, tensors=[own],
                                            target_group_size=group_size, min_matchmaking_time=1.0,
                                            round_timeout=timeout)
-        result = self._averager.average([own], worker.visits, timeout=timeout)
+        result = self._averager.average([own], worker.visits, timeout=timeout, drifted=self.drifted)
         worker.set_mean_gradients(unflatten(own, sums), round(result.total_weight))
+        self.drifted = self.drifted or not result.averaged or result.received < 1.0
+        self._resync_with = result.group_size if result.resync else 0
         return round(result.total_weight), result.group_size
 
+    def resync_state(self, timeout: float) -> bool:
+        """After the step that followed a hivemind round asking for it (`AveragingResult.resync`): average the
+        stage's whole state (weights and AdamW moments, in float64) with that round's members, so copies that
+        drifted apart agree again. A state the round hands back that does not fit (sizes, non-finite values, step
+        counts) is refused and this peer keeps its own. True if a whole round replaced the state."""
+        from swarm.stage_group.hivemind_averager import StageAverager
+
+        if not self._resync_with:
+            return False
+        members, self._resync_with = self._resync_with, 0
+        worker = self.worker
+        weights, moments = state_parts(worker)
+        flat = torch.cat([weights, moments]).double()
+        if self._state_averager is None:
+            self._state_averager = StageAverager(self._dht(), run_id=self.run_id, stage=self.stage, tensors=[flat],
+                                                 target_group_size=members, min_matchmaking_time=1.0,
+                                                 round_timeout=timeout, name="state")
+        result = self._state_averager.average([flat], 1.0, timeout=timeout)
+        if not result.averaged:
+            return False
+        try:
+            mean_weights, mean_moments = flat.float().split([weights.numel(), moments.numel()])
+            load_stage_tensors(worker, *check_flat_state(worker, mean_weights, mean_moments, worker.steps)[:2],
+                               steps=worker.steps)
+        except (WorkerError, CheckpointError) as e:
+            logger.warning("stage %d: the averaged state does not fit: %s; keeping this peer's own", self.stage, e)
+            return False
+        self.drifted = result.received < 1.0
+        logger.info("stage %d: %d members averaged their whole state (%.1f%% arrived)", self.stage,
+                    result.group_size, 100 * result.received,
+                    extra=event("state_resynced", stage=self.stage, members=result.group_size,
+                                received=round(result.received, 4)))
+        return not self.drifted
+
     def close(self) -> None:
-        if self._averager is not None:
-            self._averager.shutdown()
-            self._averager = None
+        for averager in (self._averager, self._state_averager):
+            if averager is not None:
+                averager.shutdown()
+        self._averager = self._state_averager = None
 
 
 def new_worker(peer_id: str, stage: int, schedule: Schedule, model_config: ModelConfig, config: RunConfig, *,

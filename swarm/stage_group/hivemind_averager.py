@@ -10,9 +10,13 @@ hivemind's butterfly all-reduce tolerates a member that stops mid-round: a sende
 seconds is left out of the parts it was to send, and the part a silent reducer was to average stays as each
 member had it (hivemind's contract). Such a round is partial: the peer installs what it received, averaged where
 it arrived and its own elsewhere, and reports the fraction received (`averaging_partial`). Its stage mates then
-hold slightly different weights (the missing part's share of one step, spread over the whole stage by gradient
-clipping), which later rounds do not undo: with this back-end the members of a group agree to rounding only
-while every round is whole. The all-gather back-end takes a member's gradient whole or not at all.
+hold slightly different weights and AdamW moments (the missing part's share of one step), which later gradient
+rounds do not undo, and neither do they where a member found no group and stepped on its own gradient. So each
+member tells every round whether its state may have drifted from its group's (`gather`: its weight and that flag),
+and a round that was partial, or in which any member said so, asks its members to average their whole state
+(weights and moments) after the step (`AveragingResult.resync`; `swarm.peer.stage_session` runs that round under
+its own prefix): copies that drifted agree again. The all-gather back-end takes a member's gradient whole or not at
+all.
 
 Not Byzantine-robust: hivemind's all-reduce takes every member's tensors and weight as sent, so one member can
 drag the mean anywhere (or stop the group stepping with one huge value). Runs with volunteers they do not trust use
@@ -93,13 +97,25 @@ class AveragingResult:
     received: float = 1.0
     """Fraction of the averaged tensors' elements whose group mean arrived; below 1 the rest kept this peer's own
     values (a member stopped mid-round)."""
+    resync: bool = False
+    """The round was partial, or one of its members said its state may have drifted from the group's: its members
+    should average their whole state once they have stepped."""
+
+
+def member_report(gathered: object) -> tuple[float, bool]:
+    """(microbatches, drifted) from what one member told the round (its `gather`, ``{"weight": w, "drifted": b}``):
+    a weight that is not a finite non-negative number (a foreign or faulty member's) counts as none, a flag that is
+    not True as not drifted."""
+    if not isinstance(gathered, dict):
+        return 0.0, False
+    w = gathered.get("weight")
+    ok = isinstance(w, int | float) and not isinstance(w, bool) and math.isfinite(w) and w >= 0
+    return (float(w) if ok else 0.0), gathered.get("drifted") is True
 
 
 def total_weight(gathered: Iterable[object]) -> float:
-    """The group's microbatches from what its members told the round (their `gather`): a value that is not a finite
-    non-negative number (a foreign or faulty member's) counts as none."""
-    return float(sum(w for w in gathered if isinstance(w, int | float) and not isinstance(w, bool)
-                     and math.isfinite(w) and w >= 0))
+    """The group's microbatches from what its members told the round (`member_report`)."""
+    return float(sum(member_report(g)[0] for g in gathered))
 
 
 class StageAverager:
@@ -110,6 +126,7 @@ class StageAverager:
     :param target_group_size: peers per round; None = as many as show up during matchmaking
     :param min_matchmaking_time: how long to wait for peers to join a round
     :param compression: "none" or "float16" on the wire
+    :param name: what the group averages, in its DHT prefix ("avg": the gradients; another name, another group)
     :param round_timeout: the most seconds a round's all-reduce may take once its group formed, and the default
       (and most) a call waits for the group to form
     :param next_chunk_timeout: see `NEXT_CHUNK_TIMEOUT`
@@ -118,10 +135,13 @@ class StageAverager:
     def __init__(self, dht: DHT, *, run_id: str, stage: int, tensors: Sequence[torch.Tensor],
                  target_group_size: int | None = None, min_group_size: int = 2, min_matchmaking_time: float = 2.0,
                  request_timeout: float = 1.0, compression: Literal["none", "float16"] = "none",
-                 round_timeout: float = AVERAGING_TIMEOUT, next_chunk_timeout: float = NEXT_CHUNK_TIMEOUT):
+                 round_timeout: float = AVERAGING_TIMEOUT, next_chunk_timeout: float = NEXT_CHUNK_TIMEOUT,
+                 name: str = "avg"):
         if compression not in ("none", "float16"):
             raise ValueError(f"compression must be 'none' or 'float16', got {compression!r}")
-        self.prefix = f"skippipe/{run_id}/stage{stage}/avg"
+        if not name.isidentifier():
+            raise ValueError(f"name must be an identifier, got {name!r}")
+        self.prefix = f"skippipe/{run_id}/stage{stage}/{name}"
         if not (round_timeout > 0 and next_chunk_timeout > 0):
             raise ValueError(f"timeouts must be > 0, got {round_timeout} and {next_chunk_timeout}")
         self.round_timeout = round_timeout
@@ -135,12 +155,13 @@ class StageAverager:
             compression=Float16Compression() if compression == "float16" else NoCompression(),
         )
 
-    def average(self, tensors: Sequence[torch.Tensor], weight: float, *,
-                timeout: float | None = None) -> AveragingResult:
+    def average(self, tensors: Sequence[torch.Tensor], weight: float, *, timeout: float | None = None,
+                drifted: bool = False) -> AveragingResult:
         """Replace ``tensors`` in place by the group's weighted mean, if a group forms within ``timeout`` (at most
         the round timeout): on a partial round, by the mean where it arrived and as they were elsewhere.
 
         :param weight: microbatches this peer processed since the last round (0 = contribute nothing)
+        :param drifted: this peer's state may differ from its group's (told to the round: see `resync`)
         """
         timeout = self.round_timeout if timeout is None else min(timeout, self.round_timeout)
         if not weight >= 0:
@@ -152,7 +173,8 @@ class StageAverager:
                 buf.copy_(t.detach())
         self._received.value = 1.0
         try:
-            gathered = self._averager.step(weight=float(weight), gather=float(weight), timeout=timeout)
+            gathered = self._averager.step(weight=float(weight), gather={"weight": float(weight), "drifted": drifted},
+                                           timeout=timeout)
         except Exception as e:  # hivemind raises assorted errors when a round breaks down
             logger.warning("%s: averaging round failed: %s: %s", self.prefix, type(e).__name__, e,
                            extra=event("averaging_failed", group=self.prefix, why=f"{type(e).__name__}: {e}"))
@@ -170,8 +192,9 @@ class StageAverager:
                            "this peer's own",
                            self.prefix, 100 * received,
                            extra=event("averaging_partial", group=self.prefix, received=round(received, 4)))
+        resync = received < 1.0 or any(member_report(g)[1] for g in gathered.values())
         return AveragingResult(averaged=True, group_size=len(gathered), total_weight=total_weight(gathered.values()),
-                               received=received)
+                               received=received, resync=resync)
 
     def shutdown(self) -> None:
         self._averager.shutdown()

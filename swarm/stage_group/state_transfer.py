@@ -117,8 +117,15 @@ def check_state(worker: StageWorker, messages: Mapping[int, Inbound]
     if steps < 0 or messages[OPTIMIZER].header.weight != steps + 1:
         raise WorkerError(f"state transfer step counts {messages[WEIGHTS].header.weight - 1} and "
                           f"{messages[OPTIMIZER].header.weight - 1}: need one count, not negative")
+    return check_flat_state(worker, messages[WEIGHTS].tensor, messages[OPTIMIZER].tensor, steps)
+
+
+def check_flat_state(worker: StageWorker, flat_weights: torch.Tensor, flat_moments: torch.Tensor, steps: int
+                     ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], int]:
+    """`state_parts` of a stage as (weights, optimizer state, steps) for `worker`'s stage, or WorkerError: another
+    stage's layout, non-finite values, a negative second moment, a step count that is not a whole number up to
+    `steps`."""
     template_w = dict(worker.module.state_dict())
-    flat_moments = messages[OPTIMIZER].tensor
     if flat_moments.dtype != torch.float32 or not bool(torch.isfinite(flat_moments).all()):
         raise WorkerError("state transfer optimizer moments are not finite float32")
     try:
@@ -130,7 +137,7 @@ def check_state(worker: StageWorker, messages: Mapping[int, Inbound]
             raise WorkerError(f"state transfer {key} is negative")
         if key.endswith(".step") and (float(t) != int(float(t)) or float(t) > steps):
             raise WorkerError(f"state transfer {key} = {float(t)} is not a whole count up to {steps}")
-    weights = unflatten_weights(messages[WEIGHTS].tensor, {k: v.shape for k, v in template_w.items()})
+    weights = unflatten_weights(flat_weights, {k: v.shape for k, v in template_w.items()})
     weights = {k: v.to(template_w[k].dtype) for k, v in weights.items()}
     optim = {k: t.reshape(()) if k.endswith(".step") else t for k, t in moments.items()}
     return weights, optim, steps

@@ -110,10 +110,13 @@ def transport_peer(key_path: str, initial_peers: list[str], options: dict[str, A
 
 
 def averaging_peer(idx: int, initial_peers: list[str], barrier: Any, res_q: mp.Queue,
-                   rounds: list[tuple[float, float]], group_size: int = 3, next_chunk_timeout: float | None = None,
+                   rounds: list[tuple], group_size: int = 3, next_chunk_timeout: float | None = None,
                    run_id: str = "run-avg", columns: int = 1000) -> None:
-    """One member of a stage group: for each (value, weight) in ``rounds`` fills its gradient (a 3 x ``columns`` and
-    a 7-element tensor) and averages; answers (result, a few of the values, seconds, every distinct value)."""
+    """One member of a stage group: for each (value, weight[, drifted]) in ``rounds`` fills its gradient (a 3 x
+    ``columns`` and a 7-element tensor) and averages, telling the round whether it `drifted`; where the round asks
+    for it (`resync`), then averages those tensors again as its whole state would be (a group of its own).
+    Answers, per round: (result, a few of the values, seconds, every distinct value, every distinct value after
+    the resync or None)."""
     mp.set_start_method("fork", force=True)  # hivemind's averager is an mp.Process that cannot be pickled
     import hivemind
     import torch
@@ -126,20 +129,31 @@ def averaging_peer(idx: int, initial_peers: list[str], barrier: Any, res_q: mp.Q
     options = {} if next_chunk_timeout is None else {"next_chunk_timeout": next_chunk_timeout}
     averager = StageAverager(dht, run_id=run_id, stage=1, tensors=grads, min_matchmaking_time=1.0,
                              target_group_size=group_size, **options)
+    state = None
+    distinct = lambda: torch.cat([g.view(-1) for g in grads]).unique().tolist()  # noqa: E731
     results = []
     try:
-        for value, weight in rounds:
+        for value, weight, *drifted in rounds:
             for g in grads:
                 g.fill_(value)
             barrier.wait(timeout=60)
             start = time.perf_counter()
-            result = averager.average(grads, weight, timeout=20)
-            results.append((result, grads[0].view(-1)[:2].tolist() + grads[1][:1].tolist(),
-                            time.perf_counter() - start, torch.cat([g.view(-1) for g in grads]).unique().tolist()))
+            result = averager.average(grads, weight, timeout=20, drifted=bool(drifted and drifted[0]))
+            seconds, after = time.perf_counter() - start, distinct()
+            resynced = None
+            if result.resync:
+                state = state or StageAverager(dht, run_id=run_id, stage=1, tensors=grads, min_matchmaking_time=1.0,
+                                               target_group_size=result.group_size, name="state")
+                state.average(grads, 1.0, timeout=20)
+                resynced = distinct()
+            results.append((result, grads[0].view(-1)[:2].tolist() + grads[1][:1].tolist(), seconds, after,
+                            resynced))
         res_q.put((idx, results))
         barrier.wait(timeout=60)
     finally:
         averager.shutdown()
+        if state is not None:
+            state.shutdown()
         stop_dht(dht)
 
 
@@ -163,7 +177,8 @@ def frozen_averaging_peer(initial_peers: list[str], barrier: Any, res_q: mp.Queu
                              request_timeout=1.0)
     try:
         # looking for the group first, so that the others join it: it then waits for a trigger that never comes
-        control = averager.step(weight=1.0, gather=1.0, timeout=20, require_trigger=True, wait=False)
+        control = averager.step(weight=1.0, gather={"weight": 1.0, "drifted": False}, timeout=20,
+                                require_trigger=True, wait=False)
         barrier.wait(timeout=60)
         end = time.monotonic() + 20
         while control.stage == AveragingStage.LOOKING_FOR_GROUP and time.monotonic() < end:
@@ -172,4 +187,48 @@ def frozen_averaging_peer(initial_peers: list[str], barrier: Any, res_q: mp.Queu
         barrier.wait(timeout=60)  # until the others are done
     finally:
         averager.shutdown()
+        stop_dht(dht)
+
+
+def session_peer(idx: int, initial_peers: list[str], barrier: Any, res_q: mp.Queue, alone_first: bool) -> None:
+    """A member of stage 1's group as a peer runs it (`StageSession` over a real worker, hivemind averaging): two
+    iterations of backward on its own data, averaging, one step and the resync the round may ask for. In the first,
+    `alone_first` looks for a group of two that never forms (its mate does not average that iteration) and steps on
+    its own gradient; its mate steps on its own too, as a group of one. Answers, per iteration: (the SHA-256 of its
+    state, whether it counts itself drifted, whether its state was resynced)."""
+    mp.set_start_method("fork", force=True)  # hivemind's averager is an mp.Process that cannot be pickled
+    import hivemind
+    import torch
+
+    from peers.optim import OptimConfig
+    from peers.worker import StageWorker
+    from swarm.net.dht_shutdown import stop_dht
+    from swarm.peer.stage_session import StageSession
+    from swarm.stage_group.state_transfer import state_digest, state_parts
+    from tests.peers.peers_util import MICRO
+
+    dht = hivemind.DHT(initial_peers=initial_peers, host_maddrs=["/ip4/127.0.0.1/tcp/0"], start=True)
+    worker = StageWorker(f"p{idx}", 1, MICRO, (2, 2), OptimConfig(), seed=1)
+    session = StageSession(1, worker, run_id="run-session", dht=lambda: dht)
+    gen = torch.Generator().manual_seed(idx)
+    out = []
+    try:
+        for iteration in range(2):
+            x = torch.randn(2, 8, MICRO.dim, generator=gen)
+            y = worker.forward(0, x)
+            worker.backward(0, torch.randn(y.shape, generator=gen))
+            if iteration == 0 and not alone_first:
+                barrier.wait(timeout=60)  # its mate's round times out first
+                session.average_with_hivemind(1, timeout=5)
+            else:
+                session.average_with_hivemind(2, timeout=5 if iteration == 0 else 20)
+                if iteration == 0:
+                    barrier.wait(timeout=60)
+            worker.step()
+            resynced = session.resync_state(20)
+            out.append((state_digest(*state_parts(worker), worker.steps).hex(), session.drifted, resynced))
+            barrier.wait(timeout=60)
+        res_q.put((idx, out))
+    finally:
+        session.close()
         stop_dht(dht)

@@ -29,8 +29,9 @@ def test_weighted_mean_across_three_processes(bootstrap):
     ctx = mp.get_context("spawn")
     barrier, res_q = ctx.Barrier(3), ctx.Queue()
     maddrs = [str(m) for m in bootstrap.get_visible_maddrs()]
-    # peer i processed w microbatches whose mean gradient is v: (v, w) per round
-    rounds = {0: [(1.0, 1), (5.0, 2)], 1: [(2.0, 2), (5.0, 2)], 2: [(4.0, 5), (-1.0, 0)]}
+    # peer i processed w microbatches whose mean gradient is v: (v, w) per round; in the second, peer 2 says its
+    # state may have drifted from the group's (it stepped alone before, say): every member is asked to resync
+    rounds = {0: [(1.0, 1), (5.0, 2)], 1: [(2.0, 2), (5.0, 2)], 2: [(4.0, 5), (-1.0, 0, True)]}
     procs = [spawn(averaging_peer, i, maddrs, barrier, res_q, rounds[i]) for i in range(3)]
     try:
         results = dict(res_q.get(timeout=100) for _ in range(3))
@@ -39,10 +40,11 @@ def test_weighted_mean_across_three_processes(bootstrap):
             join_or_stop(p, timeout=20)
     expected = [(1 * 1 + 2 * 2 + 4 * 5) / 8, (5 * 2 + 5 * 2 + -1 * 0) / 4]  # sum(w v) / sum(w), not mean(v)
     for i in range(3):
-        for r, (result, values, _, _) in enumerate(results[i]):
+        for r, (result, values, _, _, _) in enumerate(results[i]):
             total = sum(rounds[j][r][1] for j in range(3))
             assert result.averaged and result.group_size == 3 and result.total_weight == total
             assert values == pytest.approx([expected[r]] * 3, rel=1e-6), (i, r)
+            assert result.resync == (r == 1), (i, r)
 
 
 def test_lone_peer_keeps_its_tensors_after_the_deadline(bootstrap):
@@ -56,10 +58,11 @@ def test_lone_peer_keeps_its_tensors_after_the_deadline(bootstrap):
     assert torch.equal(grads[0], torch.full((5,), 3.0))
 
 
-def test_a_member_silent_mid_round_leaves_its_part_unaveraged_and_the_round_reports_it(bootstrap):
+def test_a_member_silent_mid_round_leaves_its_part_unaveraged_and_the_others_resync(bootstrap):
     """hivemind's contract for a member that found the group and then went silent (a frozen host): the others leave
     it out once it is `next_chunk_timeout` late, and the part it was to average stays as each of them had it; the
-    round is reported partial, with the fraction that was averaged."""
+    round is reported partial, with the fraction that was averaged, and asks its members to resync: averaged again
+    in a group of their own, the two survivors agree once more."""
     from tests.utils.swarm_workers import frozen_averaging_peer
 
     ctx = mp.get_context("spawn")
@@ -75,16 +78,21 @@ def test_a_member_silent_mid_round_leaves_its_part_unaveraged_and_the_round_repo
         for p in procs:
             join_or_stop(p, timeout=20)
     for i, value in own.items():
-        [(result, _, seconds, distinct)] = results[i]
+        [(result, _, seconds, distinct, resynced)] = results[i]
         assert result.averaged and result.group_size == 3, (result, results["frozen"])
         assert 0 < result.received < 1, result  # the silent member's share was not averaged, the rest was
         assert distinct == sorted([2.0, value]), (i, distinct)  # the pair's mean where it arrived, else its own
         assert seconds < 20
+        assert result.resync and resynced == [2.0], (i, resynced)  # the pair's mean everywhere
 
 
 def test_the_group_weight_counts_only_what_members_could_have_processed():
-    """What members tell a round is theirs to say: a value that is no finite non-negative count adds nothing."""
-    from swarm.stage_group.hivemind_averager import total_weight
+    """What members tell a round is theirs to say: a value that is no finite non-negative count adds nothing, and
+    only a flag that is True says a member drifted."""
+    from swarm.stage_group.hivemind_averager import member_report, total_weight
 
-    assert total_weight([2, 3.0, "7", -1, float("nan"), float("inf"), True, None, [4]]) == 5.0
+    told = [{"weight": w} for w in (2, 3.0, "7", -1, float("nan"), float("inf"), True, None, [4])]
+    assert total_weight([*told, 4, None, "x", [1.0]]) == 5.0  # not a member's report: none
     assert total_weight([]) == 0.0
+    assert member_report({"weight": 1, "drifted": True}) == (1.0, True)
+    assert [member_report({"weight": 1, "drifted": d})[1] for d in (1, "yes", None, False)] == [False] * 4

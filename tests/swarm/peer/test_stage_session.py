@@ -1,0 +1,38 @@
+"""StageSession with hivemind averaging: a member that stepped without a whole round says so at its next round, and
+the group then averages its whole state, so the copies of the stage agree again (two real processes)."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+
+import hivemind
+import pytest
+
+from swarm.net.dht_shutdown import stop_dht
+from tests.utils.processes import join_or_stop, spawn
+from tests.utils.swarm_workers import session_peer
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_a_member_that_stepped_alone_is_resynced_with_its_group_at_the_next_round():
+    dht = hivemind.DHT(host_maddrs=["/ip4/127.0.0.1/tcp/0"], start=True)
+    try:
+        ctx = mp.get_context("spawn")
+        barrier, res_q = ctx.Barrier(2), ctx.Queue()
+        maddrs = [str(m) for m in dht.get_visible_maddrs()]
+        procs = [spawn(session_peer, i, maddrs, barrier, res_q, i == 0) for i in range(2)]
+        try:
+            results = dict(res_q.get(timeout=100) for _ in range(2))
+        finally:
+            for p in procs:
+                join_or_stop(p, timeout=20)
+    finally:
+        stop_dht(dht)
+    (alone_digest, alone_drifted, _), (alone_after, alone_drifted_after, alone_resynced) = results[0]
+    (mate_digest, mate_drifted, _), (mate_after, mate_drifted_after, mate_resynced) = results[1]
+    assert alone_drifted and not mate_drifted  # it looked for its group and stepped on its own gradient
+    assert alone_digest != mate_digest
+    assert alone_resynced and mate_resynced  # its flag in the next round asked both for their whole state
+    assert alone_after == mate_after  # weights and AdamW moments agree again, bit for bit
+    assert not alone_drifted_after and not mate_drifted_after
