@@ -31,8 +31,8 @@ def test_a_member_that_stepped_alone_is_resynced_with_its_group_at_the_next_roun
         stop_dht(dht)
     (alone_digest, alone_drifted, _), (alone_after, alone_drifted_after, alone_resynced) = results[0]
     (mate_digest, mate_drifted, _), (mate_after, mate_drifted_after, mate_resynced) = results[1]
-    assert alone_drifted and not mate_drifted  # it looked for its group and stepped on its own gradient
+    assert alone_drifted and not mate_drifted, results  # it looked for its group and stepped on its own gradient
     assert alone_digest != mate_digest
-    assert alone_resynced and mate_resynced  # its flag in the next round asked both for their whole state
+    assert alone_resynced and mate_resynced, results  # its flag in the next round asked both for their whole state
     assert alone_after == mate_after  # weights and AdamW moments agree again, bit for bit
     assert not alone_drifted_after and not mate_drifted_after
