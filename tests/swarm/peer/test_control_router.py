@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import logging
 
-import pytest
 from hivemind.utils import get_dht_time
 
 from swarm.control.gossip import GossipMessage
 from swarm.control.membership import MembershipCert
 from swarm.control.messages import Admitted, Broken, NotDialable, SitOut, as_gossip
 from swarm.events import EVENT_ATTR
-from swarm.net.identity import ensure_identity, load_identity
 from swarm.peer.attempts import Requeue
 from swarm.peer.control_router import ControlRouter
 from swarm.peer.mailbox import Inbox
@@ -22,13 +20,6 @@ from swarm.peer.reports import Reports
 from swarm.peer.schedule_follower import ScheduleFollower
 
 RUN = "r"
-
-
-@pytest.fixture(scope="module")
-def scheduler(tmp_path_factory):
-    path = str(tmp_path_factory.mktemp("keys") / "scheduler.key")
-    ensure_identity(path)
-    return load_identity(path)
 
 
 class Role:

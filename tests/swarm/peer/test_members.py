@@ -3,22 +3,13 @@ peers of the schedule it follows (signed by its scheduler); never a peer the sch
 
 from __future__ import annotations
 
-import pytest
 from hivemind.utils import get_dht_time
 
 from swarm.control.membership import MembershipCert
 from swarm.control.messages import Admitted, Refused
-from swarm.net.identity import ensure_identity, load_identity
 from swarm.peer.members import Members
 
 RUN = "r"
-
-
-@pytest.fixture(scope="module")
-def scheduler(tmp_path_factory):
-    path = str(tmp_path_factory.mktemp("keys") / "scheduler.key")
-    ensure_identity(path)
-    return load_identity(path)
 
 
 def members(scheduler) -> Members:
