@@ -52,6 +52,17 @@ def _suspended_tree(pid: int) -> list:
     return tree
 
 
+def committed_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Metrics records in the order written, less those a later record supersedes: a scheduler killed right after
+    it wrote down a commit may never have announced it, and its successor then runs that iteration again under a
+    newer epoch; the successor's record of an iteration replaces every earlier record of it and of those after it."""
+    out: list[dict[str, Any]] = []
+    for r in records:
+        while out and out[-1].get("iteration", 0) >= r.get("iteration", 0):
+            out.pop()
+        out.append(r)
+    return out
+
 class LocalSwarm:
     """Start, watch and stop a local run.
 
@@ -195,11 +206,12 @@ class LocalSwarm:
 
     # ---- progress ---------------------------------------------------------------------------------
     def metrics(self, path: str | Path | None = None) -> list[dict[str, Any]]:
+        """The committed iterations' metrics records, oldest first (`committed_records`)."""
         f = Path(path) if path else self.run_dir / "metrics.jsonl"
         if not f.exists():
             return []
         lines = f.read_text().split("\n")[:-1]  # the last piece is empty, or a record still being written
-        return [json.loads(line) for line in lines if line.strip()]
+        return committed_records([json.loads(line) for line in lines if line.strip()])
 
     def events(self, name: str | None = None, *, who: str = "*") -> list[dict[str, Any]]:
         """The typed events (`swarm.events`) the run's processes recorded, oldest first: those named `name` (all
@@ -221,16 +233,18 @@ class LocalSwarm:
               on_record: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
         """Wait until `iterations` iterations are reported (or the coordinator exits), calling `on_record` for
         each new one; raises if a process dies or the run stalls past `timeout`."""
-        seen = 0
+        reported: list[dict[str, Any]] = []
         deadline = time.monotonic() + timeout
         while True:
             records = self.metrics(metrics_path)
-            for r in records[seen:]:
+            same = next((i for i, (a, b) in enumerate(zip(reported, records)) if a != b),
+                        min(len(reported), len(records)))
+            for r in records[same:]:  # a superseded record is followed by the one that replaced it
                 if on_record:
                     on_record(r)
                 deadline = time.monotonic() + timeout
-            seen = len(records)
-            if seen >= iterations:
+            reported = records
+            if len(records) >= iterations:
                 return records
             dead = [p for p in self.peers if p.poll() not in (None, 0) and p.returncode != -9]
             if dead:
