@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from swarm.events import read_events
 from swarm.local.interrupts import deferred_interrupts
 from swarm.net.reaper import unix_socket_paths
+from swarm.report.run_dir import committed_records
 
 if TYPE_CHECKING:
     from swarm.local.emulated_network import EmulatedNetwork
@@ -51,17 +52,6 @@ def _suspended_tree(pid: int) -> list:
             continue
     return tree
 
-
-def committed_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Metrics records in the order written, less those a later record supersedes: a scheduler killed right after
-    it wrote down a commit may never have announced it, and its successor then runs that iteration again under a
-    newer epoch; the successor's record of an iteration replaces every earlier record of it and of those after it."""
-    out: list[dict[str, Any]] = []
-    for r in records:
-        while out and out[-1].get("iteration", 0) >= r.get("iteration", 0):
-            out.pop()
-        out.append(r)
-    return out
 
 class LocalSwarm:
     """Start, watch and stop a local run.

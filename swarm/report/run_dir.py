@@ -104,31 +104,42 @@ def read_run(path: str | Path) -> RunData:
 
 
 # ---- metrics ----------------------------------------------------------------------------------------
+def committed_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Metrics records in the order written, less those a later record supersedes: a scheduler killed right after
+    it wrote down a commit may never have announced it, and its successor then runs that iteration again under a
+    newer epoch; the successor's record of an iteration replaces every earlier record of it and of those after it."""
+    out: list[dict[str, Any]] = []
+    for r in records:
+        while out and out[-1].get("iteration", 0) >= r.get("iteration", 0):
+            out.pop()
+        out.append(r)
+    return out
+
+
 def _read_metrics(path: Path, warnings: list[str]) -> list[IterationRecord]:
     counter = LineCounter(path)
-    by_iteration: dict[int, IterationRecord] = {}
-    repeated = 0
+    valid: list[dict[str, Any]] = []
     try:
         if path.stat().st_size > MAX_METRICS_BYTES:
             raise NotARunError(f"{path} is larger than {MAX_METRICS_BYTES >> 20} MiB: not a metrics file of this "
                                f"project")
         for raw in read_json_lines(path, counter):
-            record = iteration_record(raw)
-            if record is None:
+            if iteration_record(raw) is None:
                 counter.skipped += 1
-                continue
-            repeated += record.iteration in by_iteration
-            by_iteration[record.iteration] = record  # a successor scheduler may record an iteration again
+            else:
+                valid.append(raw)
     except OSError as e:
         raise NotARunError(f"cannot read {path}: {e}") from None
-    if not by_iteration:
+    if not valid:
         raise NotARunError(f"{path} holds no valid iteration record ({counter.lines} lines, "
                            f"{counter.skipped} malformed)")
     if (w := counter.warning("malformed")) is not None:
         warnings.append(w)
-    if repeated:
-        warnings.append(f"{path.name}: {repeated} iterations recorded more than once (the last record kept)")
-    return [by_iteration[i] for i in sorted(by_iteration)]
+    kept = committed_records(valid)
+    if len(kept) < len(valid):
+        warnings.append(f"{path.name}: {len(valid) - len(kept)} records superseded by a later record of the same "
+                        f"iteration (a successor scheduler's rerun; the later kept)")
+    return [r for r in map(iteration_record, kept) if r is not None]
 
 
 def iteration_record(d: dict[str, Any]) -> IterationRecord | None:

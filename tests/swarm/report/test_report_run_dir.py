@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from swarm.cli.main import main
 from swarm.report.json_lines import MAX_LINE_BYTES
-from swarm.report.run_dir import NotARunError, read_run
+from swarm.report.run_dir import NotARunError, committed_records, read_run
 from swarm.report.write import write_report
 
 
@@ -85,7 +85,16 @@ def test_an_iteration_recorded_twice_keeps_the_last_record(fixture_run, tmp_path
         f.write(json.dumps({"iteration": 6, "loss": 1.25, "epoch": 1}) + "\n")
     data = read_run(run)
     assert data.metrics[-1].loss == 1.25 and len(data.metrics) == 6
-    assert any("recorded more than once" in w for w in data.warnings)
+    assert any("superseded by a later record" in w for w in data.warnings)
+
+
+def test_a_rerun_iteration_replaces_the_records_it_supersedes():
+    written = [{"iteration": 36, "epoch": 3}, {"iteration": 37, "epoch": 4}, {"iteration": 37, "epoch": 5},
+               {"iteration": 38, "epoch": 5}]
+    assert committed_records(written) == [{"iteration": 36, "epoch": 3}, {"iteration": 37, "epoch": 5},
+                                          {"iteration": 38, "epoch": 5}]
+    in_order = [{"iteration": i, "epoch": 0} for i in range(1, 5)]
+    assert committed_records(in_order) == in_order
 
 
 @pytest.mark.parametrize("content", ["{", '{"version": 99}', "[]", "\udcff", '{"version": 1, "epoch": 0}'])
