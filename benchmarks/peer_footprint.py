@@ -39,7 +39,8 @@ def one_run(args: argparse.Namespace, message_bytes: int, root: Path, index: int
     peer_args = [["--stage", str(i % 3), "--emulate-speed", "0.02"] for i in range(args.peers)]
     swarm = LocalSwarm(run_dir, args.peers, run_id="footprint",
                        coordinator_args=["--config", str(run_dir / "run.toml")], peer_args=peer_args,
-                       env=dict(kv.split("=", 1) for kv in args.env))
+                       env=dict(kv.split("=", 1) for kv in args.env),
+                       warm_start=False)  # a volunteer's peer starts cold, alone on its machine: measure that one
     samples = []
     try:
         swarm.start()

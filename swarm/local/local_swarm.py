@@ -13,7 +13,6 @@ import logging
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -21,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from swarm.events import read_events
 from swarm.local.interrupts import deferred_interrupts
+from swarm.local.warm_start import WarmProcess, WarmStarter, python_entry
 from swarm.net.reaper import unix_socket_paths
 from swarm.report.run_dir import committed_records
 
@@ -32,8 +32,10 @@ logger = logging.getLogger(__name__)
 START_TIMEOUT = 120.0
 
 
-def _python(entry: str) -> list[str]:
-    return [sys.executable, "-c", f"import sys; from swarm.cli.main import {entry}; sys.exit({entry}())"]
+_python = python_entry
+
+Started = subprocess.Popen | WarmProcess
+"""A process the launcher started: a cold one, or a peer forked by the warm starter."""
 
 
 def _suspended_tree(pid: int) -> list:
@@ -59,11 +61,15 @@ class LocalSwarm:
     :param coordinator_args: extra `skippipe coordinator start` flags (e.g. ["--config", "run.toml"])
     :param peer_args: extra `skippipe-peer join` flags for each peer (one list per peer, or one for all)
     :param network: run peer i in host i of this (started) emulated network, the coordinator on its bridge
+    :param warm_start: fork the peers from one process that imported what they import (`WarmStarter`: seconds of
+      CPU less per peer); not for peers in an emulated network's hosts, nor where a cold peer's own footprint is
+      what is measured
     """
 
     def __init__(self, run_dir: str | Path, num_peers: int, *, run_id: str, coordinator_args: Sequence[str] = (),
                  peer_args: Sequence[Sequence[str]] | Sequence[str] = (), host: str = "127.0.0.1",
-                 env: dict[str, str] | None = None, network: EmulatedNetwork | None = None) -> None:
+                 env: dict[str, str] | None = None, network: EmulatedNetwork | None = None,
+                 warm_start: bool = True) -> None:
         self.run_dir = Path(run_dir)
         self.num_peers, self.run_id, self.network = num_peers, run_id, network
         self.host = network.gateway if network is not None else host
@@ -75,7 +81,10 @@ class LocalSwarm:
         # says otherwise (a later --threads in peer_args wins)
         self.env = {"OMP_NUM_THREADS": "1", **os.environ, **(env or {})}
         self.coordinator: subprocess.Popen | None = None
-        self.peers: list[subprocess.Popen] = []
+        self.peers: list[Started] = []
+        self.warm_start = warm_start and network is None
+        self.starter: WarmStarter | None = None
+        """The process the peers are forked from (with `warm_start`, once started)."""
         self.initial_peers: list[str] = []
         self.join_token: str | None = None
         self.metrics_path = self.run_dir / "metrics.jsonl"
@@ -86,6 +95,8 @@ class LocalSwarm:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         address = self.run_dir / "coordinator.json"
         address.unlink(missing_ok=True)
+        if self.warm_start and self.starter is None:  # imports while the coordinator starts
+            self.starter = WarmStarter(self.env, log=self.run_dir / "warm-starter.log")
         self.coordinator = self._spawn(
             _python("main") + ["coordinator", "start", "--run-id", self.run_id, "--host", self.host,
                                "--identity", str(self.run_dir / "coordinator.key"), "--run-dir", str(self.run_dir),
@@ -105,37 +116,43 @@ class LocalSwarm:
         for i in range(self.num_peers):
             self.add_peer(i)
 
-    def add_peer(self, index: int, extra: Sequence[str] = ()) -> subprocess.Popen:
+    def add_peer(self, index: int, extra: Sequence[str] = ()) -> Started:
         args = self.peer_args[index] if index < len(self.peer_args) else []
         prefix, host = [], self.host
         if self.network is not None:
             if index >= self.network.num_hosts:
                 raise ValueError(f"the emulated network has {self.network.num_hosts} hosts, no host for peer {index}")
             prefix, host = self.network.exec_prefix(index), self.network.host(index)
-        proc = self._spawn(
-            prefix + _python("peer_main") + ["join", "--run", self.run_id, "--host", host,
-                                    "--initial-peers", self.initial_peers[0],
-                                    "--identity", str(self.run_dir / f"peer-{index:02d}.key"),
-                                    "--log-file", str(self.run_dir / f"peer-{index:02d}.log"),
-                                    "--events", str(self.run_dir / f"peer-{index:02d}.events.jsonl"),
-                                    "--metrics", str(self.metrics_path),
-                                    "--trace", str(self.run_dir / f"peer-{index:02d}.trace.jsonl"),
-                                    "--threads", "1", *args, *extra],
-            f"peer-{index:02d}", token=self.join_token)
+        join = ["join", "--run", self.run_id, "--host", host, "--initial-peers", self.initial_peers[0],
+                "--identity", str(self.run_dir / f"peer-{index:02d}.key"),
+                "--log-file", str(self.run_dir / f"peer-{index:02d}.log"),
+                "--events", str(self.run_dir / f"peer-{index:02d}.events.jsonl"),
+                "--metrics", str(self.metrics_path),
+                "--trace", str(self.run_dir / f"peer-{index:02d}.trace.jsonl"),
+                "--threads", "1", *args, *extra]
+        name = f"peer-{index:02d}"
+        if self.starter is not None and not prefix:
+            proc: Started = self.starter.spawn(join, self._env(self.join_token), self.run_dir / f"{name}.out")
+            logger.info("started %s (pid %d, forked warm)", name, proc.pid)
+        else:
+            proc = self._spawn(prefix + _python("peer_main") + join, name, token=self.join_token)
         self.peers.append(proc)
         return proc
+
+    def _env(self, token: str | None) -> dict[str, str]:
+        return {**self.env, **({"SKIPPIPE_JOIN_TOKEN": token} if token else {})}
 
     def _spawn(self, cmd: list[str], name: str, token: str | None = None) -> subprocess.Popen:
         """Start `cmd` as process `name`; a peer gets the run's join token in its environment (not on its command
         line, which every user of the host can read)."""
         out = open(self.run_dir / f"{name}.out", "ab")  # noqa: SIM115 (owned by the child; closed on stop)
-        env = {**self.env, **({"SKIPPIPE_JOIN_TOKEN": token} if token else {})}
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=self._env(token))
         out.close()
         logger.info("started %s (pid %d)", name, proc.pid)
         return proc
 
-    def kill(self, proc: subprocess.Popen) -> None:
+    def kill(self, proc: Started) -> None:
         """SIGKILL a process and everything it started (its p2pd, its gossip sidecar): a machine that dies.
 
         A killed process cannot remove its unix sockets (hivemind's p2pd control sockets), so this does.
@@ -161,13 +178,13 @@ class LocalSwarm:
             if Path(path).name.startswith("hivemind-") and path.endswith(".sock"):
                 Path(path).unlink(missing_ok=True)
 
-    def freeze(self, proc: subprocess.Popen) -> list:
+    def freeze(self, proc: Started) -> list:
         """SIGSTOP a process and everything it started: a host that dies silently (nothing is reset, its sockets
         stay open, only timeouts tell). Returns the stopped processes (psutil); `kill` ends them, resumed or not."""
         return _suspended_tree(proc.pid)
 
     @property
-    def processes(self) -> list[subprocess.Popen]:
+    def processes(self) -> list[Started]:
         return [p for p in [self.coordinator, *self.peers] if p is not None]
 
     def stop(self, grace: float = 15.0) -> None:
@@ -176,6 +193,9 @@ class LocalSwarm:
         A Ctrl+C meanwhile does not cut this short (it is raised once everything is stopped)."""
         with deferred_interrupts():
             self._stop(grace)
+            if self.starter is not None:
+                self.starter.stop()
+                self.starter = None
 
     def _stop(self, grace: float) -> None:
         for sig, wait in ((signal.SIGINT, grace), (signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):

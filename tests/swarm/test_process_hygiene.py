@@ -1,17 +1,20 @@
 """`kill -9` of a peer's or the coordinator's main process leaves none of its helpers alive: hivemind's DHT
 process, its p2pd, the gossip sidecar and the reaper itself all go (`swarm.net.reaper`), and the run's other
-processes are untouched."""
+processes are untouched. The peers are forked from a warm starter (`swarm.local.warm_start`): one that dies takes
+its peers, and so their helpers, with it."""
 
 from __future__ import annotations
 
 import os
 import signal
 import time
+from pathlib import Path
 
 import psutil
 import pytest
 
 from swarm.local.local_swarm import LocalSwarm
+from swarm.net.reaper import unix_socket_paths
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -51,11 +54,24 @@ def test_kill_9_of_a_peer_and_of_the_coordinator_leaves_no_helper_behind(tmp_pat
             left = wait_for_helpers(victim.pid)
             bystanders = [p for p in helpers(swarm.peers[1].pid) if alive(p)]
             os.kill(victim.pid, signal.SIGKILL)
-            victim.wait(timeout=10)
+            assert victim.wait(timeout=10) == -signal.SIGKILL
             end = time.monotonic() + 20
             while any(alive(p) for p in left) and time.monotonic() < end:
                 time.sleep(0.2)
             assert not [p.cmdline() for p in left if alive(p)], "helpers outlived their node"
             assert all(alive(p) for p in bystanders), "another peer's helpers were touched"
+        assert swarm.starter is not None, "the peers were not forked warm"
+        survivor = swarm.peers[1]
+        left = wait_for_helpers(survivor.pid)
+        sockets = [s for p in [survivor.pid, *(h.pid for h in left)] for s in unix_socket_paths(p)]
+        swarm.starter.proc.kill()  # as if killed with its launcher
+        assert survivor.wait(timeout=20) == -signal.SIGKILL
+        for path in sockets:  # what a process killed with -9 cannot remove (LocalSwarm.kill does the same)
+            if Path(path).name.startswith("hivemind-"):
+                Path(path).unlink(missing_ok=True)
+        end = time.monotonic() + 20
+        while any(alive(p) for p in left) and time.monotonic() < end:
+            time.sleep(0.2)
+        assert not [p.cmdline() for p in left if alive(p)], "a forked peer's helpers outlived the starter"
     finally:
         swarm.stop()
