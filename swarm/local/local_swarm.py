@@ -1,7 +1,8 @@
 """`LocalSwarm`: a coordinator and N peers as separate processes on loopback, for the demo, tests and benchmarks.
 
 Each process is the real thing (`skippipe coordinator start`, `skippipe-peer join`), with its own key, its own
-DHT node, p2pd and gossip sidecar, logging to the run directory. The launcher remembers the processes it
+DHT node, p2pd and gossip sidecar, logging to the run directory. On loopback the peers are forked from a warm
+starter (`swarm.local.warm_start`), which imported what they import once. The launcher remembers the processes it
 started and stops only those, by pid: Ctrl+C (SIGINT) first, so peers announce that they leave, then
 SIGTERM, then SIGKILL.
 """
@@ -31,8 +32,6 @@ logger = logging.getLogger(__name__)
 
 START_TIMEOUT = 120.0
 
-
-_python = python_entry
 
 Started = subprocess.Popen | WarmProcess
 """A process the launcher started: a cold one, or a peer forked by the warm starter."""
@@ -98,7 +97,7 @@ class LocalSwarm:
         if self.warm_start and self.starter is None:  # imports while the coordinator starts
             self.starter = WarmStarter(self.env, log=self.run_dir / "warm-starter.log")
         self.coordinator = self._spawn(
-            _python("main") + ["coordinator", "start", "--run-id", self.run_id, "--host", self.host,
+            python_entry("main") + ["coordinator", "start", "--run-id", self.run_id, "--host", self.host,
                                "--identity", str(self.run_dir / "coordinator.key"), "--run-dir", str(self.run_dir),
                                "--log-file", str(self.run_dir / "coordinator.log"),
                                "--events", str(self.run_dir / "coordinator.events.jsonl"), *self.coordinator_args],
@@ -135,7 +134,7 @@ class LocalSwarm:
             proc: Started = self.starter.spawn(join, self._env(self.join_token), self.run_dir / f"{name}.out")
             logger.info("started %s (pid %d, forked warm)", name, proc.pid)
         else:
-            proc = self._spawn(prefix + _python("peer_main") + join, name, token=self.join_token)
+            proc = self._spawn(prefix + python_entry("peer_main") + join, name, token=self.join_token)
         self.peers.append(proc)
         return proc
 

@@ -90,6 +90,8 @@ class WarmStarter:
 
     def __init__(self, env: dict[str, str] | None = None, log: Path | None = None) -> None:
         env = {**(env or os.environ), "OMP_NUM_THREADS": "1"}
+        self.log = log
+        """Where the starter's own output goes (an import that fails says why there)."""
         out = open(log, "ab") if log is not None else subprocess.DEVNULL  # noqa: SIM115 (closed below)
         try:
             self.proc = subprocess.Popen([sys.executable, "-c", _SERVE_SCRIPT], stdin=subprocess.PIPE,
@@ -151,7 +153,7 @@ class WarmStarter:
         """
         with self._lock:
             if not self._wait_for(lambda: self._ready, READY_TIMEOUT):
-                raise RuntimeError(f"the warm starter is not running (exit {self.proc.poll()})")
+                raise RuntimeError(f"the warm starter is not running (exit {self.proc.poll()}; see {self.log})")
             assert self.proc.stdin is not None
             try:
                 self.proc.stdin.write((json.dumps(message) + "\n").encode())

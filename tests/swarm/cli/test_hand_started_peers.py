@@ -15,7 +15,8 @@ import time
 import pytest
 
 from swarm.events import read_events
-from swarm.local.local_swarm import LocalSwarm, _python
+from swarm.local.local_swarm import LocalSwarm
+from swarm.local.warm_start import python_entry
 from swarm.peer.host_share import available_cpus, threads_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
@@ -41,7 +42,7 @@ def test_two_peers_without_identity_train_and_leave_quickly_once_the_scheduler_i
         for i in range(2):
             out = open(tmp_path / f"hand-{i}.out", "wb")  # noqa: SIM115 (the child's)
             peers.append(subprocess.Popen(
-                _python("peer_main") + ["join", "--run", "hand", "--initial-peers", swarm.initial_peers[0],
+                python_entry("peer_main") + ["join", "--run", "hand", "--initial-peers", swarm.initial_peers[0],
                                         "--log-file", str(tmp_path / f"hand-{i}.log"),
                                         "--events", str(tmp_path / f"hand-{i}.events.jsonl")],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env))
