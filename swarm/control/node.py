@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import glob
 import logging
-import os
 import time
 from collections.abc import Callable, Iterable
 
@@ -43,32 +42,16 @@ from swarm.net.forwarding import Forwarder
 from swarm.net.identity import load_identity
 from swarm.net.process_memory import freeze_before_fork, return_large_buffers, share_by_descriptor
 from swarm.net.reachability import Reachability, circuit_addresses, dht_options, reachable_addresses
-from swarm.net.reaper import Reaper, unlink_if_dead
+from swarm.net.reaper import Reaper, unlink_when_dead
 from swarm.wire import PeerRecord
 
 logger = logging.getLogger(__name__)
 
 P2PD_SOCKETS = "/tmp/hivemind-p2pd-*.sock"
 """Where hivemind's p2pd listens for its client (`P2P._UNIX_SOCKET_PREFIX`)."""
-
-
-
 FAILED_DAEMON_GRACE = 3.0
 """Seconds a failed try's p2pd may take to exit; a new socket still listened on after it is another node's."""
 
-
-def _remove_dead_sockets(paths: set[str], within: float) -> None:
-    """Remove each of `paths` once nobody listens on it, looking again for up to min(`within`, the grace) seconds: the
-    failed daemon may still be exiting; another node's daemon on this host keeps listening on its own."""
-    end = time.monotonic() + min(within, FAILED_DAEMON_GRACE)
-    while True:
-        for path in list(paths):
-            unlink_if_dead(path)
-            if not os.path.exists(path):
-                paths.discard(path)
-        if not paths or time.monotonic() >= end:
-            return
-        time.sleep(0.1)
 
 class Node:
     """One process's presence in run `run_id`. Each part is started by its own call, once; `stop` stops what was
@@ -124,14 +107,14 @@ class Node:
             except P2PDaemonError as e:  # its DHT process is gone; its p2pd may still be exiting, its socket stays
                 left = set(glob.glob(P2PD_SOCKETS)) - sockets
                 if attempt == DHT_START_ATTEMPTS:
-                    _remove_dead_sockets(left, FAILED_DAEMON_GRACE)
+                    unlink_when_dead(left, FAILED_DAEMON_GRACE)
                     raise
                 wait = DHT_START_BACKOFF * attempt
                 logger.warning("the p2p daemon did not start (try %d of %d): %s; trying again in %.0f s", attempt,
                                DHT_START_ATTEMPTS, str(e)[:MAX_ERROR_CHARS], wait,
                                extra=event("dht_start_failed", attempt=attempt, error=str(e)[:MAX_ERROR_CHARS]))
                 began = time.monotonic()
-                _remove_dead_sockets(left, wait)
+                unlink_when_dead(left, min(wait, FAILED_DAEMON_GRACE))
                 time.sleep(max(0.0, wait - (time.monotonic() - began)))
         self.reaper.watch()  # the DHT process and its p2pd are on the reaper's list from here
         make_commands_safe(self.dht)  # a schedule of tens of KiB must not kill the DHT process

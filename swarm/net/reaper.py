@@ -95,6 +95,20 @@ def unlink_if_dead(path: str) -> None:
         pass  # gone already (its owner removed it), or not ours
 
 
+
+def unlink_when_dead(paths: set[str], within: float) -> None:
+    """`unlink_if_dead` each of `paths`, looking again for up to `within` seconds at those still listened on (a
+    daemon that failed may still be exiting); one listened on after that belongs to a live process and stays."""
+    end = time.monotonic() + within
+    while True:
+        for path in list(paths):
+            unlink_if_dead(path)
+            if not os.path.lexists(path):
+                paths.discard(path)
+        if not paths or time.monotonic() >= end:
+            return
+        time.sleep(0.1)
+
 # ---- the node's side ---------------------------------------------------------------------------------------------
 class Reaper:
     """The node's handle on its watchdog. Create one with :meth:`start` (not the constructor), in the node's process:
