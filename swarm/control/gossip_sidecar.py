@@ -31,10 +31,9 @@ from libp2p.crypto.serialization import deserialize_private_key
 from libp2p.crypto.x25519 import create_new_key_pair as create_x25519_key_pair
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import info_from_p2p_addr
-from libp2p.pubsub.gossipsub import PROTOCOL_ID, PROTOCOL_ID_V11, PROTOCOL_ID_V12, GossipSub
+from libp2p.pubsub.gossipsub import PROTOCOL_ID, PROTOCOL_ID_V11, GossipSub
 from libp2p.pubsub.pb import rpc_pb2
 from libp2p.pubsub.pubsub import Pubsub
-from libp2p.pubsub.validators import signature_validator
 from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
 from libp2p.security.noise.transport import Transport as NoiseTransport
 from libp2p.tools.anyio_service import background_trio_service
@@ -51,7 +50,9 @@ from swarm.control.gossip import (
     encode_frame,
     frame_field,
 )
-from swarm.control.signed_record_cache import SignedRecordCache
+from swarm.control.message_signatures import MessageSignatures
+from swarm.control.message_signatures import install as install_signatures
+from swarm.control.signed_record_cache import OwnRecordCache, SignedRecordCache, install_own
 from swarm.control.signed_record_cache import install as install_record_cache
 
 logger = logging.getLogger(__name__)
@@ -73,6 +74,16 @@ admitted. py-libp2p 0.8 then delivers a message only along mesh links (its lazy 
 pruned peers in `benchmarks/gossip_fanout.py`), so with 12 a joiner outside the coordinator's mesh waited for its
 admission until a re-graft happened to take it in: 1.5-2.5 minutes in 20-peer runs. Control messages are few and
 small, so the extra fan-out costs little."""
+YAMUX_RELEASE_ON_READ = "0"
+"""py-libp2p's yamux (0.8) answers every read with a window update by default, a frame encrypted and written per
+message received: 11% of a sidecar's CPU while an 8-peer swarm trained. "0" is go-yamux's rule: the window is
+handed back once half of it was read. Set in the sidecar's environment (PY_YAMUX_RELEASE_ON_READ), which py-libp2p
+reads at each read."""
+GOSSIP_PROTOCOLS = [PROTOCOL_ID_V11, PROTOCOL_ID]
+"""GossipSub 1.1 and 1.0, not 1.2: 1.2 adds IDONTWANT, which py-libp2p 0.8 sends to every mesh peer for every
+message it receives, however small. Our control messages are small and the mesh is wide (GOSSIP_DEGREE_HIGH), so
+that doubled the RPCs on every link: 14% of a sidecar's CPU while an 8-peer swarm trained, to save duplicates
+that cost less than the notices."""
 GRAFT_FLOOD_SECONDS = 0.0
 """py-libp2p's GRAFT flood check (a GRAFT sooner than this after a PRUNE is punished with another PRUNE), off:
 py-libp2p 0.8 also stamps the check's clock when it *receives* a PRUNE, so two peers that pruned each other once
@@ -106,12 +117,19 @@ _dropped = _DropLog()
 
 
 class _CheckedPubsub(Pubsub):
-    """Pubsub that logs why it drops a message, and that no hostile message or stream can take down."""
+    """Pubsub that logs why it drops a message, and that no hostile message or stream can take down.
+
+    :param signatures: the signature check (the one installed into py-libp2p, so a message is verified once)
+    """
+
+    def __init__(self, *args: Any, signatures: MessageSignatures, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.signatures = signatures
 
     async def push_msg(self, msg_forwarder: ID, msg: rpc_pb2.Message) -> None:
         try:
             if msg_forwarder != self.my_id and not self._is_msg_seen(msg):
-                problem = _signature_problem(msg)
+                problem = _signature_problem(msg, self.signatures)
                 if problem is not None:
                     _dropped.warning("dropped a message on %s from %s (forwarded by %s): %s", list(msg.topicIDs)[:4],
                                      _origin(msg), msg_forwarder, problem)
@@ -131,11 +149,11 @@ class _CheckedPubsub(Pubsub):
             self._handle_dead_peer(peer_id)
 
 
-def _signature_problem(msg: rpc_pb2.Message) -> str | None:
+def _signature_problem(msg: rpc_pb2.Message, check: MessageSignatures) -> str | None:
     if not msg.signature:
         return "unsigned"
     try:
-        valid = signature_validator(msg)
+        valid = check(msg)
     except Exception as e:
         return f"unreadable signing key ({type(e).__name__})"
     return None if valid else "bad signature, or signing key is not the sender's"
@@ -340,18 +358,21 @@ class GossipSidecar:
 
 async def _run(args: argparse.Namespace, key_pair: KeyPair, owner_sock: socket.socket) -> None:
     install_record_cache(SignedRecordCache())
+    install_own(OwnRecordCache())
+    signatures = MessageSignatures()
+    install_signatures(signatures)
     # Noise only: py-libp2p's default list also accepts plaintext and secio connections
     noise = NoiseTransport(key_pair, noise_privkey=create_x25519_key_pair().private_key)
     host = new_host(key_pair=key_pair, sec_opt={NOISE_PROTOCOL_ID: noise})
     gossipsub = GossipSub(
-        protocols=[PROTOCOL_ID_V12, PROTOCOL_ID_V11, PROTOCOL_ID], degree=GOSSIP_DEGREE,
+        protocols=GOSSIP_PROTOCOLS, degree=GOSSIP_DEGREE,
         degree_low=GOSSIP_DEGREE_LOW, degree_high=args.degree_high, heartbeat_initial_delay=0.1,
         heartbeat_interval=args.heartbeat,
         # py-libp2p's adaptive gossip stretches the heartbeat to 30-60 s when the mesh is below its target
         # degree, which is the normal state of a small swarm: keep the heartbeat we asked for.
         adaptive_gossip_enabled=False, max_messages_per_topic_per_second=GOSSIP_MAX_MESSAGES_PER_SECOND)
     gossipsub.graft_flood_threshold = GRAFT_FLOOD_SECONDS
-    pubsub = _CheckedPubsub(host, gossipsub, strict_signing=True)
+    pubsub = _CheckedPubsub(host, gossipsub, strict_signing=True, signatures=signatures)
     owner = trio.SocketStream(trio.socket.from_stdlib_socket(owner_sock))
     async with host.run(listen_addrs=[_listen_maddr(args.listen_host, args.listen_port)]):
         async with trio.open_nursery() as nursery:
@@ -409,6 +430,7 @@ def main(argv: list[str] | None = None) -> int:
         logger.error("gossip sidecar must not import %s: keep swarm/__init__.py free of such imports", forbidden)
         return 2
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C goes to the owner, which closes the pipe
+    os.environ["PY_YAMUX_RELEASE_ON_READ"] = YAMUX_RELEASE_ON_READ
     if os.getppid() != args.owner_pid:
         logger.error("owner %d is not this process's parent: exiting", args.owner_pid)
         return 2

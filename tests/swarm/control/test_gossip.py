@@ -306,6 +306,22 @@ def test_hostile_peer_is_dropped_and_delivery_goes_on(line, tmp_path):
 
 
 @pytest.mark.timeout(30)
+@pytest.mark.timeout(60)
+def test_messages_near_the_size_limit_cross_every_hop_back_to_back(line):
+    """Flow control over several windows' worth: each message is larger than half a yamux window, the point where
+    a receiver hands the window back."""
+    a, d = line["A"], line["D"]
+    for owner in line.owners:
+        owner.drain()
+    blobs = [bytes([i]) * (MAX_PAYLOAD_BYTES - 4096) for i in range(4)]
+    futures = [a.client.publish(SCHEDULE, {"n": i, "blob": blob}, wait=False) for i, blob in enumerate(blobs)]
+    for future in futures:
+        future.result(10)
+    got = d.collect(lambda got: len(got) >= len(blobs), timeout=30)
+    assert sorted(m.payload["n"] for m in got) == list(range(len(blobs)))  # three hops away, each once
+    assert all(m.payload["blob"] == blobs[m.payload["n"]] and m.sender == a.info.peer_id for m in got)
+
+
 def test_garbage_on_the_pipe_is_refused_and_delivery_goes_on(line):
     a, b, c, d = line.owners
     for owner in line.owners:
