@@ -51,6 +51,10 @@ P2PD_SOCKETS = "/tmp/hivemind-p2pd-*.sock"
 """Where hivemind's p2pd listens for its client (`P2P._UNIX_SOCKET_PREFIX`)."""
 FAILED_DAEMON_GRACE = 3.0
 """Seconds a failed try's p2pd may take to exit; a new socket still listened on after it is another node's."""
+DHT_CACHING = {"cache_refresh_before_expiry": 0, "cache_nearest": 0}
+"""hivemind's DHT caching, off. The run's records are read with `latest=True`, which never answers from a cache,
+so the caching only added lookups: each read was followed by a refresh of the same key (at once, when records live
+less than the 5 s hivemind refreshes ahead of expiry) and by a store of the value on the nearest node without it."""
 
 
 class Node:
@@ -102,7 +106,7 @@ class Node:
                 self.dht = hivemind.DHT(initial_peers=initial_peers, host_maddrs=[f"/ip4/{self.host}/tcp/{self.port}"],
                                         identity_path=self.identity_path, start=True, client_mode=client,
                                         record_validators=[RunRecordValidator(self.run_id)],
-                                        startup_timeout=P2PD_STARTUP_TIMEOUT, **options)
+                                        startup_timeout=P2PD_STARTUP_TIMEOUT, **DHT_CACHING, **options)
                 break
             except P2PDaemonError as e:  # its DHT process is gone; its p2pd may still be exiting, its socket stays
                 left = set(glob.glob(P2PD_SOCKETS)) - sockets
