@@ -22,19 +22,22 @@ The code is organized as follows:
 - planner.py: `plan()`, the one call that places peers and plans paths for a swarm view
 """
 
-from scheduler.path_rules import PathRules, path_violation, valid_stage_sequences
-from scheduler.schedule import Route, Schedule, ScheduleError, validate
-from scheduler.swarm_view import ModelCost, PeerSpec, SwarmView
+import importlib
+from typing import Any
 
-__all__ = [
-    "ModelCost",
-    "PathRules",
-    "PeerSpec",
-    "Route",
-    "Schedule",
-    "ScheduleError",
-    "SwarmView",
-    "path_violation",
-    "valid_stage_sequences",
-    "validate",
-]
+_EXPORTS = {
+    "PathRules": "path_rules", "path_violation": "path_rules", "valid_stage_sequences": "path_rules",
+    "Route": "schedule", "Schedule": "schedule", "ScheduleError": "schedule", "validate": "schedule",
+    "ModelCost": "swarm_view", "PeerSpec": "swarm_view", "SwarmView": "swarm_view",
+}
+"""Names this package exports, and their module. They are imported on first use (PEP 562), so that a process
+that needs only `scheduler.constants` (a gossip sidecar, through `swarm.constants`) does not import numpy."""
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'scheduler' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"scheduler.{module}"), name)

@@ -437,10 +437,11 @@ def test_failed_start_is_fast_and_leaves_nothing(tmp_path):
 
 @pytest.mark.timeout(30)
 def test_import_boundaries():
-    """The owner side never loads libp2p; the sidecar never loads hivemind or torch (they cannot share a process)."""
+    """The owner side never loads libp2p; the sidecar never loads hivemind or torch (they cannot share a process),
+    nor numpy (a sidecar starts for every peer: the planner's imports are not its to pay)."""
     code = ("import sys; import swarm.control.gossip; a = 'libp2p' in sys.modules; "
             "import swarm.control.gossip_sidecar; "
-            "print(a, sorted({'hivemind', 'torch'} & set(sys.modules)))")
+            "print(a, sorted({'hivemind', 'torch', 'numpy'} & set(sys.modules)))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=25, cwd=REPO)
     assert out.stdout.split() == ["False", "[]"], out.stderr[-2000:]
 
