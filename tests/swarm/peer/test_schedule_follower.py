@@ -72,3 +72,51 @@ def test_waiting_for_a_replacement_ends_when_the_run_finishes():
     start = time.monotonic()
     assert not f.wait_for_replacement(3, threading.Event(), timeout=30)
     assert time.monotonic() - start < 1
+
+
+class NewestSchedule:
+    """The DHT as a waiting joiner reads it: the newest schedule (or None), and how many times it was read."""
+
+    def __init__(self) -> None:
+        self.reads, self.schedule = 0, None
+
+    def fetch_schedule(self, *, signers):
+        self.reads += 1
+        return self if self.schedule is not None else None
+
+    def to_schedule(self):
+        return self.schedule
+
+
+class Placement:
+    def __init__(self, epoch: int, placement: dict[str, int]) -> None:
+        self.epoch, self.placement = epoch, placement
+
+
+def wait_until(condition, timeout: float) -> float:
+    start = time.monotonic()
+    while not condition():
+        assert time.monotonic() - start < timeout, "timed out"
+        time.sleep(0.02)
+    return time.monotonic() - start
+
+
+def test_a_peer_waiting_to_be_placed_reads_the_dht_at_a_notice_and_seldom_without_one():
+    """Every joiner waits at once, and each read is a DHT lookup: without a notice it reads every
+    PLACEMENT_POLL_PERIOD; a notice wakes it, and it reads often for a while in case the DHT lags the notice."""
+    dht = NewestSchedule()
+    f = ScheduleFollower(records=dht, coordinator="coord", heartbeat=1.0)
+    placed = []
+    waiter = threading.Thread(target=lambda: placed.append(f.wait_for_placement("me", threading.Event(), 30)))
+    waiter.start()
+    wait_until(lambda: dht.reads == 1, 5)
+    time.sleep(1.2)
+    assert dht.reads == 1  # no notice: no second read yet
+    f.on_message("coord", ScheduleNotice(epoch=0))  # announced, but the DHT does not return it yet
+    assert wait_until(lambda: dht.reads >= 3, 5) < 1.5  # read at once, and again half a second later
+    dht.schedule = Placement(0, {"other": 0})  # an epoch that does not place this peer: it keeps waiting
+    time.sleep(0.6)
+    assert not placed
+    dht.schedule = Placement(1, {"me": 2, "other": 0})
+    waiter.join(timeout=5)
+    assert placed and placed[0].placement["me"] == 2

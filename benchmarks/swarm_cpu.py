@@ -1,0 +1,123 @@
+"""Where a local swarm's CPU goes, by kind of process, and how many iterations it gets through, on this machine.
+
+    .venv/bin/python benchmarks/swarm_cpu.py [--peers 8] [--runs 3] [--window 30] [--heartbeat 1.0]
+
+Each run starts a local swarm on loopback (coordinator + N peers, tiny model, 3 stages, skip 0.33, one microbatch
+per holder: the shape of the end-to-end tests) and, once iteration 3 is committed, reads the CPU time of every
+process of every peer tree and of the coordinator's tree over a `--window` of seconds. It prints, per kind
+(`benchmarks.wan.footprint.kind_of`: peer, dht, gossip sidecar, p2pd, helpers; the coordinator's tree as one), the
+cores used over the window, and the iterations committed in it, min / median / max over the runs. With `--idle`
+the swarm waits for one peer more than it has, so the window sees peers that have joined and wait to be placed:
+the floor a swarm pays before any training. To compare two versions of the code, run this script in an export of
+each (the figures are this machine's, so run them one after the other).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.wan.footprint import KINDS, kind_of  # noqa: E402
+from swarm.local.local_swarm import LocalSwarm  # noqa: E402
+
+COORDINATOR = "coordinator"
+
+
+def cpu_by_kind(roots: dict[int, str]) -> dict[int, tuple[str, float]]:
+    """pid -> (kind, user + system CPU seconds) for every process of the trees rooted at `roots` (pid -> role:
+    "peer" or the coordinator)."""
+    out = {}
+    for root_pid, role in roots.items():
+        try:
+            root = psutil.Process(root_pid)
+            procs = [root, *root.children(recursive=True)]
+        except psutil.Error:
+            continue
+        for proc in procs:
+            try:
+                kind = COORDINATOR if role == COORDINATOR else kind_of(proc, root_pid)
+                t = proc.cpu_times()
+                out[proc.pid] = (kind, t.user + t.system)
+            except psutil.Error:
+                continue
+    return out
+
+
+def one_run(args: argparse.Namespace, root: Path, index: int) -> dict:
+    run_dir = root / f"run-{index}"
+    run_dir.mkdir(parents=True)
+    min_peers = args.peers + 1 if args.idle else args.peers
+    config = run_dir / "run.toml"
+    config.write_text(f"[run]\nrun_id = 'cpu'\nstages = 3\nskip = 0.33\nmicrobatches = 1\niterations = 100000\n"
+                      f"min_peers = {min_peers}\n[swarm]\nheartbeat = {args.heartbeat}\n")
+    swarm = LocalSwarm(run_dir / "swarm", args.peers, run_id="cpu", coordinator_args=["--config", str(config)])
+    try:
+        swarm.start()
+        deadline = time.monotonic() + 600
+        if args.idle:
+            time.sleep(args.settle)
+        else:
+            while len(swarm.metrics()) < 3:
+                if time.monotonic() > deadline:
+                    raise TimeoutError("no third commit within 600 s")
+                time.sleep(0.2)
+        roots = {p.pid: "peer" for p in swarm.peers}
+        roots[swarm.coordinator.pid] = COORDINATOR
+        before, committed = cpu_by_kind(roots), len(swarm.metrics())
+        time.sleep(args.window)
+        after, iterations = cpu_by_kind(roots), len(swarm.metrics()) - committed
+    finally:
+        swarm.stop()
+    cores: dict[str, float] = defaultdict(float)
+    for pid, (kind, seconds) in after.items():
+        if pid in before:  # a process started inside the window has no baseline: left out
+            cores[kind] += (seconds - before[pid][1]) / args.window
+    return {"cores": {k: round(v, 3) for k, v in cores.items()}, "total_cores": round(sum(cores.values()), 3),
+            "iterations": iterations}
+
+
+def spread(values: list[float]) -> str:
+    return f"{min(values):.2f} / {statistics.median(values):.2f} / {max(values):.2f}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--peers", type=int, default=8)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--window", type=float, default=30.0, help="seconds over which CPU time is read")
+    ap.add_argument("--heartbeat", type=float, default=1.0, help="the run's heartbeat (the tests use 1 s)")
+    ap.add_argument("--idle", action="store_true", help="peers wait to be placed: no training in the window")
+    ap.add_argument("--settle", type=float, default=30.0, help="with --idle: seconds after start before the window")
+    ap.add_argument("--json", help="write every run's figures here")
+    args = ap.parse_args()
+    if args.peers < 3 or args.runs < 1 or args.window <= 0 or args.heartbeat <= 0:
+        ap.error("need --peers >= 3, --runs >= 1, a positive --window and --heartbeat")
+    runs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(args.runs):
+            runs.append(one_run(args, Path(tmp), i))
+            print(json.dumps(runs[-1]), flush=True)
+    print(f"\n{args.peers} peers, heartbeat {args.heartbeat} s, {'idle' if args.idle else 'training'}, "
+          f"{args.window:.0f} s window, {args.runs} runs: cores min / median / max")
+    for kind in (*KINDS, COORDINATOR):
+        values = [r["cores"].get(kind, 0.0) for r in runs]
+        print(f"  {kind:15s} {spread(values)}")
+    print(f"  {'all':15s} {spread([r['total_cores'] for r in runs])}")
+    if not args.idle:
+        print(f"  iterations in the window: {spread([r['iterations'] for r in runs])}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"args": vars(args), "runs": runs}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
