@@ -33,9 +33,10 @@ LAGGING_POLL_PERIOD = 0.5
 PLACEMENT_POLL_PERIOD = 2.0
 """Seconds between two reads while a peer waits to be placed and no notice came. A notice wakes it at once, then
 it reads every LAGGING_POLL_PERIOD for NOTICE_FOLLOW_UP seconds (the DHT's replicas may lag the notice). Each read
-is a DHT lookup and every joiner waits at once: 8 peers reading twice a second were ~60% of an idle swarm's DHT
-work."""
+is a DHT lookup and every joiner waits at once: 8 waiting peers that read every 0.5 s instead kept an idle swarm at
+1.27 cores rather than 1.15 (BENCHMARKS.md, "Where a local swarm's CPU goes")."""
 NOTICE_FOLLOW_UP = 5.0
+"""Seconds after a notice during which a waiting peer reads every LAGGING_POLL_PERIOD."""
 
 
 class ScheduleFollower:
