@@ -98,9 +98,11 @@ class LocalSwarm:
             self.starter = WarmStarter(self.env, log=self.run_dir / "warm-starter.log")
         self.coordinator = self._spawn(
             python_entry("main") + ["coordinator", "start", "--run-id", self.run_id, "--host", self.host,
-                               "--identity", str(self.run_dir / "coordinator.key"), "--run-dir", str(self.run_dir),
-                               "--log-file", str(self.run_dir / "coordinator.log"),
-                               "--events", str(self.run_dir / "coordinator.events.jsonl"), *self.coordinator_args],
+                                    "--identity", str(self.run_dir / "coordinator.key"),
+                                    "--run-dir", str(self.run_dir),
+                                    "--log-file", str(self.run_dir / "coordinator.log"),
+                                    "--events", str(self.run_dir / "coordinator.events.jsonl"),
+                                    *self.coordinator_args],
             "coordinator")
         deadline = time.monotonic() + START_TIMEOUT
         while not address.exists():

@@ -95,11 +95,10 @@ def unlink_if_dead(path: str) -> None:
         pass  # gone already (its owner removed it), or not ours
 
 
-
-def unlink_when_dead(paths: set[str], within: float) -> None:
+def unlink_when_dead(paths: Iterable[str], within: float) -> None:
     """`unlink_if_dead` each of `paths`, looking again for up to `within` seconds at those still listened on (a
     daemon that failed may still be exiting); one listened on after that belongs to a live process and stays."""
-    end = time.monotonic() + within
+    end, paths = time.monotonic() + within, set(paths)  # the caller's collection is left as it was
     while True:
         for path in list(paths):
             unlink_if_dead(path)
@@ -108,6 +107,7 @@ def unlink_when_dead(paths: set[str], within: float) -> None:
         if not paths or time.monotonic() >= end:
             return
         time.sleep(0.1)
+
 
 # ---- the node's side ---------------------------------------------------------------------------------------------
 class Reaper:
