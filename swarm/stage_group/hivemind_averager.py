@@ -13,10 +13,13 @@ it arrived and its own elsewhere, and reports the fraction received (`averaging_
 hold slightly different weights and AdamW moments (the missing part's share of one step), which later gradient
 rounds do not undo, and neither do they where a member found no group and stepped on its own gradient. So each
 member tells every round whether its state may have drifted from its group's (`gather`: its weight and that flag),
-and a round that was partial, or in which any member said so, asks its members to average their whole state
-(weights and moments) after the step (`AveragingResult.resync`; `swarm.peer.stage_session` runs that round under
-its own prefix): copies that drifted agree again. The all-gather back-end takes a member's gradient whole or not at
-all.
+and a round in which any member said so asks all its members to average their whole state (weights and moments)
+after the step (`AveragingResult.resync`; `swarm.peer.stage_session` runs that round under its own prefix): copies
+that drifted agree again. The request rides on what the group gathered, which every member holds alike, and not on
+how the round went for one member: a round can be partial for one member and whole for another (a slow sender is
+left out of one part only), and a state round asked for by one member alone would wait for mates that never come.
+A member that got a partial round counts itself drifted and says so at its next round. The all-gather back-end
+takes a member's gradient whole or not at all.
 
 Not Byzantine-robust: hivemind's all-reduce takes every member's tensors and weight as sent, so one member can
 drag the mean anywhere (or stop the group stepping with one huge value). Runs with volunteers they do not trust use
@@ -98,8 +101,9 @@ class AveragingResult:
     """Fraction of the averaged tensors' elements whose group mean arrived; below 1 the rest kept this peer's own
     values (a member stopped mid-round)."""
     resync: bool = False
-    """The round was partial, or one of its members said its state may have drifted from the group's: its members
-    should average their whole state once they have stepped."""
+    """One of the round's members said its state may have drifted from the group's: its members should average
+    their whole state once they have stepped. Every member of the round gets the same answer (a partial round
+    alone does not ask: its members may not all have seen it partial)."""
 
 
 def member_report(gathered: object) -> tuple[float, bool]:
@@ -192,7 +196,7 @@ class StageAverager:
                            "this peer's own",
                            self.prefix, 100 * received,
                            extra=event("averaging_partial", group=self.prefix, received=round(received, 4)))
-        resync = received < 1.0 or any(member_report(g)[1] for g in gathered.values())
+        resync = any(member_report(g)[1] for g in gathered.values())  # the same for every member of the round
         return AveragingResult(averaged=True, group_size=len(gathered), total_weight=total_weight(gathered.values()),
                                received=received, resync=resync)
 
