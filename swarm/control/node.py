@@ -39,7 +39,7 @@ from swarm.events import event
 from swarm.net.dht_pipe import make_commands_safe
 from swarm.net.dht_shutdown import stop_dht
 from swarm.net.forwarding import Forwarder
-from swarm.net.identity import load_identity
+from swarm.net.identity import created_here, load_identity
 from swarm.net.process_memory import freeze_before_fork, return_large_buffers, share_by_descriptor
 from swarm.net.reachability import Reachability, circuit_addresses, dht_options, reachable_addresses
 from swarm.net.reaper import Reaper, unlink_when_dead
@@ -106,6 +106,7 @@ class Node:
                 self.dht = hivemind.DHT(initial_peers=initial_peers, host_maddrs=[f"/ip4/{self.host}/tcp/{self.port}"],
                                         identity_path=self.identity_path, start=True, client_mode=client,
                                         record_validators=[RunRecordValidator(self.run_id)],
+                                        check_if_identity_free=not created_here(self.identity_path),
                                         startup_timeout=P2PD_STARTUP_TIMEOUT, **DHT_CACHING, **options)
                 break
             except P2PDaemonError as e:  # its DHT process is gone; its p2pd may still be exiting, its socket stays

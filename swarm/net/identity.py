@@ -63,6 +63,10 @@ class Identity:
         return base64.b64encode(self._key.sign(data, _PSS, hashes.SHA256()))
 
 
+_CREATED_HERE: set[str] = set()
+"""Absolute paths of the key files this process created (`ensure_identity` won the race to write them)."""
+
+
 def ensure_identity(path: str) -> str:
     """Create the key file at ``path`` if it does not exist yet; return the peer id (base58).
 
@@ -81,12 +85,22 @@ def ensure_identity(path: str) -> str:
             f.write(_encode_key_proto(_KEY_TYPE_RSA, der))
         try:
             os.link(tmp, path)  # fails if another process won the race: keep theirs
+            _CREATED_HERE.add(os.path.abspath(path))
+            logger.info("created a new peer identity in %s", path)
         except FileExistsError:
             pass
         finally:
             os.unlink(tmp)
-        logger.info("created a new peer identity in %s", path)
     return load_identity(path).peer_id
+
+
+def created_here(path: str) -> bool:
+    """Whether this process created the key file at ``path`` (a fresh key: no other process can hold it yet).
+
+    A key that is not fresh may be one a running peer uses; hivemind's check for that costs a p2p daemon of its
+    own, bootstrapped to look the id up (~1.5 CPU-s here), which a fresh key does not need (hivemind skips it for
+    the keys it generates itself)."""
+    return os.path.abspath(path) in _CREATED_HERE
 
 
 def load_identity(path: str) -> Identity:

@@ -9,6 +9,7 @@ import pytest
 
 from swarm.net.identity import (
     IdentityError,
+    created_here,
     ensure_identity,
     load_identity,
     peer_id_from_public_key,
@@ -22,6 +23,19 @@ def test_created_once_and_stable(tmp_path):
     pid = ensure_identity(path)
     assert pid.startswith("Qm") and ensure_identity(path) == pid == load_identity(path).peer_id
     assert (tmp_path / "sub" / "identity.key").stat().st_mode & 0o777 == 0o600
+
+
+def test_only_a_key_this_process_wrote_counts_as_fresh(tmp_path):
+    """A fresh key skips hivemind's check that no running peer holds it; a key found on disk (another process's,
+    or this peer's from an earlier run) does not."""
+    mine, theirs = tmp_path / "mine.key", tmp_path / "theirs.key"
+    subprocess.run([sys.executable, "-c", "import sys; from swarm.net.identity import ensure_identity; "
+                    "ensure_identity(sys.argv[1])", str(theirs)], check=True, timeout=60)
+    assert not created_here(str(mine))
+    ensure_identity(str(mine))
+    ensure_identity(str(theirs))
+    assert created_here(str(mine)) and created_here(str(tmp_path / "." / "mine.key"))
+    assert not created_here(str(theirs))
 
 
 def test_same_peer_id_as_hivemind_and_libp2p(tmp_path):
