@@ -8,8 +8,10 @@ process of every peer tree and of the coordinator's tree over a `--window` of se
 (`benchmarks.wan.footprint.kind_of`: peer, dht, gossip sidecar, p2pd, helpers; the coordinator's tree as one), the
 cores used over the window, and the iterations committed in it, min / median / max over the runs. With `--idle`
 the swarm waits for one peer more than it has, so the window sees peers that have joined and wait to be placed:
-the floor a swarm pays before any training. To compare two versions of the code, run this script in an export of
-each (the figures are this machine's, so run them one after the other).
+the floor a swarm pays before any training. With `--start` it reads instead the CPU seconds every process spent from
+the launch to the first commit (sampled every 0.3 s: a process that lives less than that may be missed), and how
+long that took: what each swarm start of the end-to-end tests costs. To compare two versions of the code, run this
+script in an export of each (the figures are this machine's, so run them one after the other).
 """
 
 from __future__ import annotations
@@ -61,6 +63,8 @@ def one_run(args: argparse.Namespace, root: Path, index: int) -> dict:
     config.write_text(f"[run]\nrun_id = 'cpu'\nstages = 3\nskip = 0.33\nmicrobatches = 1\niterations = 100000\n"
                       f"min_peers = {min_peers}\n[swarm]\nheartbeat = {args.heartbeat}\n")
     swarm = LocalSwarm(run_dir / "swarm", args.peers, run_id="cpu", coordinator_args=["--config", str(config)])
+    if args.start:
+        return start_run(swarm)
     try:
         swarm.start()
         deadline = time.monotonic() + 600
@@ -86,6 +90,29 @@ def one_run(args: argparse.Namespace, root: Path, index: int) -> dict:
             "iterations": iterations}
 
 
+def start_run(swarm: LocalSwarm) -> dict:
+    """CPU seconds by kind from `swarm`'s launch to its first commit (each process at its last reading), and the
+    seconds that took."""
+    began, last = time.monotonic(), {}
+    try:
+        swarm.start()
+        while not swarm.metrics():
+            if time.monotonic() - began > 600:
+                raise TimeoutError("no first commit within 600 s")
+            roots = {p.pid: "peer" for p in swarm.peers}
+            roots[swarm.coordinator.pid] = COORDINATOR
+            last.update(cpu_by_kind(roots))
+            time.sleep(0.3)
+        seconds = time.monotonic() - began
+    finally:
+        swarm.stop()
+    cpu: dict[str, float] = defaultdict(float)
+    for kind, used in last.values():
+        cpu[kind] += used
+    return {"cpu_seconds": {k: round(v, 2) for k, v in cpu.items()}, "total_cpu_seconds": round(sum(cpu.values()), 2),
+            "processes": len(last), "seconds_to_first_commit": round(seconds, 2)}
+
+
 def spread(values: list[float]) -> str:
     return f"{min(values):.2f} / {statistics.median(values):.2f} / {max(values):.2f}"
 
@@ -98,6 +125,7 @@ def main() -> None:
     ap.add_argument("--heartbeat", type=float, default=1.0, help="the run's heartbeat (the tests use 1 s)")
     ap.add_argument("--idle", action="store_true", help="peers wait to be placed: no training in the window")
     ap.add_argument("--settle", type=float, default=30.0, help="with --idle: seconds after start before the window")
+    ap.add_argument("--start", action="store_true", help="CPU seconds from the launch to the first commit")
     ap.add_argument("--json", help="write every run's figures here")
     args = ap.parse_args()
     if args.peers < 3 or args.runs < 1 or args.window <= 0 or args.heartbeat <= 0:
@@ -107,6 +135,17 @@ def main() -> None:
         for i in range(args.runs):
             runs.append(one_run(args, Path(tmp), i))
             print(json.dumps(runs[-1]), flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"args": vars(args), "runs": runs}, indent=1))
+    if args.start:
+        print(f"\n{args.peers} peers, heartbeat {args.heartbeat} s, launch to first commit, {args.runs} runs: "
+              f"CPU seconds min / median / max")
+        for kind in (*KINDS, COORDINATOR):
+            print(f"  {kind:15s} {spread([r['cpu_seconds'].get(kind, 0.0) for r in runs])}")
+        print(f"  {'all':15s} {spread([r['total_cpu_seconds'] for r in runs])}")
+        print(f"  processes       {spread([r['processes'] for r in runs])}")
+        print(f"  seconds to the first commit: {spread([r['seconds_to_first_commit'] for r in runs])}")
+        return
     print(f"\n{args.peers} peers, heartbeat {args.heartbeat} s, {'idle' if args.idle else 'training'}, "
           f"{args.window:.0f} s window, {args.runs} runs: cores min / median / max")
     for kind in (*KINDS, COORDINATOR):
@@ -115,8 +154,6 @@ def main() -> None:
     print(f"  {'all':15s} {spread([r['total_cores'] for r in runs])}")
     if not args.idle:
         print(f"  iterations in the window: {spread([r['iterations'] for r in runs])}")
-    if args.json:
-        Path(args.json).write_text(json.dumps({"args": vars(args), "runs": runs}, indent=1))
 
 
 if __name__ == "__main__":
