@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from swarm.events import read_events
 from swarm.local.interrupts import deferred_interrupts
 from swarm.local.warm_start import WarmProcess, WarmStarter, python_entry
-from swarm.net.reaper import unix_socket_paths
+from swarm.net.reaper import unix_socket_paths, unlink_if_dead
 from swarm.report.run_dir import committed_records
 
 if TYPE_CHECKING:
@@ -175,9 +175,8 @@ class LocalSwarm:
                     pass
         proc.wait(timeout=10)  # reaped by Popen itself, so that its returncode says -9
         psutil.wait_procs(victims[1:], timeout=10)
-        for path in sockets:
-            if Path(path).name.startswith("hivemind-") and path.endswith(".sock"):
-                Path(path).unlink(missing_ok=True)
+        for path in sockets:  # its p2pd's and p2p clients', multiprocessing's listener (and its directory)
+            unlink_if_dead(path)
 
     def freeze(self, proc: Started) -> list:
         """SIGSTOP a process and everything it started: a host that dies silently (nothing is reset, its sockets

@@ -84,15 +84,25 @@ def is_listened_on(path: str) -> bool:
         return True
 
 
+MP_TEMP_DIR_PREFIX = "pymp-"
+"""multiprocessing's per-process temporary directory (``util.get_temp_dir``), where its resource sharer listens
+(hivemind's futures pass descriptors through it): the process removes it at exit, unless it was killed."""
+
+
 def unlink_if_dead(path: str) -> None:
-    """Remove a socket file nobody listens on any more (abstract sockets and other files are left alone)."""
+    """Remove a socket file nobody listens on any more (abstract sockets and other files are left alone), and the
+    multiprocessing temporary directory it was in once that is empty."""
     try:
         if not path.startswith("/") or not stat.S_ISSOCK(os.lstat(path).st_mode) or is_listened_on(path):
             return
         os.unlink(path)
         logger.info("removed the socket %s left behind", path)
     except OSError:
-        pass  # gone already (its owner removed it), or not ours
+        return  # gone already (its owner removed it), or not ours
+    directory = os.path.dirname(path)
+    if os.path.basename(directory).startswith(MP_TEMP_DIR_PREFIX):
+        with contextlib.suppress(OSError):  # not empty: something else of its process is still there
+            os.rmdir(directory)
 
 
 def unlink_when_dead(paths: Iterable[str], within: float) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import defaultdict
+from pathlib import Path
 
 import pytest
 import torch
@@ -260,9 +261,13 @@ def test_kill_removes_the_unix_sockets_of_the_process_tree_it_kills(tmp_path):
     import sys
 
     path = tmp_path / "hivemind-test-kill.sock"
+    # a p2pd-like socket, and multiprocessing's listener (as its resource sharer opens one) in its temporary directory
     child = (f"import socket, subprocess, sys, time; s = socket.socket(socket.AF_UNIX); s.bind({str(path)!r}); "
-             "s.listen(); print('ready', flush=True); time.sleep(60)")
+             "s.listen(); from multiprocessing.connection import Listener; listener = Listener(family='AF_UNIX'); "
+             "print(listener.address, flush=True); time.sleep(60)")
     proc = subprocess.Popen([sys.executable, "-c", child], stdout=subprocess.PIPE, text=True)
-    assert proc.stdout.readline().strip() == "ready"
+    listener = Path(proc.stdout.readline().strip())
+    assert listener.parent.name.startswith("pymp-") and listener.exists()
     LocalSwarm(tmp_path, 0, run_id="kill").kill(proc)
     assert proc.returncode == -9 and not path.exists()
+    assert not listener.exists() and not listener.parent.exists()

@@ -53,6 +53,10 @@ def test_kill_9_of_a_peer_and_of_the_coordinator_leaves_no_helper_behind(tmp_pat
         for victim in (swarm.peers[0], swarm.coordinator):
             left = wait_for_helpers(victim.pid)
             bystanders = [p for p in helpers(swarm.peers[1].pid) if alive(p)]
+            # multiprocessing's temporary directory, where the node's resource sharer listens: the node removes it
+            # at exit, the reaper after a kill
+            mp_dirs = {Path(s).parent for s in unix_socket_paths(victim.pid)}
+            mp_dirs = {d for d in mp_dirs if d.name.startswith("pymp-")}
             os.kill(victim.pid, signal.SIGKILL)
             assert victim.wait(timeout=10) == -signal.SIGKILL
             end = time.monotonic() + 20
@@ -60,6 +64,9 @@ def test_kill_9_of_a_peer_and_of_the_coordinator_leaves_no_helper_behind(tmp_pat
                 time.sleep(0.2)
             assert not [p.cmdline() for p in left if alive(p)], "helpers outlived their node"
             assert all(alive(p) for p in bystanders), "another peer's helpers were touched"
+            while any(d.exists() for d in mp_dirs) and time.monotonic() < end:
+                time.sleep(0.2)
+            assert not [d for d in mp_dirs if d.exists()], "the killed node's multiprocessing directory stayed"
         assert swarm.starter is not None, "the peers were not forked warm"
         survivor = swarm.peers[1]
         left = wait_for_helpers(survivor.pid)
