@@ -14,6 +14,7 @@ import logging
 from collections.abc import Callable
 from concurrent.futures import Future
 
+import torch
 from hivemind import DHT
 
 from peers.checkpoint import load_stage_tensors
@@ -45,7 +46,7 @@ from swarm.stage_group.state_transfer import (
     send_state,
     state_senders,
 )
-from swarm.wire import PeerState
+from swarm.wire import HopHeader, PeerState
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +76,9 @@ class StageKeeper:
         self.peer_id, self.options, self.config, self.model_config = peer_id, options, config, model_config
         self.inbox, self.outbox, self._dht, self.loss_seconds = inbox, outbox, dht, loss_seconds
         self.checks = checks
+        self._equipped: dict[str, tuple[int, int]] = {}
+        """Peer -> (stage, step) of the state (or digest) this peer sent it, while not known undelivered: a re-plan
+        from the same iteration names the same joiners again, and they hold that state already."""
         self.stage = -1 if options.stage is None else options.stage  # announced: the planner pins it there
         self.state = PeerState.JOINING
         self.session: StageSession | None = None
@@ -163,16 +167,20 @@ class StageKeeper:
         voices = self._voices()
         if voices > 1 and self.peer_id in veterans[voices:]:  # vouches for the state the first veterans send
             for peer in newcomers:
-                send_digest(me=self.peer_id, worker=self.worker, to=peer, run_id=self.options.run_id,
-                            iteration=iteration, epoch=schedule.epoch, send=self.outbox.send)
+                if self._first_send(peer, old):
+                    send_digest(me=self.peer_id, worker=self.worker, to=peer, run_id=self.options.run_id,
+                                iteration=iteration, epoch=schedule.epoch, send=self._sender(peer))
         receivers = newcomers if self.peer_id in veterans[:voices] else []
         receivers += [p for p, src in handover.items() if src == self.peer_id and p in schedule.placement
                       and p not in receivers]
         receivers += [p for p in schedule.placement if p != self.peer_id and p not in receivers
                       and restore_source(schedule, p) == self.peer_id]
         for peer in receivers:
+            if not self._first_send(peer, old):
+                logger.info("stage %d's state (step %d) went to %s already", self.stage, self.worker.steps, peer)
+                continue
             send_state(me=self.peer_id, worker=self.worker, to=peer, run_id=self.options.run_id,
-                       iteration=iteration, epoch=schedule.epoch, send=self.outbox.send)
+                       iteration=iteration, epoch=schedule.epoch, send=self._sender(peer))
             why = "joining" if peer in joiners else "moving"
             logger.info("sent stage %d's state to %s peer %s (stage %d)", self.stage, why, peer,
                         schedule.placement.get(peer, -1),
@@ -196,6 +204,34 @@ class StageKeeper:
             logger.info("handed stage %d's state (step %d) over to %s%s", self.stage, self.worker.steps,
                         ", ".join(takers), "" if delivered else " (not delivered: it restarts from its own blocks)",
                         extra=event("state_sent", stage=self.stage, to=takers, why="handover", delivered=delivered))
+
+    def _first_send(self, peer: str, old: Schedule) -> bool:
+        """Whether this stage's state as it is now has not gone to `peer` yet, while `peer` stayed on the stage
+        (`old` placed it there: not a peer that left and came back); if so, it is noted as sent. A peer that holds
+        it refuses a copy only after `STATE_ADMISSION_WAIT`, and stage state leaves on one sender thread: a copy
+        sent again would hold up the state of a joiner that waits for it."""
+        now = (self.stage, self.worker.steps)
+        if self._equipped.get(peer) == now and old.placement.get(peer) == self.stage:
+            return False
+        self._equipped[peer] = now
+        return True
+
+    def _sender(self, peer: str) -> Callable[[str, HopHeader, torch.Tensor], Future[bool]]:
+        """`outbox.send`, forgetting that `peer` was equipped if a part is not delivered (the next epoch that names
+        it sends again)."""
+        noted = self._equipped.get(peer)
+
+        def forget_unless_delivered(future: Future[bool]) -> None:
+            if future.cancelled() or future.exception() is not None or not future.result():
+                if self._equipped.get(peer) == noted:
+                    self._equipped.pop(peer, None)
+
+        def send(to: str, header: HopHeader, tensor: torch.Tensor) -> Future[bool]:
+            future = self.outbox.send(to, header, tensor)
+            future.add_done_callback(forget_unless_delivered)
+            return future
+
+        return send
 
     def _new_session(self, schedule: Schedule) -> StageSession:
         """A fresh session for this peer's stage in `schedule`, its worker from the run's seed."""

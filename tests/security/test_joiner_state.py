@@ -166,9 +166,11 @@ class Wire:
     """In-memory STATE delivery between keepers: each peer's inbox, and an outbox per sender (`tamper`ing what a
     faulty one sends); `sent` records (sender, receiver, part)."""
 
-    def __init__(self) -> None:
+    def __init__(self, delivers: bool = True) -> None:
         self.inboxes: dict[str, Inbox] = {}
         self.sent: list[tuple[str, str, int]] = []
+        self.delivers = delivers
+        """False: every send fails (as when the receiver refuses it), nothing arrives."""
 
     def outbox(self, me: str, tamper=None):
         wire = self
@@ -178,9 +180,10 @@ class Wire:
                 wire.sent.append((me, peer, header.microbatch))
                 if tamper is not None:
                     tensor = tamper(header, tensor)
-                wire.inboxes[peer].put(Inbound(me, header, tensor.clone()), "state")
+                if wire.delivers:
+                    wire.inboxes[peer].put(Inbound(me, header, tensor.clone()), "state")
                 done = Future()
-                done.set_result(True)
+                done.set_result(wire.delivers)
                 return done
 
         return Out()
@@ -194,14 +197,16 @@ def keeper(peer: str, wire: Wire, tamper=None) -> StageKeeper:
                        dht=lambda: None, loss_seconds=0.0)
 
 
+def epoch(number: int, joiner: bool) -> Schedule:
+    """Stage 1 served by a, b, c, and by joiner j where `joiner`."""
+    placement = {"h": 0, "a": 1, "b": 1, "c": 1, "x": 2, **({"j": 1} if joiner else {})}
+    return Schedule(epoch=number, rules=PathRules(3, 3), placement=placement, memory=dict.fromkeys(placement, 2),
+                    routes=(), meta={"joiners": ["j"]} if joiner else {})
+
+
 def epochs() -> tuple[Schedule, Schedule]:
     """Epoch 1: stage 1 served by a, b, c; epoch 2 adds joiner j to it from iteration 5."""
-    old = {"h": 0, "a": 1, "b": 1, "c": 1, "x": 2}
-    new = {**old, "j": 1}
-    make = lambda epoch, placement, meta: Schedule(  # noqa: E731
-        epoch=epoch, rules=PathRules(3, 3), placement=placement, memory=dict.fromkeys(placement, 2), routes=(),
-        meta=meta)
-    return make(1, old, {}), make(2, new, {"joiners": ["j"]})
+    return epoch(1, False), epoch(2, True)
 
 
 @pytest.mark.parametrize("liar", [None, "a", "b"])
@@ -226,3 +231,25 @@ def test_a_joiner_takes_the_state_two_veterans_agree_on(liar):
     honest = veterans["c"].worker.module.state_dict()
     assert joiner.worker.steps == 1
     assert all(torch.equal(v, honest[k]) for k, v in joiner.worker.module.state_dict().items())
+
+
+@pytest.mark.parametrize("delivers", [True, False])
+def test_a_replan_from_the_same_iteration_sends_the_joiner_its_state_once(delivers):
+    """A re-plan from the same iteration (another peer died before it ran) names the same joiner again. It holds the
+    state already: a copy would be refused only after `STATE_ADMISSION_WAIT`, holding up the one sender thread of
+    stage state meanwhile (another joiner's state behind it). A state that was not delivered, or a joiner that left
+    and came back, gets it again."""
+    wire = Wire(delivers)
+    veterans = {p: keeper(p, wire) for p in ("a", "b", "c")}
+    keeper("j", wire)
+    for k in veterans.values():
+        k.start(epoch(1, False), 0)
+    for k in veterans.values():
+        k.equip(epoch(2, True), epoch(1, False), 5)
+    assert len(wire.sent) == 5  # two states of two parts, a digest
+    for k in veterans.values():
+        k.equip(epoch(3, True), epoch(2, True), 5)
+    assert len(wire.sent) == (5 if delivers else 10)
+    for k in veterans.values():  # j is gone (epoch 4), then joins again
+        k.equip(epoch(5, True), epoch(4, False), 5)
+    assert len(wire.sent) == (10 if delivers else 15)
