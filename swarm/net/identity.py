@@ -97,9 +97,9 @@ def ensure_identity(path: str) -> str:
 def created_here(path: str) -> bool:
     """Whether this process created the key file at ``path`` (a fresh key: no other process can hold it yet).
 
-    A key that is not fresh may be one a running peer uses; hivemind's check for that costs a p2p daemon of its
-    own, bootstrapped to look the id up (~1.5 CPU-s here), which a fresh key does not need (hivemind skips it for
-    the keys it generates itself)."""
+    A key that is not fresh may be one a running peer uses; hivemind's check for that starts a p2p daemon of its
+    own and bootstraps it to look the id up, which a fresh key does not need (hivemind skips it for the keys it
+    generates itself)."""
     return os.path.abspath(path) in _CREATED_HERE
 
 
