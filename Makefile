@@ -31,9 +31,15 @@ system-packages:
 			iptables >/dev/null) || echo "could not install iptables: the NAT tests will skip"; \
 	fi
 
+# The tests of one part or a few processes run two at a time (much of their time is waiting: deadlines, retries,
+# processes starting); the end-to-end swarms (marked slow) one at a time, as each fills the cores by itself and
+# several of them time what the swarm detects
+TEST_WORKERS ?= 2
+
 test: $(STAMP) system-packages
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -q -ra --durations=25
+	$(PY) -m pytest -q -ra --durations=15 -m "not slow" -n $(TEST_WORKERS)
+	$(PY) -m pytest -q -ra --durations=25 -m slow
 
 bench: $(STAMP)
 	$(PY) benchmarks/planner.py
