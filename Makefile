@@ -38,8 +38,9 @@ TEST_WORKERS ?= 2
 
 test: $(STAMP) system-packages
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -q -ra --durations=15 -m "not slow" -n $(TEST_WORKERS)
-	$(PY) -m pytest -q -ra --durations=25 -m slow
+	$(PY) -m pytest -q -ra --durations=15 -m "not slow" -n $(TEST_WORKERS); rest=$$?; \
+		$(PY) -m pytest -q -ra --durations=25 -m slow; slow=$$?; \
+		exit $$(( rest || slow ))
 
 bench: $(STAMP)
 	$(PY) benchmarks/planner.py

@@ -101,19 +101,21 @@ class DialBack:
             self._pool.submit(self._dial, peer, tried)
 
     def _dial(self, peer: str, tried: tuple[str, ...]) -> None:
+        """Dial, tell a peer found not dialable, then record the verdict: one a reader sees has been told once."""
         try:
             ok = bool(dial_back(tried))
-        finally:
+        except BaseException:
             with self._lock:
                 self._pending.discard(peer)
+            raise
+        if not ok:
+            logger.warning("%s cannot be dialled at %s", peer, ", ".join(tried),
+                           extra=event("not_dialable", peer=peer, tried=list(tried)))
+            self._tell(NotDialable(peer=peer, tried=tried, relay=self.relay))
         with self._lock:
             self.verdicts[peer] = (tried, ok)
             self._told[peer] = 0 if ok else 1
-        if ok:
-            return
-        logger.warning("%s cannot be dialled at %s", peer, ", ".join(tried),
-                       extra=event("not_dialable", peer=peer, tried=list(tried)))
-        self._tell(NotDialable(peer=peer, tried=tried, relay=self.relay))
+            self._pending.discard(peer)
 
     def _tell(self, message: NotDialable) -> None:
         try:
