@@ -5,13 +5,14 @@
 Each run starts a local swarm on loopback (coordinator + N peers, tiny model, 3 stages, skip 0.33, one microbatch
 per holder: the shape of the end-to-end tests) and, once iteration 3 is committed, reads the CPU time of every
 process of every peer tree and of the coordinator's tree over a `--window` of seconds. It prints, per kind
-(`benchmarks.wan.footprint.kind_of`: peer, dht, gossip sidecar, p2pd, helpers; the coordinator's tree as one), the
-cores used over the window, and the iterations committed in it, min / median / max over the runs. With `--idle`
-the swarm waits for one peer more than it has, so the window sees peers that have joined and wait to be placed:
-the floor a swarm pays before any training. With `--start` it reads instead the CPU seconds every process spent from
-the launch to the first commit (sampled every 0.3 s: a process that lives less than that may be missed), and how
-long that took: what each swarm start of the end-to-end tests costs. To compare two versions of the code, run this
-script in an export of each (the figures are this machine's, so run them one after the other).
+(`benchmarks.wan.footprint.kind_of`: peer, dht, gossip sidecar, p2pd, helpers; the coordinator's tree as one; the
+processes the peers and the sidecars are forked from), the cores used over the window, and the iterations
+committed in it, min / median / max over the runs. With `--idle` the swarm waits for one peer more than it has, so
+the window sees peers that have joined and wait to be placed: the floor a swarm pays before any training. With
+`--start` it reads instead the CPU seconds every process spent from the launch to the first commit (sampled every
+0.3 s: a process that lives less than that may be missed), and how long that took: what each swarm start of the
+end-to-end tests costs. To compare two versions of the code, run this script in an export of each (the figures are
+this machine's, so run them one after the other).
 """
 
 from __future__ import annotations
@@ -33,21 +34,40 @@ from benchmarks.wan.footprint import KINDS, kind_of  # noqa: E402
 from swarm.local.local_swarm import LocalSwarm  # noqa: E402
 
 COORDINATOR = "coordinator"
+WARM_STARTER, SIDECAR_STARTER = "warm starter", "sidecar starter"
+"""The launcher's processes the peers and the gossip sidecars are forked from: the first's children are the peers
+(counted as their own trees), the second's are sidecars."""
+ROLES = (COORDINATOR, WARM_STARTER, SIDECAR_STARTER)
+
+
+def roots_of(swarm: LocalSwarm) -> dict[int, str]:
+    """pid -> role of every tree a local swarm's CPU is spent in: peers, the coordinator and the starters."""
+    roots = {p.pid: "peer" for p in swarm.peers}
+    for proc, role in ((getattr(swarm, "starter", None), WARM_STARTER),
+                       (getattr(swarm, "sidecars", None), SIDECAR_STARTER)):
+        if proc is not None:
+            roots[proc.proc.pid] = role
+    roots[swarm.coordinator.pid] = COORDINATOR
+    return roots
 
 
 def cpu_by_kind(roots: dict[int, str]) -> dict[int, tuple[str, float]]:
     """pid -> (kind, user + system CPU seconds) for every process of the trees rooted at `roots` (pid -> role:
-    "peer" or the coordinator)."""
+    "peer", the coordinator or a starter). A sidecar forked by the sidecar starter counts as a gossip sidecar, the
+    coordinator's too."""
     out = {}
     for root_pid, role in roots.items():
         try:
             root = psutil.Process(root_pid)
-            procs = [root, *root.children(recursive=True)]
+            procs = [root] if role == WARM_STARTER else [root, *root.children(recursive=True)]
         except psutil.Error:
             continue
         for proc in procs:
             try:
-                kind = COORDINATOR if role == COORDINATOR else kind_of(proc, root_pid)
+                if role in ROLES:
+                    kind = role if proc.pid == root_pid or role == COORDINATOR else "gossip sidecar"
+                else:
+                    kind = kind_of(proc, root_pid)
                 t = proc.cpu_times()
                 out[proc.pid] = (kind, t.user + t.system)
             except psutil.Error:
@@ -75,8 +95,7 @@ def one_run(args: argparse.Namespace, root: Path, index: int) -> dict:
                 if time.monotonic() > deadline:
                     raise TimeoutError("no third commit within 600 s")
                 time.sleep(0.2)
-        roots = {p.pid: "peer" for p in swarm.peers}
-        roots[swarm.coordinator.pid] = COORDINATOR
+        roots = roots_of(swarm)
         before, committed = cpu_by_kind(roots), len(swarm.metrics())
         time.sleep(args.window)
         after, iterations = cpu_by_kind(roots), len(swarm.metrics()) - committed
@@ -99,9 +118,7 @@ def start_run(swarm: LocalSwarm) -> dict:
         while not swarm.metrics():
             if time.monotonic() - began > 600:
                 raise TimeoutError("no first commit within 600 s")
-            roots = {p.pid: "peer" for p in swarm.peers}
-            roots[swarm.coordinator.pid] = COORDINATOR
-            last.update(cpu_by_kind(roots))
+            last.update(cpu_by_kind(roots_of(swarm)))
             time.sleep(0.3)
         seconds = time.monotonic() - began
     finally:
@@ -140,7 +157,7 @@ def main() -> None:
     if args.start:
         print(f"\n{args.peers} peers, heartbeat {args.heartbeat} s, launch to first commit, {args.runs} runs: "
               f"CPU seconds min / median / max")
-        for kind in (*KINDS, COORDINATOR):
+        for kind in (*KINDS, *ROLES):
             print(f"  {kind:15s} {spread([r['cpu_seconds'].get(kind, 0.0) for r in runs])}")
         print(f"  {'all':15s} {spread([r['total_cpu_seconds'] for r in runs])}")
         print(f"  processes       {spread([r['processes'] for r in runs])}")
@@ -148,7 +165,7 @@ def main() -> None:
         return
     print(f"\n{args.peers} peers, heartbeat {args.heartbeat} s, {'idle' if args.idle else 'training'}, "
           f"{args.window:.0f} s window, {args.runs} runs: cores min / median / max")
-    for kind in (*KINDS, COORDINATOR):
+    for kind in (*KINDS, *ROLES):
         values = [r["cores"].get(kind, 0.0) for r in runs]
         print(f"  {kind:15s} {spread(values)}")
     print(f"  {'all':15s} {spread([r['total_cores'] for r in runs])}")

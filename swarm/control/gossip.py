@@ -1,8 +1,9 @@
 """GossipClient: the owner's end of the gossip control plane (schedules, membership and failure events).
 
 py-libp2p's GossipSub and hivemind cannot live in one Python process (both register protobuf ``crypto.pb``), so
-GossipSub runs in a child process, :mod:`swarm.control.gossip_sidecar`, one per peer or coordinator. This module starts
-it, talks to it over a private socketpair and stops it by its own pid. It imports neither libp2p nor hivemind.
+GossipSub runs in a process of its own, :mod:`swarm.control.gossip_sidecar`, one per peer or coordinator. This module
+starts it (or has the host's :mod:`swarm.control.sidecar_starter` fork it), talks to it over a private socketpair and
+stops it by its own pid. It imports neither libp2p nor hivemind.
 
 Every frame on the pipe, both ways, is a 4-byte big-endian length N (1 <= N <= MAX_FRAME_BYTES) followed by N
 bytes of one msgpack map with these explicit fields:
@@ -47,6 +48,7 @@ from typing import Any
 import msgpack
 
 from swarm.constants import CONNECT_TIMEOUT, LOOPBACK_HOST, MAX_ADDRESS_CHARS
+from swarm.control.sidecar_starter import SIDECAR_STARTER_ENV, ForkedSidecar, SidecarStarterError, fork_sidecar
 
 logger = logging.getLogger(__name__)
 
@@ -192,7 +194,7 @@ class GossipClient:
                  max_queued: int = MAX_QUEUED_MESSAGES):
         self._on_message = on_message
         self._messages: queue.Queue[GossipMessage | None] = queue.Queue(maxsize=max_queued)
-        self._proc: subprocess.Popen | None = None
+        self._proc: subprocess.Popen | ForkedSidecar | None = None
         self._sock: socket.socket | None = None
         self._send_lock = threading.Lock()
         self._pending: dict[int, Future] = {}
@@ -233,16 +235,13 @@ class GossipClient:
         if self._proc is not None:
             raise GossipError("gossip client was already started")
         ours, theirs = socket.socketpair()
-        cmd = [sys.executable, "-m", "swarm.control.gossip_sidecar", "--identity", os.path.abspath(identity_path),
-               "--fd", str(theirs.fileno()), "--owner-pid", str(os.getpid()), "--listen-host", listen_host,
-               "--listen-port", str(int(listen_port)), "--heartbeat", repr(float(heartbeat_interval))]
+        flags = ["--identity", os.path.abspath(identity_path), "--listen-host", listen_host,
+                 "--listen-port", str(int(listen_port)), "--heartbeat", repr(float(heartbeat_interval))]
         if degree_high is not None:
-            cmd += ["--degree-high", str(int(degree_high))]
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [_REPO_ROOT, os.environ.get("PYTHONPATH")])))
+            flags += ["--degree-high", str(int(degree_high))]
         log_file = open(log_path, "ab") if log_path else None
         try:
-            self._proc = subprocess.Popen(cmd, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
-                                          stdout=subprocess.DEVNULL, stderr=log_file, env=env)
+            self._proc = _start_sidecar(flags, theirs, log_file)
         except BaseException:
             ours.close()
             raise
@@ -505,14 +504,30 @@ def _skip_exactly(sock: socket.socket, n: int) -> bool:
     return True
 
 
-def _exit_code(proc: subprocess.Popen) -> int | None:
+def _start_sidecar(flags: list[str], theirs: socket.socket, log_file) -> subprocess.Popen | ForkedSidecar:
+    """The sidecar, run with `flags` and talking over `theirs`: forked by the host's sidecar starter where one is
+    named (`SIDECAR_STARTER_ENV`), else, or if it cannot, started cold."""
+    starter = os.environ.get(SIDECAR_STARTER_ENV)
+    if starter:
+        try:
+            return fork_sidecar(starter, flags, theirs, log_file.fileno() if log_file is not None else 2)
+        except SidecarStarterError as e:
+            logger.warning("%s: starting the gossip sidecar cold", e)
+    cmd = [sys.executable, "-m", "swarm.control.gossip_sidecar", *flags, "--fd", str(theirs.fileno()),
+           "--owner-pid", str(os.getpid())]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [_REPO_ROOT, os.environ.get("PYTHONPATH")])))
+    return subprocess.Popen(cmd, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=log_file, env=env)
+
+
+def _exit_code(proc: subprocess.Popen | ForkedSidecar) -> int | None:
     try:
         return proc.wait(timeout=1.0)
     except subprocess.TimeoutExpired:
         return None
 
 
-def _stop_process(proc: subprocess.Popen, timeout: float) -> None:
+def _stop_process(proc: subprocess.Popen | ForkedSidecar, timeout: float) -> None:
     """Wait for ``proc`` to exit by itself, then terminate it, then kill it: only this pid, never a name."""
     try:
         proc.wait(timeout)

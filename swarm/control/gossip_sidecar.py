@@ -4,6 +4,9 @@ Started by :class:`swarm.control.gossip.GossipClient`, not by hand::
 
     python -m swarm.control.gossip_sidecar --identity KEY --fd N --owner-pid PID [--listen-host H --listen-port P]
 
+or forked by a :mod:`swarm.control.sidecar_starter` that has imported py-libp2p already (then its owner is not its
+parent, and it watches the owner through a pidfd).
+
 It imports libp2p, so it must never import hivemind, torch or a module that does (the two libp2p stacks register
 the same protobuf ``crypto.pb``). The frame format is in :mod:`swarm.control.gossip`. The trio event loop runs in the
 main thread. Everything from the pipe and the network is untrusted: a bad frame or message is logged and dropped,
@@ -16,11 +19,13 @@ import argparse
 import contextlib
 import logging
 import os
+import select
 import signal
 import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import multiaddr
@@ -60,8 +65,8 @@ logger = logging.getLogger(__name__)
 MAX_KEY_FILE_BYTES = 16 * 1024
 MAX_CONNECT_TIMEOUT = 120.0
 OWNER_POLL_INTERVAL = 0.5
-"""How often the sidecar checks that its owner is still its parent (the pipe alone can outlive the owner if a
-forked child of the owner inherited its end)."""
+"""How often the sidecar checks that its owner is still there (the pipe alone can outlive the owner if a forked
+child of the owner inherited its end)."""
 SHUTDOWN_GRACE = 5.0
 """After this long shutting down, the process exits regardless of libp2p tasks still unwinding."""
 MAX_EQUIVOCATION_ENTRIES = 8192
@@ -170,9 +175,9 @@ class GossipSidecar:
     """Serves the owner's requests and forwards delivered messages to it; one per process."""
 
     def __init__(self, host, pubsub: _CheckedPubsub, gossipsub: GossipSub, owner: trio.SocketStream,
-                 owner_pid: int, nursery: trio.Nursery):
+                 owner_pid: int, owner_gone: Callable[[], bool], nursery: trio.Nursery):
         self.host, self.pubsub, self.gossipsub = host, pubsub, gossipsub
-        self.owner, self.owner_pid = owner, owner_pid
+        self.owner, self.owner_pid, self.owner_gone = owner, owner_pid, owner_gone
         self._nursery, self.cancel_scope = nursery, nursery.cancel_scope
         self.my_id = host.get_id()
         self._send_lock = trio.Lock()
@@ -318,7 +323,7 @@ class GossipSidecar:
         """Exit when the owner is gone; keep py-libp2p's unbounded equivocation memory bounded."""
         while True:
             await trio.sleep(OWNER_POLL_INTERVAL)
-            if os.getppid() != self.owner_pid:
+            if self.owner_gone():
                 logger.warning("owner %d is gone: exiting", self.owner_pid)
                 self.cancel_scope.cancel()
                 return
@@ -356,7 +361,8 @@ class GossipSidecar:
             return b""
 
 
-async def _run(args: argparse.Namespace, key_pair: KeyPair, owner_sock: socket.socket) -> None:
+async def _run(args: argparse.Namespace, key_pair: KeyPair, owner_sock: socket.socket,
+               owner_gone: Callable[[], bool]) -> None:
     install_record_cache(SignedRecordCache())
     install_own(OwnRecordCache())
     signatures = MessageSignatures()
@@ -378,7 +384,7 @@ async def _run(args: argparse.Namespace, key_pair: KeyPair, owner_sock: socket.s
         async with trio.open_nursery() as nursery:
             async with background_trio_service(pubsub), background_trio_service(gossipsub):
                 await pubsub.wait_until_ready()
-                sidecar = GossipSidecar(host, pubsub, gossipsub, owner, args.owner_pid, nursery)
+                sidecar = GossipSidecar(host, pubsub, gossipsub, owner, args.owner_pid, owner_gone, nursery)
                 await sidecar.send({"type": "ready", "peer_id": sidecar.my_id.to_base58(),
                                     "maddrs": sidecar.maddrs()})
                 logger.info("gossip sidecar %s listening at %s", sidecar.my_id, sidecar.maddrs())
@@ -409,7 +415,17 @@ def _load_key_pair(path: str) -> KeyPair:
     return KeyPair(private_key, private_key.get_public_key())
 
 
-def main(argv: list[str] | None = None) -> int:
+def owner_watch(owner_pid: int, owner_pidfd: int | None) -> Callable[[], bool]:
+    """Whether the owner is gone: through its pidfd (readable once it exits) for a sidecar forked by a starter, else
+    by no longer being this process's parent."""
+    if owner_pidfd is None:
+        return lambda: os.getppid() != owner_pid
+    return lambda: bool(select.select([owner_pidfd], [], [], 0)[0])
+
+
+def main(argv: list[str] | None = None, *, owner_pidfd: int | None = None) -> int:
+    """Run the sidecar; its exit code. `owner_pidfd`: the owner's pidfd, where a starter forked this process (the
+    owner is then not its parent)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--identity", required=True, help="key file (libp2p protobuf private key)")
     parser.add_argument("--fd", type=int, required=True, help="inherited socket to the owner")
@@ -431,8 +447,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C goes to the owner, which closes the pipe
     os.environ["PY_YAMUX_RELEASE_ON_READ"] = YAMUX_RELEASE_ON_READ
-    if os.getppid() != args.owner_pid:
-        logger.error("owner %d is not this process's parent: exiting", args.owner_pid)
+    owner_gone = owner_watch(args.owner_pid, owner_pidfd)
+    if owner_gone():
+        logger.error("owner %d is %s: exiting", args.owner_pid,
+                     "gone" if owner_pidfd is not None else "not this process's parent")
         return 2
     try:
         key_pair = _load_key_pair(args.identity)
@@ -444,7 +462,7 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:
         logger.error("no owner socket on fd %d: %s", args.fd, e)
         return 2
-    trio.run(_run, args, key_pair, owner_sock)
+    trio.run(_run, args, key_pair, owner_sock, owner_gone)
     return 0
 
 

@@ -2,9 +2,10 @@
 
 Each process is the real thing (`skippipe coordinator start`, `skippipe-peer join`), with its own key, its own
 DHT node, p2pd and gossip sidecar, logging to the run directory. On loopback the peers are forked from a warm
-starter (`swarm.local.warm_start`), which imported what they import once. The launcher remembers the processes it
-started and stops only those, by pid: Ctrl+C (SIGINT) first, so peers announce that they leave, then
-SIGTERM, then SIGKILL.
+starter (`swarm.local.warm_start`), which imported what they import once, and the gossip sidecars of the peers and
+the coordinator from a sidecar starter (`swarm.control.sidecar_starter`), which imported py-libp2p once. The
+launcher remembers the processes it started and stops only those, by pid: Ctrl+C (SIGINT) first, so peers announce
+that they leave, then SIGTERM, then SIGKILL.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from swarm.control.sidecar_starter import SIDECAR_STARTER_ENV, SidecarStarter
 from swarm.events import read_events
 from swarm.local.interrupts import deferred_interrupts
 from swarm.local.warm_start import WarmProcess, WarmStarter, python_entry
@@ -61,8 +63,8 @@ class LocalSwarm:
     :param peer_args: extra `skippipe-peer join` flags for each peer (one list per peer, or one for all)
     :param network: run peer i in host i of this (started) emulated network, the coordinator on its bridge
     :param warm_start: fork the peers from one process that imported what they import (`WarmStarter`: seconds of
-      CPU less per peer); not for peers in an emulated network's hosts, nor where a cold peer's own footprint is
-      what is measured
+      CPU less per peer), and the gossip sidecars from another (`SidecarStarter`); not for peers in an emulated
+      network's hosts, nor where a cold peer's own footprint is what is measured
     """
 
     def __init__(self, run_dir: str | Path, num_peers: int, *, run_id: str, coordinator_args: Sequence[str] = (),
@@ -84,6 +86,8 @@ class LocalSwarm:
         self.warm_start = warm_start and network is None
         self.starter: WarmStarter | None = None
         """The process the peers are forked from (with `warm_start`, once started)."""
+        self.sidecars: SidecarStarter | None = None
+        """The process the gossip sidecars are forked from (with `warm_start`, once started)."""
         self.initial_peers: list[str] = []
         self.join_token: str | None = None
         self.metrics_path = self.run_dir / "metrics.jsonl"
@@ -94,6 +98,9 @@ class LocalSwarm:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         address = self.run_dir / "coordinator.json"
         address.unlink(missing_ok=True)
+        if self.warm_start and self.sidecars is None:  # listening long before the coordinator's sidecar starts
+            self.sidecars = SidecarStarter(self.env, log=self.run_dir / "sidecar-starter.log")
+            self.env[SIDECAR_STARTER_ENV] = self.sidecars.name
         if self.warm_start and self.starter is None:  # imports while the coordinator starts
             self.starter = WarmStarter(self.env, log=self.run_dir / "warm-starter.log")
         self.coordinator = self._spawn(
@@ -160,7 +167,7 @@ class LocalSwarm:
         """
         import psutil
 
-        victims = _suspended_tree(proc.pid)
+        victims = self._suspended_host(proc)
         if not victims:
             return
         sockets = set()
@@ -181,7 +188,15 @@ class LocalSwarm:
     def freeze(self, proc: Started) -> list:
         """SIGSTOP a process and everything it started: a host that dies silently (nothing is reset, its sockets
         stay open, only timeouts tell). Returns the stopped processes (psutil); `kill` ends them, resumed or not."""
-        return _suspended_tree(proc.pid)
+        return self._suspended_host(proc)
+
+    def _suspended_host(self, proc: Started) -> list:
+        """`proc`'s process tree, and the sidecars forked for it elsewhere, each stopped (SIGSTOP)."""
+        tree = _suspended_tree(proc.pid)
+        if self.sidecars is not None:
+            for pid in {s for p in tree for s in self.sidecars.of(p.pid)}:
+                tree += _suspended_tree(pid)
+        return tree
 
     @property
     def processes(self) -> list[Started]:
@@ -196,6 +211,10 @@ class LocalSwarm:
             if self.starter is not None:
                 self.starter.stop()
                 self.starter = None
+            if self.sidecars is not None:
+                self.sidecars.stop()
+                self.sidecars = None
+                self.env.pop(SIDECAR_STARTER_ENV, None)
 
     def _stop(self, grace: float) -> None:
         for sig, wait in ((signal.SIGINT, grace), (signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):

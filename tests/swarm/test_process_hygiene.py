@@ -1,10 +1,12 @@
 """`kill -9` of a peer's or the coordinator's main process leaves none of its helpers alive: hivemind's DHT
 process, its p2pd, the gossip sidecar and the reaper itself all go (`swarm.net.reaper`), and the run's other
 processes are untouched. The peers are forked from a warm starter (`swarm.local.warm_start`): one that dies takes
-its peers, and so their helpers, with it."""
+its peers, and so their helpers, with it. The gossip sidecars are forked from a sidecar starter
+(`swarm.control.sidecar_starter`), not by their nodes: each goes with its node all the same."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -19,8 +21,10 @@ from swarm.net.reaper import unix_socket_paths
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
-def helpers(pid: int) -> list[psutil.Process]:
-    return psutil.Process(pid).children(recursive=True)
+def helpers(swarm: LocalSwarm, pid: int) -> list[psutil.Process]:
+    """Node `pid`'s helpers: its descendants, and the gossip sidecar the sidecar starter forked for it."""
+    forked = [psutil.Process(s) for s in swarm.sidecars.of(pid)] if swarm.sidecars is not None else []
+    return psutil.Process(pid).children(recursive=True) + forked
 
 
 def alive(p: psutil.Process) -> bool:
@@ -30,14 +34,15 @@ def alive(p: psutil.Process) -> bool:
         return False
 
 
-def wait_for_helpers(pid: int, timeout: float = 120) -> list[psutil.Process]:
-    """The helpers of node `pid` once its DHT's p2pd, its gossip sidecar and its reaper all run."""
+def wait_for_helpers(swarm: LocalSwarm, pid: int, timeout: float = 120) -> list[psutil.Process]:
+    """The helpers of node `pid` once its DHT's p2pd, its forked gossip sidecar and its reaper all run."""
     end = time.monotonic() + timeout
     while True:
-        procs = helpers(pid)
-        cmds = [" ".join(p.cmdline()) for p in procs if alive(p)]
-        if all(any(part in c for c in cmds) for part in ("p2pd", "gossip_sidecar", "swarm.net.reaper")):
-            return procs
+        with contextlib.suppress(psutil.NoSuchProcess):
+            procs = helpers(swarm, pid)
+            cmds = [" ".join(p.cmdline()) for p in procs if alive(p)]
+            if all(any(part in c for c in cmds) for part in ("p2pd", "sidecar_starter", "swarm.net.reaper")):
+                return procs
         assert time.monotonic() < end, f"node {pid} never started all its helpers: {cmds}"
         time.sleep(0.5)
 
@@ -51,8 +56,8 @@ def test_kill_9_of_a_peer_and_of_the_coordinator_leaves_no_helper_behind(tmp_pat
         swarm.start()
         swarm.watch(1, timeout=180)  # everyone is up and training
         for victim in (swarm.peers[0], swarm.coordinator):
-            left = wait_for_helpers(victim.pid)
-            bystanders = [p for p in helpers(swarm.peers[1].pid) if alive(p)]
+            left = wait_for_helpers(swarm, victim.pid)
+            bystanders = [p for p in helpers(swarm, swarm.peers[1].pid) if alive(p)]
             # multiprocessing's temporary directory, where the node's resource sharer listens: the node removes it
             # at exit, the reaper after a kill
             mp_dirs = {Path(s).parent for s in unix_socket_paths(victim.pid)}
@@ -69,7 +74,7 @@ def test_kill_9_of_a_peer_and_of_the_coordinator_leaves_no_helper_behind(tmp_pat
             assert not [d for d in mp_dirs if d.exists()], "the killed node's multiprocessing directory stayed"
         assert swarm.starter is not None, "the peers were not forked warm"
         survivor = swarm.peers[1]
-        left = wait_for_helpers(survivor.pid)
+        left = wait_for_helpers(swarm, survivor.pid)
         sockets = [s for p in [survivor.pid, *(h.pid for h in left)] for s in unix_socket_paths(p)]
         swarm.starter.proc.kill()  # as if killed with its launcher
         assert survivor.wait(timeout=20) == -signal.SIGKILL
