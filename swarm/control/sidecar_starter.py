@@ -49,6 +49,7 @@ UNKNOWN_EXIT = 255
 """The exit code reported for a forked sidecar whose starter died before saying how it ended."""
 
 _SERVE_SCRIPT = "import sys; from swarm.control.sidecar_starter import serve; sys.exit(serve())"
+_REPO_ROOT = str(Path(__file__).resolve().parents[2])
 
 
 class SidecarStarterError(RuntimeError):
@@ -186,9 +187,11 @@ class SidecarStarter:
         """The abstract socket name owners are given in `SIDECAR_STARTER_ENV`."""
         self.log = log
         out = open(log, "ab") if log is not None else subprocess.DEVNULL  # noqa: SIM115 (closed below)
+        env = dict(env or os.environ)  # importable from any working directory, as a cold sidecar is
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [_REPO_ROOT, env.get("PYTHONPATH")]))
         try:
             self.proc = subprocess.Popen([sys.executable, "-c", _SERVE_SCRIPT, self.name], stdin=subprocess.PIPE,
-                                         stdout=subprocess.PIPE, stderr=out, env=dict(env or os.environ))
+                                         stdout=subprocess.PIPE, stderr=out, env=env)
         finally:
             if log is not None:
                 out.close()

@@ -21,6 +21,7 @@ import pytest
 from swarm.control.gossip import GossipClient, schedule_topic
 from swarm.control.sidecar_starter import REQUEST_TIMEOUT, SIDECAR_STARTER_ENV, SidecarStarter
 from swarm.net.identity import ensure_identity
+from tests.utils.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -45,30 +46,21 @@ def key(tmp_path: Path, name: str) -> str:
     return path
 
 
-def wait_until(predicate, timeout: float = 10.0) -> bool:
-    end = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > end:
-            return False
-        time.sleep(0.05)
-    return True
-
-
 def test_forked_sidecars_gossip_and_the_launcher_knows_whose_they_are(starter, tmp_path):
     with GossipClient() as a, GossipClient() as b:
         info = a.start(key(tmp_path, "a"), log_path=str(tmp_path / "a.log"))
         b.start(key(tmp_path, "b"), log_path=str(tmp_path / "b.log"), bootstrap=[info.maddrs[0]])
         pids = {a.pid, b.pid}
         assert {psutil.Process(pid).ppid() for pid in pids} == {starter.proc.pid}  # forked, not started cold
-        assert wait_until(lambda: starter.of(os.getpid()) == pids)
+        wait_for(lambda: starter.of(os.getpid()) == pids, 10, "the starter said whose both sidecars are")
         for client in (a, b):
             client.subscribe(TOPIC)
         a.wait_for_mesh(TOPIC, 1, timeout=10)
         a.publish(TOPIC, {"epoch": 1})
         message = b.receive(timeout=10)
         assert message.payload == {"epoch": 1} and message.sender == info.peer_id
-    assert wait_until(lambda: not any(psutil.pid_exists(p) for p in pids), 5)  # close() ended them, by pidfd
-    assert wait_until(lambda: starter.of(os.getpid()) == set())
+    assert not any(psutil.pid_exists(p) for p in pids)  # close() ended them (by pidfd) and the starter reaped them
+    wait_for(lambda: starter.of(os.getpid()) == set(), 10, "the starter said both ended")
     assert "listening at" in (tmp_path / "a.log").read_text()  # the fork logs to its owner's file
 
 
@@ -94,12 +86,12 @@ def test_a_forked_sidecar_ends_when_its_owner_is_killed(starter, tmp_path):
     try:
         started = json.loads(owner.stdout.readline())
         sidecar, child = started["sidecar"], started["child"]
-        assert starter.of(owner.pid) == {sidecar} or wait_until(lambda: starter.of(owner.pid) == {sidecar})
+        wait_for(lambda: starter.of(owner.pid) == {sidecar}, 10, "the starter said whose the sidecar is")
         os.kill(owner.pid, signal.SIGKILL)  # no close(): its sidecar, not its child, must notice by itself
         owner.wait(5)
-        assert wait_until(lambda: not psutil.pid_exists(sidecar), 10), "the sidecar outlived its owner"
+        wait_for(lambda: not psutil.pid_exists(sidecar), 10, "the sidecar to end with its owner")
         assert f"owner {owner.pid} is gone" in (tmp_path / "o.log").read_text()
-        assert wait_until(lambda: starter.of(owner.pid) == set())
+        wait_for(lambda: starter.of(owner.pid) == set(), 10, "the starter said it ended")
     finally:
         if owner.poll() is None:
             owner.kill()
@@ -185,7 +177,7 @@ def test_a_forked_sidecar_outlives_a_starter_that_crashed(tmp_path, monkeypatch)
             assert client.status()["peer_id"] == client.peer_id
             started = time.monotonic()
         assert time.monotonic() - started < 5  # closed through the pipe, ended seen through its pidfd
-        assert wait_until(lambda: ended(pid), 5)
+        wait_for(lambda: ended(pid), 5, "the orphaned sidecar to end")
     finally:
         starter.stop()
 
