@@ -209,6 +209,8 @@ class Outbox:
     """Sends on sender threads of each kind's own (pipeline hops, averaging, stage state, and checks of a late
     next hop with the hops), so a slow receiver of one kind never holds up the others; a pipeline message that
     could not be delivered comes back to the inbox as `Undelivered` (its executor detours it or reports it broken).
+    Stage state goes to each receiver in order, one part at a time (a receiver reads one message per sender and
+    channel at a time), and to several receivers at once: a joiner that reads slowly holds up only its own state.
 
     :param transport: returns the transport (None once it is shut down)
     :param wire_dtype: the run's compression of pipeline tensors (float32 = none)
@@ -216,7 +218,7 @@ class Outbox:
     :param tamper: changes every message before it is sent (`swarm.peer.faults`: a peer misbehaving on purpose)
     """
 
-    THREADS: dict[Kind, int] = {"hop": SEND_CONCURRENCY, "average": 2, "state": 1}
+    THREADS: dict[Kind, int] = {"hop": SEND_CONCURRENCY, "average": 2, "state": SEND_CONCURRENCY}
 
     def __init__(self, transport: Callable[[], Transport | None], inbox: Inbox, timeline: Timeline, *,
                  wire_dtype: str = "float32", failed: Callable[[str, bool], None] | None = None,
@@ -229,6 +231,8 @@ class Outbox:
         self._pools = {kind: ThreadPoolExecutor(n, thread_name_prefix=f"skippipe-send-{kind}")
                        for kind, n in self.THREADS.items()}
         self._room = {kind: threading.BoundedSemaphore(OUTBOX_SIZE) for kind in self.THREADS}
+        self._lanes: dict[tuple[Kind, str], deque[tuple[Callable[[], bool], Future[bool]]]] = {}
+        self._lanes_lock = threading.Lock()
 
     def send(self, peer: str, header: HopHeader, tensor: torch.Tensor) -> Future[bool]:
         """Queue a message for `peer`; the future says whether it was delivered."""
@@ -266,10 +270,12 @@ class Outbox:
                     self._inbox.signal(Undelivered(peer, header, tensor, unreachable=unreachable))
                 return False
 
-        return self.submit(deliver, KIND_OF[header.direction])
+        kind = KIND_OF[header.direction]
+        return self.submit(deliver, kind, lane=peer if kind == "state" else None)
 
-    def submit(self, job: Callable[[], bool], kind: Kind = "hop") -> Future[bool]:
-        """Run `job` on a sender thread of `kind` (waits while OUTBOX_SIZE jobs of that kind are pending)."""
+    def submit(self, job: Callable[[], bool], kind: Kind = "hop", *, lane: str | None = None) -> Future[bool]:
+        """Run `job` on a sender thread of `kind` (waits while OUTBOX_SIZE jobs of that kind are pending). Jobs of
+        one `lane` (a receiver) run one at a time, in the order submitted."""
         room = self._room[kind]
         room.acquire()
 
@@ -280,11 +286,42 @@ class Outbox:
                 room.release()
 
         try:
-            return self._pools[kind].submit(run)
+            if lane is None:
+                return self._pools[kind].submit(run)
+            future: Future[bool] = Future()
+            with self._lanes_lock:  # a drain starting now waits for this job to be queued
+                queued = self._lanes.get((kind, lane))
+                if queued is None:
+                    self._pools[kind].submit(self._drain, kind, lane)
+                    queued = self._lanes[(kind, lane)] = deque()
+                queued.append((run, future))
+            return future
         except RuntimeError:  # shut down
             room.release()
             raise
 
+    def _drain(self, kind: Kind, lane: str) -> None:
+        """Run the jobs of one lane in order until it is empty (then it is removed: the next job starts a drain)."""
+        while True:
+            with self._lanes_lock:
+                queued = self._lanes[(kind, lane)]
+                if not queued:
+                    del self._lanes[(kind, lane)]
+                    return
+                run, future = queued.popleft()
+            if not future.set_running_or_notify_cancel():
+                self._room[kind].release()
+                continue
+            try:
+                future.set_result(run())
+            except BaseException as e:  # the job's failure is its future's
+                future.set_exception(e)
+
     def shutdown(self) -> None:
         for pool in self._pools.values():
             pool.shutdown(wait=True, cancel_futures=True)
+        with self._lanes_lock:  # lanes whose drain was cancelled before it ran: their jobs will not run
+            for queued in self._lanes.values():
+                for _, future in queued:
+                    future.cancel()
+            self._lanes.clear()

@@ -208,8 +208,8 @@ class StageKeeper:
     def _first_send(self, peer: str, old: Schedule) -> bool:
         """Whether this stage's state as it is now has not gone to `peer` yet, while `peer` stayed on the stage
         (`old` placed it there: not a peer that left and came back); if so, it is noted as sent. A peer that holds
-        it refuses a copy only after `STATE_ADMISSION_WAIT`, and stage state leaves on one sender thread: a copy
-        sent again would hold up the state of a joiner that waits for it."""
+        it refuses a copy only after `STATE_ADMISSION_WAIT` per part: a copy sent again would keep a sender thread
+        of this peer's busy that long for nothing."""
         now = (self.stage, self.worker.steps)
         if self._equipped.get(peer) == now and old.placement.get(peer) == self.stage:
             return False

@@ -1,6 +1,7 @@
 """A peer's inbox sorts messages by iteration and kind, holds a newer epoch's until the peer adopts it, and is
-bounded: a full inbox makes the transport's consumer (and so the senders) wait. The outbox is bounded too, and
-hands a pipeline message it could not deliver back to the inbox."""
+bounded: a full inbox makes the transport's consumer (and so the senders) wait. The outbox is bounded too, hands a
+pipeline message it could not deliver back to the inbox, and sends stage state to each receiver in order while a
+slow receiver holds up no other."""
 
 from __future__ import annotations
 
@@ -105,6 +106,33 @@ def test_an_undelivered_pipeline_message_comes_back_and_the_outbox_is_bounded(tm
         blocked.join(timeout=10)
         assert not blocked.is_alive()
     finally:
+        outbox.shutdown()
+
+
+def test_state_goes_to_each_receiver_in_order_and_a_slow_one_holds_up_no_other():
+    outbox = Outbox(lambda: None, Inbox(), Timeline(None, peer="a"))
+    release, ran = threading.Event(), []
+
+    def job(name: str, wait: bool = False):
+        def run() -> bool:
+            ran.append(name)
+            return release.wait(10) if wait else True
+        return run
+
+    try:
+        slow = [outbox.submit(job("slow-1", wait=True), "state", lane="slow"),
+                outbox.submit(job("slow-2"), "state", lane="slow")]
+        time.sleep(0.2)
+        fast = [outbox.submit(job(f"fast-{i}"), "state", lane="fast") for i in range(3)]
+        assert all(f.result(timeout=5) for f in fast)  # while the slow receiver's first part is still out
+        assert ran == ["slow-1", "fast-0", "fast-1", "fast-2"]  # its second part waits behind its first
+        assert not slow[1].done()
+        release.set()
+        assert all(f.result(timeout=5) for f in slow) and ran[-1] == "slow-2"
+        again = outbox.submit(job("slow-3"), "state", lane="slow")  # an emptied lane starts anew
+        assert again.result(timeout=5) and ran[-1] == "slow-3"
+    finally:
+        release.set()
         outbox.shutdown()
 
 
