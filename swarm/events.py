@@ -22,6 +22,9 @@ EVENTS: dict[str, tuple[str, ...]] = {
     # "blocks" (a neighbouring stage's decoder blocks, from_stage) or "own_blocks" (its old stage's, after a move)
     "stage_loaded": ("stage", "source", "peer", "steps"),
     "moved": ("from_stage", "to_stage", "source", "restart"),
+    # a joiner could not take its placement up: its stage's state did not come (it leaves the placement and asks
+    # to be placed again), or a newer epoch placed it otherwise (`revised`: it starts on that one)
+    "join_abandoned": ("stage", "epoch", "why", "revised"),
     "state_sent": ("stage", "to", "why"),
     "left": ("epoch", "iteration"),
     "stopped": ("iteration", "why"),  # why: run finished, scheduler silent, asked to stop, iterations done

@@ -58,6 +58,9 @@ class Liveness:
         self._reports = UnreachableReports(heartbeat)
         self.declared_gone: set[str] = set()
         """Peers taken for gone on reports, before their records expire."""
+        self.stateless: set[str] = set()
+        """Peers that left and joined again, until their record shows them online: they hold no stage's state, so
+        whatever places them next makes them joiners (a placement from before they left says otherwise)."""
         self._declared_at: dict[str, float] = {}
         self._times_declared: dict[str, int] = {}
         self._now = 0.0
@@ -69,11 +72,15 @@ class Liveness:
                 self._left_at.setdefault(p, now)
                 self._leaving.add(p)
             elif p in self._leaving and record.state == PeerState.JOINING and age < now - self._left_at[p]:
-                # the same key joins again (a restarted process): a record written after its leave was seen
+                # the same key joins again (a restarted process, or a joiner whose stage's state did not come): a
+                # record written after its leave was seen
                 logger.info("%s, which left, joins again", p)
                 self._leaving.discard(p)
                 del self._left_at[p]
                 self._first_seen[p] = now  # a joiner afresh: it settles and probes before it is placed
+                self.stateless.add(p)
+            elif record.state == PeerState.ONLINE:
+                self.stateless.discard(p)
             self._first_seen.setdefault(p, now)
             self._last_seen[p] = now
             self.records[p], self._heartbeat_age[p] = record, age

@@ -85,18 +85,18 @@ def view_from_records(records: Mapping[str, PeerRecord]) -> SwarmView:
     return SwarmView(peers=peers, latency=lat, bandwidth=bw, message_overhead=0.0)
 
 
-def restore_sources(schedule: Schedule, before: Schedule | None, handover: Mapping[str, str]) -> dict[str, str]:
-    """Peer new to its stage (a joiner, or a mover with no stage peer to take the state from) -> the peer it
-    starts the stage from, for stages nobody kept serving: a veteran of the nearest stage below (above if
-    none); a joiner uses its own checkpoint of the stage instead if it has one."""
+def restore_sources(schedule: Schedule, before: Schedule | None, joiners: Collection[str]) -> dict[str, str]:
+    """Joiner (a peer new to its stage, or one holding no state of it) -> the peer it starts the stage from, for
+    stages nobody kept serving: a veteran of the nearest stage below (above if none); a joiner uses its own
+    checkpoint of the stage instead if it has one. Stage 0 too: its holders may all be gone while a joining holder
+    takes it over (it keeps its own embedding)."""
     if before is None:
         return {}
-    fresh = [p for p, st in schedule.placement.items() if before.placement.get(p) != st and p not in handover]
-    veterans = {p: st for p, st in schedule.placement.items() if before.placement.get(p) == st}
+    veterans = {p: st for p, st in schedule.placement.items() if p not in joiners and before.placement.get(p) == st}
     sources = {}
-    for p in fresh:
+    for p in joiners:
         st = schedule.placement[p]
-        if st == 0 or st in veterans.values():
+        if st in veterans.values():
             continue
         nearest = sorted((abs(vs - st), vs > st, vs == 0, q) for q, vs in veterans.items())
         if nearest:
@@ -261,7 +261,8 @@ class Replanner:
 
     # ---- re-plans ---------------------------------------------------------------------------------
     def replan(self, peers: Mapping[str, PeerRecord], history: EpochHistory, *, start_iteration: int,
-               shard_positions: Mapping[str, Any], handing_over: Collection[str] = ()) -> Schedule:
+               shard_positions: Mapping[str, Any], handing_over: Collection[str] = (),
+               stateless: Collection[str] = ()) -> Schedule:
         """A new epoch for the live `peers`: survivors keep their stages unless a move buys back what a departure
         cost, newcomers are placed one by one where they help most, and departed holders' shards go to the
         surviving holders with the fewest.
@@ -271,6 +272,8 @@ class Replanner:
         :param shard_positions: each shard's position after the last committed iteration
         :param handing_over: peers leaving gracefully: when one was the last of its stage, a peer of the largest
           other stage group moves there and takes the stage's state over from it (`meta["handover"]`)
+        :param stateless: peers that hold no stage's state whatever the epochs say (they left and joined again: a
+          restarted process, or a joiner whose stage's state did not come): joiners wherever they are placed
         """
         cfg, old = self.config, history.latest
         cost = self.model_cost(peers)
@@ -344,13 +347,14 @@ class Replanner:
         earlier = old.meta.get("handover") or {}
         handover.update({p: src for p, src in earlier.items() if p in schedule.placement and before is not None
                          and p in before.placement and before.placement[p] != schedule.placement[p]})
-        # joiners load their stage's state from its peers: newcomers, and a peer taken for gone and placed again
-        # on another stage than it held (it has none of that stage's weights, and nobody hands them over)
-        joiners = [p for p in schedule.placement if before is None or p not in before.placement
+        # joiners load their stage's state from its peers: newcomers, a peer taken for gone and placed again on
+        # another stage than it held (it has none of that stage's weights, and nobody hands them over), and a peer
+        # that holds no state at all
+        joiners = [p for p in schedule.placement if before is None or p not in before.placement or p in stateless
                    or (before.placement[p] != schedule.placement[p] and p not in handover)]
         schedule.meta.update(start_iteration=start_iteration, num_shards=num_shards, shards=shards,
                              shard_positions=dict(shard_positions), joiners=joiners,
-                             restore=restore_sources(schedule, before, handover), handover=handover)
+                             restore=restore_sources(schedule, before, joiners), handover=handover)
         validate(schedule, balance_tolerance=None)
         return schedule
 

@@ -231,7 +231,7 @@ class Scheduler:
         try:
             schedule = self.replanner.replan(peers, self.epochs, start_iteration=start,
                                              shard_positions=self.commits.shard_positions,
-                                             handing_over=list(handing_over))
+                                             handing_over=list(handing_over), stateless=self.liveness.stateless)
         except (RuntimeError, ValueError) as e:
             logger.error("could not re-plan: %s", e)
             return []

@@ -64,7 +64,7 @@ from swarm.peer.reachability_notice import DialVerdict, announced_addresses, joi
 from swarm.peer.reports import Reports
 from swarm.peer.run_spec import UnsuitedRun, await_run_spec
 from swarm.peer.schedule_follower import ScheduleFollower
-from swarm.peer.stage_keeper import StageKeeper
+from swarm.peer.stage_keeper import JoinAbandoned, StageKeeper
 from swarm.peer.stage_session import restore_source
 from swarm.peer.succession import Succession
 from swarm.peer.timeline import Timeline
@@ -296,6 +296,32 @@ class Peer:
         self._start_on(schedule)
         return True
 
+    def _give_up_placement(self, schedule: Schedule) -> Schedule:
+        """Leave `schedule`'s placement unserved: announce LEAVING, so that the scheduler plans without this peer as
+        without one that left, then JOINING again once it has (it takes this peer back as one that holds no state,
+        a joiner wherever it places it). Returns the epoch without this peer; TimeoutError if none comes within
+        the join timeout (no scheduler is planning)."""
+        self.state = PeerState.LEAVING
+        beat = self.node.heartbeat.beat_now
+        try:
+            beat()
+        except Exception as e:  # the next heartbeat carries the state anyway
+            logger.warning("could not announce leaving at once: %s", e)
+        end = time.monotonic() + self.options.join_timeout
+        while not self._halt.is_set() and not self.follower.finished.is_set() and time.monotonic() < end:
+            later = self.follower.poll_newer()
+            if later is not None and self.peer_id not in later.placement:
+                self.follower.newer = None
+                self.state = PeerState.JOINING
+                try:
+                    beat()
+                except Exception as e:
+                    logger.warning("could not announce joining at once: %s", e)
+                return later
+            self.follower.notice.wait(0.5)
+        raise TimeoutError(f"no epoch without this peer came within {self.options.join_timeout:.0f} s of giving up "
+                           f"its placement in epoch {schedule.epoch}")
+
     def shutdown(self) -> None:
         """Announce leaving, then stop heartbeat, gossip, transport and DHT (each only if it was started)."""
         self._halt.set()
@@ -345,12 +371,28 @@ class Peer:
         self.inbox.adopt(schedule.epoch)
 
     def _start_on(self, schedule: Schedule) -> None:
-        """First placement (or a placement after being dropped): the keeper equips this peer's stage."""
-        self.iteration = self.inbox.iteration = int(schedule.meta.get("start_iteration", 0))
-        self._use(schedule)  # after the iteration is set: what its senders sent before this peer heard is filed
-        self.follower.newer = None
-        self._fresh = True  # until its first iteration commits
-        self.keeper.start(schedule, self.iteration)
+        """First placement (or a placement after being dropped): the keeper equips this peer's stage. A joiner that
+        a newer epoch places otherwise starts on that one; one whose stage's state does not come gives the
+        placement up (`_give_up_placement`) and is left unplaced, to ask again."""
+        while True:
+            self.iteration = self.inbox.iteration = int(schedule.meta.get("start_iteration", 0))
+            self._use(schedule)  # after the iteration is set: what its senders sent before this peer heard is filed
+            self.follower.newer = None
+            self._fresh = True  # until its first iteration commits
+            try:
+                self.keeper.start(schedule, self.iteration, revised=self.follower.poll_newer)
+                break
+            except JoinAbandoned as e:
+                logger.warning("%s: %s", "placed otherwise" if e.revised else "giving this placement up", e,
+                               extra=event("join_abandoned", stage=self.stage, epoch=schedule.epoch, why=str(e),
+                                           revised=e.revised))
+                later = self.follower.due(self.iteration) if e.revised else None
+                if later is None:  # (or a still newer epoch took the place of the one that placed it otherwise)
+                    later = self._give_up_placement(schedule)
+            if self.peer_id not in later.placement:
+                self._use(later)  # the loop asks to be placed again
+                return
+            schedule = later
         if self.stage == 0:
             self.data.follow(schedule, self.iteration, self.follower.committed_positions)
         logger.info("peer %s runs schedule epoch %d on stage %d from iteration %d", self.peer_id, schedule.epoch,

@@ -61,21 +61,32 @@ class PrecisionRefused(NotAdmitted):
     """This peer's device or `--precision` cannot compute in the run's `train.precision`."""
 
 
+class JoinAbandoned(Exception):
+    """A joiner cannot take up its placement: its stage's state did not come (`revised` False: the peer leaves the
+    placement, to be placed afresh), or a newer epoch re-plans its first iteration with it elsewhere or without it
+    (`revised` True: the peer starts on that epoch instead). Either way the peer stays in the run."""
+
+    def __init__(self, why: str, *, revised: bool) -> None:
+        super().__init__(why)
+        self.revised = revised
+
+
 class StageKeeper:
     """Peer `peer_id`'s stage. `stage` is what it announces (-1, or the stage it pins, until placed).
 
     :param loss_seconds: this device's measured loss step (a paced worker pads to it)
     :param dht: returns the peer's DHT (for its stage group's hivemind averager)
     :param checks: the transport's checks, told whom stage state is expected from while this peer waits for it
+    :param state_timeout: seconds a joiner waits for its stage's state (`STATE_TIMEOUT`)
     :raises InitialWeightsRefused: the peer's --init-from does not hold the run's initial weights
     """
 
     def __init__(self, peer_id: str, options: PeerOptions, config: RunConfig, model_config: ModelConfig, *,
                  inbox: Inbox, outbox: Outbox, dht: Callable[[], DHT], loss_seconds: float,
-                 checks: InboundChecks | None = None) -> None:
+                 checks: InboundChecks | None = None, state_timeout: float = STATE_TIMEOUT) -> None:
         self.peer_id, self.options, self.config, self.model_config = peer_id, options, config, model_config
         self.inbox, self.outbox, self._dht, self.loss_seconds = inbox, outbox, dht, loss_seconds
-        self.checks = checks
+        self.checks, self.state_timeout = checks, state_timeout
         self._equipped: dict[str, tuple[int, int]] = {}
         """Peer -> (stage, step) of the state (or digest) this peer sent it, while not known undelivered: a re-plan
         from the same iteration names the same joiners again, and they hold that state already."""
@@ -96,9 +107,14 @@ class StageKeeper:
         if self.session is not None:
             self.session.close()
 
-    def start(self, schedule: Schedule, iteration: int) -> None:
+    def start(self, schedule: Schedule, iteration: int, *,
+              revised: Callable[[], Schedule | None] = lambda: None) -> None:
         """Placed by `schedule` from `iteration` (first placement, or placed again after being dropped): a session
-        from the seed, or from a same-stage peer's state (or a restarted stage's) for a joiner."""
+        from the seed, or from a same-stage peer's state (or a restarted stage's) for a joiner.
+
+        A joiner waiting for its stage's state follows `revised` (the newest epoch known): an epoch that reruns
+        `iteration` names the veterans to hear from. Raises `JoinAbandoned` when the state does not come in time or
+        such an epoch places this peer otherwise; the session is dropped then (it holds no state of the stage)."""
         joiner = self.peer_id in schedule.meta.get("joiners", ()) or self.session is None
         if self.session is not None and schedule.placement[self.peer_id] != self.stage:
             self.session.close()
@@ -110,19 +126,47 @@ class StageKeeper:
                 start_from_initial_weights(self.worker, self.options.init_from, self.config)
         self.worker.reset()
         if iteration > 0 and joiner:
-            source = restore_source(schedule, self.peer_id)
-            if source is None:
-                senders = state_senders(schedule, self.stage)
-                self._expect_state(senders)
-                parts = receive_agreed_state(self.worker, lambda t: self.inbox.receive("state", t, any_iteration=True),
-                                             senders=senders, needed=min(len(senders), self._voices()),
-                                             timeout=STATE_TIMEOUT)
-                steps = load_state(self.worker, parts)
-                logger.info("loaded stage %d's state (step %d) from a same-stage peer", self.stage, steps,
-                            extra=event("stage_loaded", stage=self.stage, source="peer", steps=steps))
-            else:
-                self._restart(schedule, source)
+            try:
+                self._load_stage(schedule, iteration, revised)
+            except (TimeoutError, WorkerError, JoinAbandoned) as e:
+                self.session.close()  # it holds no state of the stage: whatever places this peer next, it joins
+                self.session = None
+                if isinstance(e, JoinAbandoned):
+                    raise
+                raise JoinAbandoned(f"stage {self.stage}'s state did not come: {e}", revised=False) from None
         self._go_online()
+
+    def _load_stage(self, schedule: Schedule, iteration: int, revised: Callable[[], Schedule | None]) -> None:
+        """A joiner's state of its stage: restarted from the source the scheduler names, or a state its veterans
+        agree on (those of the newest epoch that reruns `iteration` and still places this peer so)."""
+        source = restore_source(schedule, self.peer_id)
+        if source is not None:
+            self._restart(schedule, source)
+            return
+        current = schedule
+
+        def electorate() -> tuple[list[str], int]:
+            nonlocal current
+            later = revised()
+            if later is not None and later.epoch > current.epoch and \
+                    int(later.meta.get("start_iteration", 0)) <= iteration:
+                if later.placement.get(self.peer_id) != self.stage or restore_source(later, self.peer_id) or \
+                        self.peer_id not in later.meta.get("joiners", ()):
+                    raise JoinAbandoned(f"epoch {later.epoch} places this peer otherwise", revised=True)
+                current = later
+            senders = state_senders(current, self.stage)
+            if not senders:
+                raise TimeoutError(f"epoch {current.epoch} names no veteran of stage {self.stage} to send it")
+            self._expect_state(senders)
+            return senders, min(len(senders), self._voices())
+
+        senders, needed = electorate()
+        parts = receive_agreed_state(self.worker, lambda t: self.inbox.receive("state", t, any_iteration=True),
+                                     senders=senders, needed=needed, timeout=self.state_timeout,
+                                     electorate=electorate)
+        steps = load_state(self.worker, parts)
+        logger.info("loaded stage %d's state (step %d) from a same-stage peer", self.stage, steps,
+                    extra=event("stage_loaded", stage=self.stage, source="peer", steps=steps))
 
     def move(self, schedule: Schedule, source: str, *, restart: bool = False) -> None:
         """The scheduler moved this peer to another stage, to take its state over from `source`: that stage's last
@@ -257,7 +301,7 @@ class StageKeeper:
     def _restart(self, schedule: Schedule, source: str) -> None:
         restart_stage(self.worker, self.stage, schedule, self.model_config, source=source,
                       source_stage=schedule.placement[source], checkpoint_dir=self.options.checkpoint_dir,
-                      receive=lambda: self._receive_state(schedule, source, STATE_TIMEOUT))
+                      receive=lambda: self._receive_state(schedule, source, self.state_timeout))
 
     def _go_online(self) -> None:
         if self.checks is not None:

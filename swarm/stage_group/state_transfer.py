@@ -152,11 +152,16 @@ def load_state(worker: StageWorker, messages: Mapping[int, Inbound]) -> int:
 
 
 def receive_agreed_state(worker: StageWorker, receive: Callable[[float], list[Inbound]], *, senders: Collection[str],
-                         needed: int, timeout: float) -> dict[int, Inbound]:
+                         needed: int, timeout: float,
+                         electorate: Callable[[], tuple[Collection[str], int]] | None = None) -> dict[int, Inbound]:
     """Parts 0 and 1 of a state for `worker`'s stage whose digest `needed` of `senders` agree on (a sender of the
     whole state, checked by `check_state`, vouches for its digest; a sender of part 2 for the digest it sent). Two
     whole states within `STATE_TOLERANCE` of each other vouch for each other: members on different hardware (a GPU
     and a CPU) round AdamW's step differently, so their states drift apart by a few units in the last place.
+
+    `electorate`, if given, is asked before each read for the senders and the voices needed now: a re-plan of the
+    joiner's iteration names fewer veterans once one is taken for gone (a frozen veteran must not hold a joiner up
+    past its declaration), and what a sender no longer named said stops counting. It may raise to stop the wait.
 
     State from anyone else, state that fails `check_state` and a second copy from one sender are refused (a
     `state_refused` event each). Raises TimeoutError if no state gathers `needed` voices within `timeout`.
@@ -173,6 +178,8 @@ def receive_agreed_state(worker: StageWorker, receive: Callable[[float], list[In
 
     end = time.monotonic() + timeout
     while time.monotonic() < end:
+        if electorate is not None:
+            senders, needed = electorate()
         for m in receive(min(0.5, max(0.0, end - time.monotonic()))):
             part = m.header.microbatch
             if m.sender not in senders:
@@ -204,9 +211,9 @@ def receive_agreed_state(worker: StageWorker, receive: Callable[[float], list[In
                         near[d].add(digest)
                     states[digest] = mine
         for digest, state in states.items():
-            support = voices[digest].union(*(voices[d] for d in near[digest]))
-            if len(support) >= needed:
-                for sender in sorted(set().union(*voices.values()) - support):
+            support = voices[digest].union(*(voices[d] for d in near[digest])) & set(senders)
+            if support and len(support) >= needed:
+                for sender in sorted(set().union(*voices.values()).intersection(senders) - support):
                     refuse(sender, f"its state is not the one {sorted(support)} agree on")
                 return state
     raise TimeoutError(f"no state for stage {worker.stage} that {needed} of {sorted(senders)} agree on in time "

@@ -1,12 +1,15 @@
 """A joiner's stage state from hostile veterans (issue #17). Before, a joiner loaded whatever the first same-stage
 sender's two STATE messages held: NaN weights, a step count of -1. Now `load_state` refuses non-finite state and
 impossible counts before touching the worker, and `receive_agreed_state` takes a state only once two veterans vouch
-for its digest (when the stage has two), so one faulty veteran of three cannot poison a joiner. The last test runs
-the whole hand-over between `StageKeeper`s: veterans equip, the joiner starts."""
+for its digest (when the stage has two), so one faulty veteran of three cannot poison a joiner. The last tests run
+the whole hand-over between `StageKeeper`s: veterans equip, the joiner starts, following the re-plans of its first
+iteration (a veteran that froze and was taken for gone stops counting), and gives its placement up, staying in the
+run, when no agreed state comes."""
 
 from __future__ import annotations
 
 import logging
+import time
 from concurrent.futures import Future
 from dataclasses import replace
 
@@ -23,7 +26,7 @@ from swarm.events import EVENT_ATTR
 from swarm.net.delivery import Inbound
 from swarm.peer.mailbox import Inbox
 from swarm.peer.options import PeerOptions
-from swarm.peer.stage_keeper import StageKeeper
+from swarm.peer.stage_keeper import JoinAbandoned, StageKeeper
 from swarm.run_config import RunConfig
 from swarm.stage_group.state_transfer import (
     load_state,
@@ -189,12 +192,12 @@ class Wire:
         return Out()
 
 
-def keeper(peer: str, wire: Wire, tamper=None) -> StageKeeper:
+def keeper(peer: str, wire: Wire, tamper=None, *, state_timeout: float = 30.0) -> StageKeeper:
     config = RunConfig.from_tables({}, run_id="r", iterations=10, min_peers=6, stages=3, skip=0.0, seed=0)
     wire.inboxes[peer] = Inbox()
     return StageKeeper(peer, PeerOptions(initial_peers=(), identity_path="", run_id="r"), config,
                        config.model_config(64), inbox=wire.inboxes[peer], outbox=wire.outbox(peer, tamper),
-                       dht=lambda: None, loss_seconds=0.0)
+                       dht=lambda: None, loss_seconds=0.0, state_timeout=state_timeout)
 
 
 def epoch(number: int, joiner: bool) -> Schedule:
@@ -253,3 +256,83 @@ def test_a_replan_from_the_same_iteration_sends_the_joiner_its_state_once(delive
     for k in veterans.values():  # j is gone (epoch 4), then joins again
         k.equip(epoch(5, True), epoch(4, False), 5)
     assert len(wire.sent) == (10 if delivers else 15)
+
+
+def two_veterans(number: int, placement: dict[str, int] | None = None, joiners: tuple[str, ...] = ("j",)) -> Schedule:
+    """Stage 1 served by veterans a and b, and by joiner j from iteration 5 (or `placement`)."""
+    placement = placement or {"h": 0, "a": 1, "b": 1, "j": 1, "x": 2}
+    return Schedule(epoch=number, rules=PathRules(3, 3), placement=placement, memory=dict.fromkeys(placement, 2),
+                    routes=(), meta={"joiners": list(joiners), "start_iteration": 5})
+
+
+def after(seconds: float, schedule: Schedule):
+    """`revised` for a joiner: nothing newer until `seconds` from now, then `schedule` (a re-plan published)."""
+    at = time.monotonic() + seconds
+    return lambda: schedule if time.monotonic() >= at else None
+
+
+def test_a_joiner_whose_veteran_froze_takes_the_state_once_a_replan_drops_that_veteran():
+    """Seen in a churn run: veteran a is frozen (SIGSTOP) but not yet taken for gone, so the joiner hears b alone
+    and two voices are needed. The scheduler then declares a gone and re-plans the iteration without it: the joiner
+    takes b's state (already received; b does not send it twice) instead of waiting until its timeout and exiting."""
+    wire = Wire()
+    a, b = keeper("a", wire), keeper("b", wire)
+    joiner = keeper("j", wire, state_timeout=30.0)
+    old = two_veterans(1, {"h": 0, "a": 1, "b": 1, "x": 2}, joiners=())
+    for k in (a, b):
+        k.start(old, 0)
+    new = two_veterans(2)
+    b.equip(new, old, 5)  # a is frozen: it equips nobody
+    without_a = two_veterans(3, {"h": 0, "b": 1, "j": 1, "x": 2})
+    b.equip(without_a, new, 5)
+    assert [s for s in wire.sent if s[0] == "b"] == [("b", "j", 0), ("b", "j", 1)]  # once
+    began = time.monotonic()
+    joiner.start(new, 5, revised=after(1.0, without_a))
+    assert time.monotonic() - began < 10.0
+    honest = b.worker.module.state_dict()
+    assert all(torch.equal(v, honest[k]) for k, v in joiner.worker.module.state_dict().items())
+
+
+def test_a_joiner_whose_state_does_not_come_gives_the_placement_up_holding_no_state(caplog):
+    """Without a re-plan, the two veterans' disagreement (or silence) ends the wait: `JoinAbandoned`, which the peer
+    answers by leaving the placement and joining again, not by exiting. It keeps no session: it holds no state."""
+    wire = Wire()
+    poison = lambda h, t: t + 1.0 if h.microbatch == 0 else t  # noqa: E731
+    a, b = keeper("a", wire), keeper("b", wire, poison)
+    joiner = keeper("j", wire, state_timeout=1.5)
+    old = two_veterans(1, {"h": 0, "a": 1, "b": 1, "x": 2}, joiners=())
+    new = two_veterans(2)
+    for k in (a, b):
+        k.start(old, 0)
+        k.equip(new, old, 5)
+    with pytest.raises(JoinAbandoned, match="did not come") as abandoned, caplog.at_level(logging.WARNING):
+        joiner.start(new, 5)
+    assert abandoned.value.revised is False and joiner.worker is None
+    events = [getattr(r, EVENT_ATTR) for r in caplog.records if hasattr(r, EVENT_ATTR)]
+    assert not any(e["event"] == "stage_loaded" for e in events)
+
+
+@pytest.mark.parametrize("elsewhere", [{"h": 0, "a": 1, "b": 1, "j": 2, "x": 2}, {"h": 0, "a": 1, "b": 1, "x": 2}])
+def test_a_replan_that_places_the_joiner_otherwise_ends_its_wait_at_once(elsewhere):
+    joiner = keeper("j", Wire(), state_timeout=30.0)
+    began = time.monotonic()
+    with pytest.raises(JoinAbandoned, match="places this peer otherwise") as abandoned:
+        joiner.start(two_veterans(2), 5, revised=after(0.5, two_veterans(3, elsewhere)))
+    assert abandoned.value.revised is True and time.monotonic() - began < 10.0
+
+
+def test_a_replan_from_a_later_iteration_does_not_change_whom_the_joiner_hears():
+    """An epoch that starts after the joiner's first iteration plans beyond it: the joiner still needs the state its
+    own epoch's veterans agree on, so b alone is not enough."""
+    wire = Wire()
+    a, b = keeper("a", wire), keeper("b", wire)
+    joiner = keeper("j", wire, state_timeout=1.5)
+    old = two_veterans(1, {"h": 0, "a": 1, "b": 1, "x": 2}, joiners=())
+    for k in (a, b):
+        k.start(old, 0)
+    new = two_veterans(2)
+    b.equip(new, old, 5)
+    later = two_veterans(3, {"h": 0, "b": 1, "j": 1, "x": 2})
+    later.meta["start_iteration"] = 6
+    with pytest.raises(JoinAbandoned, match="did not come"):
+        joiner.start(new, 5, revised=after(0.2, later))

@@ -48,6 +48,12 @@ def test_a_peer_that_left_and_joins_again_with_its_key_is_live_again():
     # its restarted process's record, written after the leave: a joiner afresh
     assert set(live.update({"a": (record("a", PeerState.JOINING), 0.5)}, 4.0)) == {"a"}
     assert live.seen_for("a", 5.0) == 1.0
+    # it holds no stage's state until it has loaded one (placed, online): whatever places it next makes it a joiner
+    assert live.stateless == {"a"}
+    live.update({"a": (record("a", PeerState.JOINING), 0.5)}, 6.0)
+    assert live.stateless == {"a"}
+    live.update({"a": (record("a"), 0.5)}, 8.0)
+    assert live.stateless == set()
 
 
 def test_reports_convict_with_two_reporters_or_an_overdue_heartbeat_and_a_rejoin_is_taken_back():

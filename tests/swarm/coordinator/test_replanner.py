@@ -8,9 +8,10 @@ import dataclasses
 import numpy as np
 import pytest
 
-from scheduler.schedule import validate
+from scheduler.path_rules import PathRules
+from scheduler.schedule import Schedule, validate
 from swarm.coordinator.epochs import EpochHistory
-from swarm.coordinator.replanner import saved_plan_mismatch
+from swarm.coordinator.replanner import restore_sources, saved_plan_mismatch
 from swarm.run_config import FULL_PATH_PLANNERS, PLANNERS, RunConfig
 from swarm.wire import PeerState
 from tests.swarm.coordinator.conftest import STAGES, make_config, make_records, make_replanner
@@ -134,3 +135,39 @@ def test_a_peer_taken_for_gone_and_placed_again_on_another_stage_loads_that_stag
         else:  # back on its own stage from the iteration it left at: its weights are that stage's, current
             assert victim not in again.meta["joiners"]
     assert moved, "no victim was placed again on another stage: the case under test did not arise"
+
+
+def test_a_peer_that_holds_no_state_is_a_joiner_even_back_on_the_stage_it_was_placed_on():
+    """A joiner whose stage's state did not come gives its placement up and joins again, as a restarted process
+    does: it holds nothing, though the epoch in force before its start places it on that stage."""
+    r = make_replanner("skippipe")
+    records = make_records()
+    first = r.plan(records, epoch=0, start_iteration=0)
+    back_home = 0
+    for victim in sorted(first.placement):
+        history = EpochHistory([first])
+        live = {p: rec for p, rec in records.items() if p != victim}
+        history.add(r.replan(live, history, start_iteration=5, shard_positions={}))
+        back = dataclasses.replace(records[victim], stage=-1, state=PeerState.JOINING)
+        again = r.replan({**live, victim: back}, history, start_iteration=5, shard_positions={}, stateless={victim})
+        assert victim in again.meta["joiners"]
+        stage = again.placement[victim]
+        back_home += stage == first.placement[victim]
+        veterans = [p for p, st in again.placement.items() if st == stage and p not in again.meta["joiners"]]
+        assert veterans or victim in again.meta["restore"]  # someone to take the stage from
+    assert back_home, "no victim was placed back on its own stage: the case under test did not arise"
+
+
+def test_a_joiner_of_a_stage_that_lost_every_peer_restarts_it_from_the_nearest_veteran_stage_0_too():
+    """Stage 0 included: both holders died and a joining holder takes the stage over (it used to wait for a state
+    nobody would send, then exit)."""
+    def epoch(placement: dict[str, int]) -> Schedule:
+        return Schedule(epoch=1, rules=PathRules(3, 3), placement=placement, memory=dict.fromkeys(placement, 2),
+                        routes=())
+
+    before = epoch({"h1": 0, "h2": 0, "a": 1, "b": 2, "c": 2})
+    after = epoch({"new": 0, "a": 1, "b": 2, "j": 2, "k": 1})
+    assert restore_sources(after, before, joiners=["new", "j", "k"]) == {"new": "a"}  # stage 1, 2 have veterans
+    emptied = epoch({"new": 0, "b": 2, "k": 1})
+    assert restore_sources(emptied, before, joiners=["new", "k"]) == {"new": "b", "k": "b"}
+    assert restore_sources(after, None, joiners=["new"]) == {}  # the first epoch: nothing to restore
