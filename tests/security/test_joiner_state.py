@@ -265,6 +265,15 @@ def two_veterans(number: int, placement: dict[str, int] | None = None, joiners: 
                     routes=(), meta={"joiners": list(joiners), "start_iteration": 5})
 
 
+def veterans_a_and_b(wire: Wire, tamper_b=None) -> tuple[StageKeeper, StageKeeper, Schedule, Schedule]:
+    """Veterans a and b serving stage 1 under epoch 1, and epoch 2, which adds joiner j to it from iteration 5."""
+    a, b = keeper("a", wire), keeper("b", wire, tamper_b)
+    old = two_veterans(1, {"h": 0, "a": 1, "b": 1, "x": 2}, joiners=())
+    for k in (a, b):
+        k.start(old, 0)
+    return a, b, old, two_veterans(2)
+
+
 def after(seconds: float, schedule: Schedule):
     """`revised` for a joiner: nothing newer until `seconds` from now, then `schedule` (a re-plan published)."""
     at = time.monotonic() + seconds
@@ -276,12 +285,8 @@ def test_a_joiner_whose_veteran_froze_takes_the_state_once_a_replan_drops_that_v
     and two voices are needed. The scheduler then declares a gone and re-plans the iteration without it: the joiner
     takes b's state (already received; b does not send it twice) instead of waiting until its timeout and exiting."""
     wire = Wire()
-    a, b = keeper("a", wire), keeper("b", wire)
+    _, b, old, new = veterans_a_and_b(wire)
     joiner = keeper("j", wire, state_timeout=30.0)
-    old = two_veterans(1, {"h": 0, "a": 1, "b": 1, "x": 2}, joiners=())
-    for k in (a, b):
-        k.start(old, 0)
-    new = two_veterans(2)
     b.equip(new, old, 5)  # a is frozen: it equips nobody
     without_a = two_veterans(3, {"h": 0, "b": 1, "j": 1, "x": 2})
     b.equip(without_a, new, 5)
@@ -297,13 +302,9 @@ def test_a_joiner_whose_state_does_not_come_gives_the_placement_up_holding_no_st
     """Without a re-plan, the two veterans' disagreement (or silence) ends the wait: `JoinAbandoned`, which the peer
     answers by leaving the placement and joining again, not by exiting. It keeps no session: it holds no state."""
     wire = Wire()
-    poison = lambda h, t: t + 1.0 if h.microbatch == 0 else t  # noqa: E731
-    a, b = keeper("a", wire), keeper("b", wire, poison)
+    a, b, old, new = veterans_a_and_b(wire, lambda h, t: t + 1.0 if h.microbatch == 0 else t)
     joiner = keeper("j", wire, state_timeout=1.5)
-    old = two_veterans(1, {"h": 0, "a": 1, "b": 1, "x": 2}, joiners=())
-    new = two_veterans(2)
     for k in (a, b):
-        k.start(old, 0)
         k.equip(new, old, 5)
     with pytest.raises(JoinAbandoned, match="did not come") as abandoned, caplog.at_level(logging.WARNING):
         joiner.start(new, 5)
@@ -325,12 +326,8 @@ def test_a_replan_from_a_later_iteration_does_not_change_whom_the_joiner_hears()
     """An epoch that starts after the joiner's first iteration plans beyond it: the joiner still needs the state its
     own epoch's veterans agree on, so b alone is not enough."""
     wire = Wire()
-    a, b = keeper("a", wire), keeper("b", wire)
+    _, b, old, new = veterans_a_and_b(wire)
     joiner = keeper("j", wire, state_timeout=1.5)
-    old = two_veterans(1, {"h": 0, "a": 1, "b": 1, "x": 2}, joiners=())
-    for k in (a, b):
-        k.start(old, 0)
-    new = two_veterans(2)
     b.equip(new, old, 5)
     later = two_veterans(3, {"h": 0, "b": 1, "j": 1, "x": 2})
     later.meta["start_iteration"] = 6
