@@ -155,8 +155,7 @@ class Peer:
         if self.options.reachability == "auto":
             self.dial_verdict.leave_to_relay(stop)
         try:
-            self._join(stop)
-            if self.schedule is None:
+            if not self._join(stop):
                 return self.dial_verdict.restart_as
             while not self.config.iterations or self.iteration < self.config.iterations:
                 if stop.is_set() and not self.departure.keep_serving():
@@ -197,13 +196,15 @@ class Peer:
         finally:
             self.shutdown()
 
-    def _join(self, stop: threading.Event) -> None:
+    def _join(self, stop: threading.Event) -> bool:
+        """Join the run and take up the first placement; False if the run ended or this peer was asked to stop
+        first (or it left to restart relayed)."""
         o, node = self.options, self.node
         records = node.start_dht(o.initial_peers, **join_reachability(o))
         deadline = time.monotonic() + o.join_timeout
         spec = await_run_spec(records, trusted_coordinator(o.initial_peers, o.coordinator), stop, o.join_timeout)
         if spec is None:
-            return
+            return False
         self.config, self.model_config = RunConfig.from_spec(spec)
         self.spec = spec
         if node.reachability == "relayed" and self.config.averaging == "hivemind":
@@ -280,9 +281,10 @@ class Peer:
         warm_up_optimizers()  # while the scheduler plans, not once placed, when the whole stage group waits
         schedule = self.follower.wait_for_placement(self.peer_id, stop, deadline - time.monotonic())
         if schedule is not None:
-            self._start_on(schedule)
-        elif not stop.is_set() and not self.follower.finished.is_set():
+            return self._start_on(schedule, stop)
+        if not stop.is_set() and not self.follower.finished.is_set():
             raise TimeoutError("no schedule placed this peer in time")
+        return False
 
     def _rejoin(self, stop: threading.Event) -> bool:
         """Dropped by the scheduler (taken for dead): announce again and wait to be placed, then load the stage's
@@ -293,14 +295,13 @@ class Peer:
                                                     newer_than=self.schedule.epoch)
         if schedule is None:
             return False
-        self._start_on(schedule)
-        return True
+        return self._start_on(schedule, stop)
 
-    def _give_up_placement(self, schedule: Schedule) -> Schedule:
+    def _give_up_placement(self, schedule: Schedule, stop: threading.Event) -> Schedule | None:
         """Leave `schedule`'s placement unserved: announce LEAVING, so that the scheduler plans without this peer as
         without one that left, then JOINING again once it has (it takes this peer back as one that holds no state,
-        a joiner wherever it places it). Returns the epoch without this peer; TimeoutError if none comes within
-        the join timeout (no scheduler is planning)."""
+        a joiner wherever it places it). Returns the epoch without this peer, or None if the run ended or this peer
+        was asked to stop first; TimeoutError if none comes within the join timeout (no scheduler is planning)."""
         self.state = PeerState.LEAVING
         beat = self.node.heartbeat.beat_now
         try:
@@ -308,7 +309,9 @@ class Peer:
         except Exception as e:  # the next heartbeat carries the state anyway
             logger.warning("could not announce leaving at once: %s", e)
         end = time.monotonic() + self.options.join_timeout
-        while not self._halt.is_set() and not self.follower.finished.is_set() and time.monotonic() < end:
+        while time.monotonic() < end:
+            if stop.is_set() or self._halt.is_set() or self.follower.finished.is_set():
+                return None
             later = self.follower.poll_newer()
             if later is not None and self.peer_id not in later.placement:
                 self.follower.newer = None
@@ -370,10 +373,11 @@ class Peer:
         self.members.follow(schedule.placement)
         self.inbox.adopt(schedule.epoch)
 
-    def _start_on(self, schedule: Schedule) -> None:
+    def _start_on(self, schedule: Schedule, stop: threading.Event) -> bool:
         """First placement (or a placement after being dropped): the keeper equips this peer's stage. A joiner that
         a newer epoch places otherwise starts on that one; one whose stage's state does not come gives the
-        placement up (`_give_up_placement`) and is left unplaced, to ask again."""
+        placement up (`_give_up_placement`) and is left unplaced, to ask again. False if the run ended or this peer
+        was asked to stop meanwhile (it holds no stage to serve)."""
         while True:
             self.iteration = self.inbox.iteration = int(schedule.meta.get("start_iteration", 0))
             self._use(schedule)  # after the iteration is set: what its senders sent before this peer heard is filed
@@ -388,16 +392,19 @@ class Peer:
                                            revised=e.revised))
                 later = self.follower.due(self.iteration) if e.revised else None
                 if later is None:  # (or a still newer epoch took the place of the one that placed it otherwise)
-                    later = self._give_up_placement(schedule)
+                    later = self._give_up_placement(schedule, stop)
+                    if later is None:
+                        return False
             if self.peer_id not in later.placement:
                 self._use(later)  # the loop asks to be placed again
-                return
+                return True
             schedule = later
         if self.stage == 0:
             self.data.follow(schedule, self.iteration, self.follower.committed_positions)
         logger.info("peer %s runs schedule epoch %d on stage %d from iteration %d", self.peer_id, schedule.epoch,
                     self.stage, self.iteration,
                     extra=event("placed", stage=self.stage, epoch=schedule.epoch, iteration=self.iteration))
+        return True
 
     def _adopt_due_schedule(self) -> None:
         due = self.follower.due(self.iteration)
