@@ -4,6 +4,7 @@
 - options.py: PeerOptions, how a peer joins (the run itself is the coordinator's run spec)
 - schedule_follower.py: ScheduleFollower, the epoch in use and the next one, commits, 'gone' and 'finished'
 - departure.py: Departure, a peer asked to stop: drains while the scheduler plans without it, or leaves at once
+- placement_release.py: PlacementRelease, a placed peer that cannot serve gives the placement up, placed afresh
 - control_router.py: ControlRouter, each control message (gossip) to the component that handles it
 - succession.py: Succession, the watch on the scheduler's heartbeat and the scheduler role its successor takes on
 - stage_keeper.py: StageKeeper, which stage the peer serves with which state; moves, equipping and hand-over

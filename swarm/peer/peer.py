@@ -60,6 +60,7 @@ from swarm.peer.members import Members
 from swarm.peer.message_padding import MessagePadding
 from swarm.peer.options import PeerOptions, trusted_coordinator
 from swarm.peer.pipeline import IterationAborted, IterationTimeout
+from swarm.peer.placement_release import PlacementRelease
 from swarm.peer.reachability_notice import DialVerdict, announced_addresses, join_reachability
 from swarm.peer.reports import Reports
 from swarm.peer.run_spec import UnsuitedRun, await_run_spec
@@ -84,7 +85,9 @@ class Peer:
     """One peer process. `run(stop)` blocks until the run ends or `stop` is set.
 
     It is the lifecycle owner that wires a dozen components (each in a file of its own): what is left here is that
-    wiring, the iteration loop and the adoption of schedule epochs.
+    wiring, the iteration loop and the adoption of schedule epochs. It stays over the ~350-line guide on purpose:
+    the loop and the adoption both move the iteration counter and hand epochs to the keeper, the data holder, the
+    runner and the inbox together; split apart, each half would take the other's dozen references.
 
     :param scheduler_role: builds the scheduler role this peer takes on should it succeed a dead scheduler, with
       `SchedulerRole`'s keyword arguments (the coordinator package sits above this one, so its caller hands it
@@ -124,6 +127,8 @@ class Peer:
         self._transport: Transport | None = None
         self.departure: Departure | None = None
         """Whether it serves on once asked to stop (a graceful leave), from when it has joined."""
+        self.release: PlacementRelease | None = None
+        """How it gives up a placement it cannot serve (a joiner whose stage's state did not come)."""
         self._halt = threading.Event()
         """Set when it really leaves: ends its background loops (watch, prober, scheduler role)."""
         self.dial_verdict = DialVerdict(self.peer_id)
@@ -257,6 +262,8 @@ class Peer:
         self.members.wait(stop, o.join_timeout, over=self.follower.finished)  # then: links, placement
         self.members.observe(records.fetch_peers())  # the members' certificates, before they probe this joiner
         self.departure = Departure(self.peer_id, stop, node, self.follower, self.succession, self.keeper)
+        self.release = PlacementRelease(self.peer_id, self.follower, set_state=lambda s: setattr(self, "state", s),
+                                        beat_now=node.heartbeat.beat_now, timeout=o.join_timeout)
         announced = lambda: self.succession.announced if self.succession.announced is not None \
             else records.fetch_peers()  # noqa: E731
         # the goodput probe carries a pipeline message's bytes where they are more than its usual size
@@ -296,34 +303,6 @@ class Peer:
         if schedule is None:
             return False
         return self._start_on(schedule, stop)
-
-    def _give_up_placement(self, schedule: Schedule, stop: threading.Event) -> Schedule | None:
-        """Leave `schedule`'s placement unserved: announce LEAVING, so that the scheduler plans without this peer as
-        without one that left, then JOINING again once it has (it takes this peer back as one that holds no state,
-        a joiner wherever it places it). Returns the epoch without this peer, or None if the run ended or this peer
-        was asked to stop first; TimeoutError if none comes within the join timeout (no scheduler is planning)."""
-        self.state = PeerState.LEAVING
-        beat = self.node.heartbeat.beat_now
-        try:
-            beat()
-        except Exception as e:  # the next heartbeat carries the state anyway
-            logger.warning("could not announce leaving at once: %s", e)
-        end = time.monotonic() + self.options.join_timeout
-        while time.monotonic() < end:
-            if stop.is_set() or self._halt.is_set() or self.follower.finished.is_set():
-                return None
-            later = self.follower.poll_newer()
-            if later is not None and self.peer_id not in later.placement:
-                self.follower.newer = None
-                self.state = PeerState.JOINING
-                try:
-                    beat()
-                except Exception as e:
-                    logger.warning("could not announce joining at once: %s", e)
-                return later
-            self.follower.notice.wait(0.5)
-        raise TimeoutError(f"no epoch without this peer came within {self.options.join_timeout:.0f} s of giving up "
-                           f"its placement in epoch {schedule.epoch}")
 
     def shutdown(self) -> None:
         """Announce leaving, then stop heartbeat, gossip, transport and DHT (each only if it was started)."""
@@ -376,7 +355,7 @@ class Peer:
     def _start_on(self, schedule: Schedule, stop: threading.Event) -> bool:
         """First placement (or a placement after being dropped): the keeper equips this peer's stage. A joiner that
         a newer epoch places otherwise starts on that one; one whose stage's state does not come gives the
-        placement up (`_give_up_placement`) and is left unplaced, to ask again. False if the run ended or this peer
+        placement up (`PlacementRelease`) and is left unplaced, to ask again. False if the run ended or this peer
         was asked to stop meanwhile (it holds no stage to serve)."""
         while True:
             self.iteration = self.inbox.iteration = int(schedule.meta.get("start_iteration", 0))
@@ -392,7 +371,7 @@ class Peer:
                                            revised=e.revised))
                 later = self.follower.due(self.iteration) if e.revised else None
                 if later is None:  # (or a still newer epoch took the place of the one that placed it otherwise)
-                    later = self._give_up_placement(schedule, stop)
+                    later = self.release.release(schedule, stop, self._halt)
                     if later is None:
                         return False
             if self.peer_id not in later.placement:
