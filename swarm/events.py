@@ -56,6 +56,7 @@ EVENTS: dict[str, tuple[str, ...]] = {
     "stage_emptied": ("stages",),
     # witness: what corroborated it (reporters, ping, heartbeat, broken, faulty: `swarm.coordinator.liveness`)
     "declared_gone": ("peer", "why", "witness"),
+    "taken_back": ("peer", "why"),
     # two members of one stage group cannot reach each other: `peer` sits out `seconds` (`partner` keeps serving)
     "estranged": ("peer", "partner", "stage", "seconds"),
     # admission: the scheduler's decisions, and a joiner told it is not admitted

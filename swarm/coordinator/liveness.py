@@ -8,13 +8,15 @@ A peer declared gone that turns out alive and asks to be placed again (a joining
 declared gone) is taken back only after a cool-down
 (`rejoin_after`): a few seconds the first time, so that the scheduler publishes an epoch without it first, then
 30 s, doubled each time it is declared gone again. A peer that keeps failing its neighbours (a corrupting or
-half-reachable relay) would otherwise be placed again at once, in every epoch, and stall each one.
+half-reachable relay) would otherwise be placed again at once, in every epoch, and stall each one. A peer learns it
+was declared gone from an epoch without it; where none can be planned (it was the last data holder), the scheduler
+takes it back while it keeps beating, after the same cool-down (`take_back`).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 from swarm.constants import silent_after
 from swarm.coordinator.unreachable_reports import UnreachableReports
@@ -133,6 +135,45 @@ class Liveness:
         self._times_declared[peer] = self._times_declared.get(peer, 0) + 1
         self._reports.forget(peer)
 
+    def take_back(self, peers: Collection[str], now: float, *, why: str) -> dict[str, PeerRecord]:
+        """Take back those of `peers` declared gone that kept beating since (a record written after the declaration,
+        live, not leaving) once their cool-down has passed (`rejoin_after`); returns them with their records.
+
+        For when the run cannot go on without them: a peer declared gone learns it only from an epoch without it,
+        and rejoins then; where no such epoch can be planned (every data holder gone), it never would. Each time it
+        is declared again it waits longer, so a peer that really fails its neighbours is not placed on every try."""
+        back = {}
+        for p in peers:
+            record = self.records.get(p)
+            if p not in self.declared_gone or record is None or p in self._leaving or \
+                    now - self._last_seen[p] > silent_after(self.heartbeat) or not self._written_after_declared(p) or \
+                    not self._cooled_down(p, now):
+                continue
+            logger.warning("%s, declared gone %.0f s ago, is taken back: %s", p, now - self._declared_at[p], why,
+                           extra=event("taken_back", peer=p, why=why))
+            self.declared_gone.discard(p)
+            self._reports.forget(p)
+            back[p] = record
+        return back
+
+    def describe(self, peer: str, now: float) -> str:
+        """Why `peer` is not live, or that it is, in a few words (for the log of a decision it blocks)."""
+        if peer not in self.records:
+            return "never seen"
+        age = self._heartbeat_age[peer] + max(0.0, now - self._last_seen[peer])
+        if peer in self.declared_gone:
+            beating = "beating since" if self._written_after_declared(peer) else "silent since"
+            return f"declared gone {now - self._declared_at[peer]:.0f} s ago, {beating} (heartbeat {age:.1f} s old)"
+        if peer in self._leaving:
+            return "left"
+        if now - self._last_seen[peer] > silent_after(self.heartbeat):
+            return f"no record read for {now - self._last_seen[peer]:.0f} s"
+        return f"live (heartbeat {age:.1f} s old)"
+
+    def _cooled_down(self, peer: str, now: float) -> bool:
+        """Whether `peer`, declared gone, has waited its cool-down (`rejoin_after`) since."""
+        return now - self._declared_at.get(peer, now) >= rejoin_after(self._times_declared.get(peer, 1))
+
     def _written_after_declared(self, peer: str) -> bool:
         """Whether `peer`'s newest record was written after it was declared gone: only such a record asks to be
         placed again (a peer that froze just after writing a joining record keeps showing that record)."""
@@ -146,8 +187,7 @@ class Liveness:
             record = self.records.get(p)
             if record is None or record.state != PeerState.JOINING or not self._written_after_declared(p):
                 continue
-            wait = rejoin_after(self._times_declared.get(p, 1))
-            if now - self._declared_at.get(p, now) >= wait:  # alive after all, and it asks to be placed
+            if self._cooled_down(p, now):  # alive after all, and it asks to be placed
                 logger.info("%s, declared gone %.0f s ago, asks to be placed again: taken back", p,
                             now - self._declared_at[p])
                 self.declared_gone.discard(p)

@@ -59,6 +59,10 @@ from swarm.wire import PeerRecord
 
 logger = logging.getLogger(__name__)
 
+class NoDataHolder(RuntimeError):
+    """Every data holder (stage 0) is gone: no epoch can be planned until one joins or comes back."""
+
+
 BASELINE_METHODS = {"full-pipeline": "full_pipeline", "random-skip": "random_skip"}
 """`swarm.planner` baselines -> `baseline_schedule`'s method, which their schedules carry as `planner`."""
 
@@ -309,7 +313,7 @@ class Replanner:
                             " (a data shard lost its holder)" if wanted and stage_of[i] == 0 else "",
                             extra=event("joiner_placed", peer=p, stage=int(stage_of[i])))
         if not np.any(stage_of == 0):
-            raise RuntimeError("every data holder (stage 0) is gone: no microbatch can be injected until one joins")
+            raise NoDataHolder("every data holder (stage 0) is gone: no microbatch can be injected until one joins")
         if cfg.planner == "swarm":
             stage_of = self._swarm_rebalance(tables, stage_of, peers, handover, unsettled)
         elif cfg.rebalance:

@@ -45,7 +45,7 @@ from swarm.coordinator.fault_reports import FaultReports
 from swarm.coordinator.first_plan import SETTLE_SECONDS, FirstPlan
 from swarm.coordinator.liveness import Liveness
 from swarm.coordinator.pings import Pings, ping_timeout
-from swarm.coordinator.replanner import Replanner
+from swarm.coordinator.replanner import NoDataHolder, Replanner
 from swarm.coordinator.restart_reports import RestartReports
 from swarm.coordinator.shard_assignment import shard_drawers
 from swarm.events import event
@@ -166,7 +166,7 @@ class Scheduler:
         self.commits = CommitTracker(self.schedule.meta.get("shard_positions", {}))
         self._restart_reports.progress(now)
         peers = self.liveness.update(records, now)
-        return self._replan({p: r for p, r in peers.items() if p in self.schedule.placement}, start=completed)
+        return self._replan({p: r for p, r in peers.items() if p in self.schedule.placement}, start=completed, now=now)
 
     def _follow_membership(self, peers: dict[str, PeerRecord], now: float) -> list[Action]:
         """Re-plan when a scheduled peer is gone or leaving, or a new one has settled (see the module docstring
@@ -184,7 +184,7 @@ class Scheduler:
                    and self.liveness.seen_for(p, now) >= SETTLE_SECONDS
                    and (r.links or self.liveness.seen_for(p, now) >= JOIN_PROBE_SECONDS)]
         if not gone and not joining and not draining:
-            return self._swarm_periodic_replan(peers)
+            return self._swarm_periodic_replan(peers, now)
         change = (tuple(sorted(gone)), tuple(sorted(draining)), tuple(sorted(joining)))
         if self._failed_replan is not None and self._failed_replan[0] == change and \
                 now - self._failed_replan[1] < REPLAN_RETRY_SECONDS:
@@ -210,11 +210,11 @@ class Scheduler:
                        gone, draining, joining, start,
                        extra=event("replanned", start_iteration=start, gone=gone, leaving=draining, joining=joining))
         live = {p: r for p, r in peers.items() if (p in placement or p in joining) and p not in draining}
-        published = self._replan(live, start=start, handing_over=draining)
+        published = self._replan(live, start=start, now=now, handing_over=draining)
         self._failed_replan = None if published else (change, now)
         return actions + published
 
-    def _swarm_periodic_replan(self, peers: dict[str, PeerRecord]) -> list[Action]:
+    def _swarm_periodic_replan(self, peers: dict[str, PeerRecord], now: float) -> list[Action]:
         """The SWARM-style planner's periodic re-plan of a stable swarm, from the next iteration (as for a joiner):
         once the epoch in force has run `SWARM_REPLAN_ITERATIONS` iterations and no newer one is waiting."""
         latest = self.schedule
@@ -225,17 +225,37 @@ class Scheduler:
         logger.info("SWARM-style planner: epoch %d has run %d iterations: rebalancing and rewiring from iteration %d",
                     latest.epoch, self.completed - int(latest.meta.get("start_iteration", 0)), start,
                     extra=event("replanned", start_iteration=start, gone=[], leaving=[], joining=[]))
-        return self._replan({p: r for p, r in peers.items() if p in latest.placement}, start=start)
+        return self._replan({p: r for p, r in peers.items() if p in latest.placement}, start=start, now=now)
 
-    def _replan(self, peers: dict[str, PeerRecord], *, start: int, handing_over: Iterable[str] = ()) -> list[Action]:
+    def _replan(self, peers: dict[str, PeerRecord], *, start: int, now: float,
+                handing_over: Iterable[str] = ()) -> list[Action]:
+        def plan(live: dict[str, PeerRecord]) -> Schedule:
+            return self.replanner.replan(live, self.epochs, start_iteration=start,
+                                         shard_positions=self.commits.shard_positions,
+                                         handing_over=list(handing_over), stateless=self.liveness.stateless)
+
         try:
-            schedule = self.replanner.replan(peers, self.epochs, start_iteration=start,
-                                             shard_positions=self.commits.shard_positions,
-                                             handing_over=list(handing_over), stateless=self.liveness.stateless)
+            try:
+                schedule = plan(peers)
+            except NoDataHolder as e:
+                back = self._holders_still_beating(now)
+                if not back:
+                    raise NoDataHolder(f"{e}; the newest epoch's: " + "; ".join(
+                        f"{p}: {self.liveness.describe(p, now)}" for p in self.schedule.data_holders)) from None
+                schedule = plan({**peers, **back})
         except (RuntimeError, ValueError) as e:
             logger.error("could not re-plan: %s", e)
             return []
         return self._publish(schedule)
+
+    def _holders_still_beating(self, now: float) -> dict[str, PeerRecord]:
+        """The newest epoch's data holders declared gone whose heartbeats kept coming since, taken back: without a
+        data holder the run cannot go on, and nothing would ever tell them they were dropped (no epoch without them
+        can be published), so they would beat on, unplaced, for ever. Declared on a report and a late heartbeat (a
+        loaded host stalls streams and stores alike), a holder still beating is likelier alive than not; if it
+        fails again it is declared again, and waits longer each time (`Liveness.take_back`)."""
+        holders = [p for p, stage in self.schedule.placement.items() if stage == 0 and p not in self.evicted]
+        return self.liveness.take_back(holders, now, why="every data holder is gone and it still beats")
 
     def _publish(self, schedule: Schedule) -> list[Action]:
         schedule.meta["successors"] = successors(self.schedule, schedule, self.liveness.first_seen)
@@ -373,7 +393,7 @@ class Scheduler:
         logger.warning("iteration %d is %s at %s under epoch %d (%s): running it again under a new epoch",
                        report.iteration, "stuck" if isinstance(report, Stuck) else "unrecoverable", sender,
                        report.epoch, why)
-        return self._replan(peers, start=self.completed)
+        return self._replan(peers, start=self.completed, now=now)
 
     def _note_done(self, sender: str, report: Done, now: float) -> list[Action]:
         """A data holder finished its part of an iteration: commit the iteration once all of its epoch's have.

@@ -26,6 +26,7 @@ from swarm.coordinator.first_plan import LINK_WAIT_SECONDS, SETTLE_SECONDS
 from swarm.coordinator.liveness import FIRST_REJOIN_COOLDOWN
 from swarm.coordinator.restart_reports import MIN_STUCK_SECONDS
 from swarm.coordinator.scheduler import (
+    REPLAN_RETRY_SECONDS,
     Announce,
     PublishSchedule,
     RecordIteration,
@@ -441,6 +442,42 @@ def test_a_change_that_cannot_be_planned_is_not_retried_every_tick(records, capl
         assert len([r for r in caplog.records if "could not re-plan" in r.message]) == 1
         s.observe(fresh(rest), LATER + REPLAN_RETRY_SECONDS + 1)
         assert len([r for r in caplog.records if "could not re-plan" in r.message]) == 2
+
+
+def test_the_last_data_holder_declared_gone_while_it_still_beats_is_taken_back_and_placed_again(records, caplog):
+    """A loaded host stalls a holder's streams and its heartbeat store alike: one report and a late heartbeat
+    convict it. With no other holder left no epoch without it can be planned, so nothing would ever tell it it was
+    dropped: it would beat on, unplaced, and the run would wait for a holder for ever. It is taken back once its
+    cool-down has passed, and only while it beats: a holder frozen since is not."""
+    s = make_scheduler("skippipe", rebalance=False)  # no survivor moves to stage 0
+    first = planned(s, records)
+    commit(s, 2)
+    *others, last = first.data_holders
+    live = {p: r for p, r in records.items() if p not in others}
+    (survivors,) = published(s.observe(fresh(live), LATER))
+    assert list(survivors.data_holders) == [last] and survivors.meta["start_iteration"] == 2
+    reporter = next(p for p, st in survivors.placement.items() if st == 1)
+    s.handle(reporter, Unreachable(peer=last), LATER + 1)
+    late = {p: (r, 5.5 if p == last else 0.5) for p, r in live.items()}  # past 2.5 heartbeats of 2 s
+    with caplog.at_level("ERROR"):
+        actions = s.observe(late, LATER + 1)
+    assert last in s.liveness.declared_gone and published(actions) == []
+    assert Gone(peers=(last,), iteration=2, epoch=survivors.epoch) in notices(actions)
+    assert any("every data holder" in r.message for r in caplog.records)
+
+    beating = {p: (r, 0.5) for p, r in live.items()}
+    back = LATER + 1 + FIRST_REJOIN_COOLDOWN
+    assert published(s.observe(beating, back - 1)) == []  # its cool-down first
+    (again,) = published(s.observe(beating, back + REPLAN_RETRY_SECONDS))
+    assert again.placement[last] == 0 and again.meta["start_iteration"] == 2 and last not in s.liveness.declared_gone
+    commit(s, 1, back + REPLAN_RETRY_SECONDS)
+    assert s.completed == 3  # the run goes on
+
+    s.handle(reporter, Unreachable(peer=last), 100.0)  # declared again, and frozen since: never taken back
+    for t in range(0, 12, 2):
+        frozen = {p: (r, 5.5 + t if p == last else 0.5) for p, r in live.items()}
+        assert published(s.observe(frozen, 100.0 + t)) == []
+    assert last in s.liveness.declared_gone
 
 
 def test_two_members_of_a_stage_that_cannot_reach_each_other_are_split_and_one_comes_back_later(records):
