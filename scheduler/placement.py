@@ -11,6 +11,7 @@ stage group a departure shrank into the swarm's bottleneck (`rebalance`).
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import numpy as np
@@ -144,23 +145,26 @@ def place(tables: CostTables, goal: PlacementGoal, *, pinned: dict[int, int] | N
 
 
 def place_joining(tables: CostTables, stage_of: np.ndarray, peer: int, goal: PlacementGoal, *,
-                  data_holder: bool = False, holder_wanted: bool = False) -> np.ndarray:
+                  data_holder: bool = False, holder_wanted: bool = False, avoid: Collection[int] = ()) -> np.ndarray:
     """Place one new peer (index `peer`, currently -1) where the swarm's score improves most; nobody else moves.
 
     A stage that lost all its peers comes first: until someone serves it, paths have to skip it. Then, with
     `holder_wanted`, stage 0: a data shard whose holder left is carried by another holder, which then injects
-    twice the microbatches and runs twice the loss steps, the whole iteration waiting on it.
+    twice the microbatches and runs twice the loss steps, the whole iteration waiting on it. Stages in `avoid`
+    (one the peer could not take up) are passed over while another non-zero stage remains.
     """
     out = stage_of.copy()
     if data_holder:
         out[peer] = 0
         return out
-    empty = [st for st in range(1, goal.rules.num_stages) if not np.any(stage_of == st)]
-    if empty or holder_wanted:
+    stages = [st for st in range(1, goal.rules.num_stages) if st not in avoid] or \
+        list(range(1, goal.rules.num_stages))
+    empty = [st for st in stages if not np.any(stage_of == st)]
+    if empty or (holder_wanted and 0 not in avoid):
         out[peer] = empty[0] if empty else 0
         return out
     options = []
-    for st in range(1, goal.rules.num_stages):
+    for st in stages:
         out[peer] = st
         options.append((score_placement(tables, out, goal), int(np.sum(stage_of == st)), st))
     out[peer] = min(options)[2]

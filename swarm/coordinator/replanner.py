@@ -108,6 +108,19 @@ def restore_sources(schedule: Schedule, before: Schedule | None, joiners: Collec
     return sources
 
 
+def first_pin(record: PeerRecord, history: EpochHistory, stages: int) -> int | None:
+    """The stage a joiner asks to serve (`--stage`), honoured on its first placement in the run: a peer placed
+    before announces the stage it last served, which may be one it gave up (its state did not come)."""
+    if record.data_holder or not 0 <= record.stage < stages or last_stage(history, record.peer_id) is not None:
+        return None
+    return record.stage
+
+
+def last_stage(history: EpochHistory, peer: str) -> int | None:
+    """The stage of the newest epoch that placed `peer` (None if none did)."""
+    return next((s.placement[peer] for s in reversed(history.all) if peer in s.placement), None)
+
+
 def hand_over(old: Schedule, tables: CostTables, stage_of: np.ndarray, leaving: Collection[str],
               unsettled: set[int]) -> dict[str, str]:
     """Moves for stages whose last peers leave gracefully (`stage_of` is updated): mover -> the leaving peer it
@@ -268,8 +281,10 @@ class Replanner:
                shard_positions: Mapping[str, Any], handing_over: Collection[str] = (),
                stateless: Collection[str] = ()) -> Schedule:
         """A new epoch for the live `peers`: survivors keep their stages unless a move buys back what a departure
-        cost, newcomers are placed one by one where they help most, and departed holders' shards go to the
-        surviving holders with the fewest.
+        cost, newcomers are placed one by one where they help most (a newcomer that asks for a stage, there), and
+        departed holders' shards go to the surviving holders with the fewest. A peer that left and joined again
+        (`stateless`) is placed on another stage than the one it last served where it can be: it may have left
+        because that stage's veterans withheld their state.
 
         :param history: the epochs published so far (the new one follows the latest)
         :param start_iteration: the first iteration the new epoch runs
@@ -277,7 +292,8 @@ class Replanner:
         :param handing_over: peers leaving gracefully: when one was the last of its stage, a peer of the largest
           other stage group moves there and takes the stage's state over from it (`meta["handover"]`)
         :param stateless: peers that hold no stage's state whatever the epochs say (they left and joined again: a
-          restarted process, or a joiner whose stage's state did not come): joiners wherever they are placed
+          restarted process, or a joiner whose stage's state did not come): joiners wherever they are placed, and
+          not on their last stage if another one will do
         """
         cfg, old = self.config, history.latest
         cost = self.model_cost(peers)
@@ -304,11 +320,15 @@ class Replanner:
             if stage_of[i] < 0:
                 # a shard carried by a holder not its own
                 wanted = len(shard_drawers([ids[j] for j in np.flatnonzero(stage_of == 0)], peers)) < num_shards
-                if cfg.planner == "swarm":  # SWARM: a joiner serves the bottleneck stage
+                pin = first_pin(peers[p], history, cfg.stages)
+                given_up = last_stage(history, p) if p in stateless else None
+                if pin is not None:
+                    stage_of[i] = pin
+                elif cfg.planner == "swarm":  # SWARM: a joiner serves the bottleneck stage
                     stage_of[i] = 0 if peers[p].data_holder or wanted else join_stage(tables, stage_of, cfg.stages)
                 else:
                     stage_of = place_joining(tables, stage_of, i, goal, data_holder=peers[p].data_holder,
-                                             holder_wanted=wanted)
+                                             holder_wanted=wanted, avoid=() if given_up is None else (given_up,))
                 logger.info("placing joining peer %s on stage %d%s", p, stage_of[i],
                             " (a data shard lost its holder)" if wanted and stage_of[i] == 0 else "",
                             extra=event("joiner_placed", peer=p, stage=int(stage_of[i])))

@@ -137,25 +137,47 @@ def test_a_peer_taken_for_gone_and_placed_again_on_another_stage_loads_that_stag
     assert moved, "no victim was placed again on another stage: the case under test did not arise"
 
 
-def test_a_peer_that_holds_no_state_is_a_joiner_even_back_on_the_stage_it_was_placed_on():
+def test_a_peer_that_holds_no_state_is_a_joiner_and_is_placed_off_the_stage_it_gave_up():
     """A joiner whose stage's state did not come gives its placement up and joins again, as a restarted process
-    does: it holds nothing, though the epoch in force before its start places it on that stage."""
+    does: it holds nothing, whatever the epochs say, and another stage is tried (that stage's veterans may withhold
+    their state: placed there again, it would wait and give up for ever)."""
     r = make_replanner("skippipe")
     records = make_records()
     first = r.plan(records, epoch=0, start_iteration=0)
-    back_home = 0
     for victim in sorted(first.placement):
         history = EpochHistory([first])
         live = {p: rec for p, rec in records.items() if p != victim}
         history.add(r.replan(live, history, start_iteration=5, shard_positions={}))
-        back = dataclasses.replace(records[victim], stage=-1, state=PeerState.JOINING)
+        back = dataclasses.replace(records[victim], stage=first.placement[victim], state=PeerState.JOINING)
         again = r.replan({**live, victim: back}, history, start_iteration=5, shard_positions={}, stateless={victim})
         assert victim in again.meta["joiners"]
         stage = again.placement[victim]
-        back_home += stage == first.placement[victim]
+        assert stage != first.placement[victim]  # neither its last stage nor the one it announces
         veterans = [p for p, st in again.placement.items() if st == stage and p not in again.meta["joiners"]]
         assert veterans or victim in again.meta["restore"]  # someone to take the stage from
-    assert back_home, "no victim was placed back on its own stage: the case under test did not arise"
+
+
+def test_a_newcomer_that_asks_for_a_stage_is_placed_there_the_first_time_only():
+    """`--stage` is honoured when a peer first joins mid-run, as in the first plan; a peer placed before announces
+    the stage it last served, which says nothing about where it should go now."""
+    r = make_replanner("skippipe")
+    records = make_records()
+    newcomer = "peer-11"
+    first = r.plan({p: rec for p, rec in records.items() if p != newcomer}, epoch=0, start_iteration=0)
+    history = EpochHistory([first])
+    unasked = r.replan(records, history, start_iteration=3, shard_positions={})
+    asked = next(st for st in range(1, STAGES) if st != unasked.placement[newcomer])
+    pinned = {**records, newcomer: dataclasses.replace(records[newcomer], stage=asked, state=PeerState.JOINING)}
+    placed = r.replan(pinned, history, start_iteration=3, shard_positions={})
+    assert placed.placement[newcomer] == asked and newcomer in placed.meta["joiners"]
+    history.add(placed)
+    history.add(r.replan(records_without(pinned, newcomer), history, start_iteration=4, shard_positions={}))
+    again = r.replan(pinned, history, start_iteration=5, shard_positions={}, stateless={newcomer})
+    assert again.placement[newcomer] != asked  # it gave that stage up
+
+
+def records_without(records: dict, peer: str) -> dict:
+    return {p: rec for p, rec in records.items() if p != peer}
 
 
 def test_a_joiner_of_a_stage_that_lost_every_peer_restarts_it_from_the_nearest_veteran_stage_0_too():
