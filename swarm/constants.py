@@ -63,7 +63,7 @@ RESTORE_DTYPES = ("float32", "float16", "bfloat16")
 never float64 or from an integer, so a header cannot make a receiver inflate a tensor beyond what compression saved."""
 
 FAULTS = ("scale-gradients", "huge-gradients", "inflate-weight", "byzantine", "corrupt-activations",
-          "withhold-activations")
+          "withhold-activations", "withhold-state")
 """Misbehaviours a peer can be told to show on purpose (`swarm.peer.faults`), to test a swarm's defences."""
 
 # ---- addresses --------------------------------------------------------------------------------------------------

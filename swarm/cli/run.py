@@ -197,6 +197,9 @@ def start(config_path, run_id, iterations, min_peers, stages, skip, seed, microb
               help="seconds an iteration may take before this peer gives up on it")
 @click.option("--join-timeout", type=click.FloatRange(min=1, max=86400), default=120.0, show_default=True,
               help="seconds to wait for the run spec and for a schedule that places this peer")
+@click.option("--state-timeout", type=click.FloatRange(min=1, max=86400), default=120.0, show_default=True,
+              help="seconds a joiner waits for its stage's state from the stage's peers before it gives the "
+                   "placement up and is placed elsewhere")
 @click.option("--log-file", type=click.Path(dir_okay=False), default=None)
 @click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING"]), default="INFO")
 @click.option("--log-param-digest", is_flag=True, help="log a digest of the stage's weights after each step")
@@ -220,9 +223,9 @@ def start(config_path, run_id, iterations, min_peers, stages, skip, seed, microb
 @click.option("--fault", type=click.Choice(FAULTS), default=None,
               help="misbehave on purpose, to test a swarm's defences (never on a run you care about)")
 def join(initial_peers, coordinator, run_id, token, device, precision, threads, stage, data_paths, identity, host,
-         port, announce_addrs, reachability, iteration_deadline, join_timeout, log_file, log_level, log_param_digest,
-         events, metrics_path, ledger, checkpoint_dir,
-         init_from, probe_sample, trace_path, emulate_speed, latency_file, fault) -> None:
+         port, announce_addrs, reachability, iteration_deadline, join_timeout, state_timeout, log_file, log_level,
+         log_param_digest, events, metrics_path, ledger, checkpoint_dir, init_from, probe_sample, trace_path,
+         emulate_speed, latency_file, fault) -> None:
     """Join a run: measure, announce, get placed, train; Ctrl+C leaves cleanly."""
     from swarm.control.membership import check_token
     from swarm.coordinator.scheduler_role import SchedulerRole
@@ -235,8 +238,9 @@ def join(initial_peers, coordinator, run_id, token, device, precision, threads, 
 
     if stage != "auto" and not stage.isdigit():
         _fail(f"--stage must be a stage number or auto, got {stage!r}")
-    if math.isnan(join_timeout):  # NaN passes click's range check
-        _fail("--join-timeout must be a number of seconds, got nan")
+    for name, seconds in (("--join-timeout", join_timeout), ("--state-timeout", state_timeout)):
+        if math.isnan(seconds):  # NaN passes click's range check
+            _fail(f"{name} must be a number of seconds, got nan")
     from swarm.net.reachability import announce_problem
 
     for problem in filter(None, map(announce_problem, announce_addrs)):
@@ -278,7 +282,7 @@ def join(initial_peers, coordinator, run_id, token, device, precision, threads, 
                           reachability=reachability, port=port, stage=None if stage == "auto" else int(stage),
                           data_paths=tuple(data_paths),
                           device=device, precision=precision, iteration_deadline=iteration_deadline,
-                          join_timeout=join_timeout,
+                          join_timeout=join_timeout, state_timeout=state_timeout,
                           log_gossip=(log_file + ".gossip") if log_file else None,
                           log_param_digest=log_param_digest, checkpoint_dir=checkpoint_dir, ledger_path=ledger,
                           init_from=init_from, metrics_path=metrics_path, trace_path=trace_path,

@@ -4,8 +4,9 @@ It changes what the peer sends to its stage group, as the Byzantine members the 
 its averaging contribution scaled by -1e6, one coordinate set to 3e38 (finite, but it overflows any sum), or an
 honest contribution claimed over 2^40 visits; "byzantine" takes them in turn, one kind each iteration. With
 "corrupt-activations" it is a relay that passes on activations with non-finite values instead, and with
-"withhold-activations" one that takes forwards and never passes them on, while answering every probe. Everything
-else it does honestly. Never use it on a run you care about.
+"withhold-activations" one that takes forwards and never passes them on, while answering every probe; with
+"withhold-state" a veteran that never sends its stage's state to a joiner. Everything else it does honestly. Never
+use it on a run you care about.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ def tamper(fault: str) -> Tamper:
         relayed = header.direction == Direction.FORWARD and header.hop != 1  # not its own microbatch's injection
         if fault == "withhold-activations":
             return None if relayed else (header, tensor)
+        if fault == "withhold-state":
+            return None if header.direction == Direction.STATE else (header, tensor)
         if fault == "corrupt-activations":
             if relayed:
                 tensor = tensor.clone()

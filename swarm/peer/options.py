@@ -62,6 +62,9 @@ class PeerOptions:
     averaging_deadline: float = 60.0
     join_timeout: float = 120.0
     """Seconds to wait for the run spec and for a schedule that places this peer."""
+    state_timeout: float = 120.0
+    """Seconds a joiner waits for its stage's state from the stage's veterans before it gives the placement up
+    (and is placed afresh, elsewhere)."""
     log_gossip: str | None = None
     ledger_path: str | None = None
     """Where a data holder appends its data ledger (JSON lines)."""

@@ -50,8 +50,8 @@ from swarm.wire import HopHeader, PeerState
 
 logger = logging.getLogger(__name__)
 
-STATE_TIMEOUT = 120.0
-"""Seconds a joiner waits for its stage's state from a same-stage peer."""
+STATE_TIMEOUT = PeerOptions.state_timeout
+"""Seconds a joiner waits for its stage's state from a same-stage peer (`--state-timeout`)."""
 HANDOVER_TIMEOUT = 60.0
 """Seconds a peer moved to another stage waits for the state of the peer it replaces (and a leaving peer for its
 hand-over to be delivered)."""
