@@ -17,6 +17,8 @@ carry the same samples per iteration).
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 import numpy as np
 
 from scheduler.costs import CostTables
@@ -74,9 +76,14 @@ def bottleneck(tables: CostTables, stage_of: np.ndarray, num_stages: int) -> int
     return 1 + int(np.argmin(thr[1:]))
 
 
-def join_stage(tables: CostTables, stage_of: np.ndarray, num_stages: int) -> int:
-    """Where SWARM sends a joining peer: the bottleneck stage (an empty stage first: its throughput is 0)."""
-    return bottleneck(tables, stage_of, num_stages)
+def join_stage(tables: CostTables, stage_of: np.ndarray, num_stages: int, *, avoid: Collection[int] = ()) -> int:
+    """Where SWARM sends a joining peer: the bottleneck stage (an empty stage first: its throughput is 0), of the
+    non-zero stages not in `avoid` (one the peer could not take up) while any is left."""
+    if num_stages < 2:
+        raise ValueError("a swarm of one stage has no stage to balance")
+    thr = stage_throughput(tables, stage_of, num_stages)
+    stages = [s for s in range(1, num_stages) if s not in avoid] or list(range(1, num_stages))
+    return min(stages, key=lambda s: (thr[s], s))
 
 
 def rebalance_once(tables: CostTables, stage_of: np.ndarray, num_stages: int, *, fixed: set[int] = frozenset()

@@ -325,7 +325,8 @@ class Replanner:
                 if pin is not None:
                     stage_of[i] = pin
                 elif cfg.planner == "swarm":  # SWARM: a joiner serves the bottleneck stage
-                    stage_of[i] = 0 if peers[p].data_holder or wanted else join_stage(tables, stage_of, cfg.stages)
+                    stage_of[i] = 0 if peers[p].data_holder or wanted else \
+                        join_stage(tables, stage_of, cfg.stages, avoid=() if given_up is None else (given_up,))
                 else:
                     stage_of = place_joining(tables, stage_of, i, goal, data_holder=peers[p].data_holder,
                                              holder_wanted=wanted, avoid=() if given_up is None else (given_up,))

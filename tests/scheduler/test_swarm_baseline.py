@@ -132,6 +132,8 @@ def test_an_emptied_stage_is_the_bottleneck_a_joiner_or_a_rebalancing_move_fills
     tables = tables_of([0.1] * 6, stages=4)
     stage_of = np.array([0, 1, 1, 1, 3, -1])
     assert join_stage(tables, stage_of, 4) == 2
+    assert join_stage(tables, stage_of, 4, avoid=(2,)) == 3  # a stage it gave up: the next bottleneck
+    assert join_stage(tables, stage_of, 4, avoid=(1, 2, 3)) == 2  # nowhere else to go
     out, move = rebalance_once(tables, stage_of, 4)
     assert move is not None and move[1:] == (1, 2) and np.all(np.bincount(out[out >= 0], minlength=4) >= 1)
 
