@@ -110,8 +110,10 @@ def restore_sources(schedule: Schedule, before: Schedule | None, joiners: Collec
 
 def first_pin(record: PeerRecord, history: EpochHistory, stages: int) -> int | None:
     """The stage a joiner asks to serve (`--stage`), honoured on its first placement in the run: a peer placed
-    before announces the stage it last served, which may be one it gave up (its state did not come)."""
-    if record.data_holder or not 0 <= record.stage < stages or last_stage(history, record.peer_id) is not None:
+    before announces the stage it last served, which may be one it gave up (its state did not come). Not stage 0:
+    mid-run, a peer without data of its own goes there only to draw a shard that lost its holder (there is no other
+    shard to give it), and one with data goes there anyway."""
+    if record.data_holder or not 1 <= record.stage < stages or last_stage(history, record.peer_id) is not None:
         return None
     return record.stage
 

@@ -174,6 +174,10 @@ def test_a_newcomer_that_asks_for_a_stage_is_placed_there_the_first_time_only():
     history.add(r.replan(records_without(pinned, newcomer), history, start_iteration=4, shard_positions={}))
     again = r.replan(pinned, history, start_iteration=5, shard_positions={}, stateless={newcomer})
     assert again.placement[newcomer] != asked  # it gave that stage up
+    # stage 0 is for a shard that lost its holder: every shard has one, so a peer without data goes elsewhere
+    first_zero = {**records, newcomer: dataclasses.replace(records[newcomer], stage=0, state=PeerState.JOINING)}
+    placed = r.replan(first_zero, EpochHistory([first]), start_iteration=3, shard_positions={})
+    assert placed.placement[newcomer] != 0 and all(placed.meta["shards"][h] for h in placed.data_holders)
 
 
 def records_without(records: dict, peer: str) -> dict:
