@@ -59,6 +59,7 @@ from swarm.wire import PeerRecord
 
 logger = logging.getLogger(__name__)
 
+
 class NoDataHolder(RuntimeError):
     """Every data holder (stage 0) is gone: no epoch can be planned until one joins or comes back."""
 
