@@ -62,7 +62,10 @@ class LinkWatch:
         return bool(set(self.links) - before)
 
     def start(self, stop: threading.Event, finished: threading.Event) -> None:
-        """Keep probing in a background thread until `stop` or `finished` is set."""
+        """Measure a first round now and publish it at once (the scheduler places a joiner once its record shows its
+        links), then keep probing in a background thread until `stop` or `finished` is set."""
+        if self.probe():
+            self._publish()
         threading.Thread(target=self._keep_probing, args=(stop, finished), name="skippipe-prober",
                          daemon=True).start()
 
@@ -72,8 +75,13 @@ class LinkWatch:
             now = time.monotonic()
             refresh, retry = now - refreshed > LINK_REFRESH_PERIOD, now - retried >= LINK_PROBE_PERIOD
             refreshed, retried = (now if refresh else refreshed), (now if retry else retried)
-            if self.probe(only_unmeasured=not refresh, retry_unreached=retry) and self._measured is not None:
-                try:
-                    self._measured()
-                except Exception as e:  # the next heartbeat carries the links anyway
-                    logger.warning("could not publish the measured links at once: %s", e)
+            if self.probe(only_unmeasured=not refresh, retry_unreached=retry):
+                self._publish()
+
+    def _publish(self) -> None:
+        if self._measured is None:
+            return
+        try:
+            self._measured()
+        except Exception as e:  # the next heartbeat carries the links anyway
+            logger.warning("could not publish the measured links at once: %s", e)

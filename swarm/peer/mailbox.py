@@ -78,6 +78,10 @@ class Inbox:
         self.newest_epoch = 0
         """The newest epoch a held message was sent under."""
 
+    def consumer(self, kind: Kind) -> Callable[[str, HopHeader, torch.Tensor], None]:
+        """The transport's consumer of channel `kind`: its messages into this inbox (see `put`)."""
+        return lambda sender, header, tensor: self.put(Inbound(sender, header, tensor), kind)
+
     def put(self, item: Inbound, kind: Kind = "hop") -> None:
         """A transport consumer's thread: hand the main loop a message of `kind`; waits while that kind has `size`
         messages the main loop has not sorted yet (its senders then wait too). Dropped once the inbox is closed."""

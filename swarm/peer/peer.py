@@ -39,7 +39,6 @@ from swarm.control.messages import (
 )
 from swarm.control.node import Node
 from swarm.events import event
-from swarm.net.delivery import Inbound
 from swarm.net.identity import ensure_identity
 from swarm.net.link_probe import LinkProber
 from swarm.net.message_jitter import MessageJitter
@@ -50,12 +49,13 @@ from swarm.peer.control_router import ControlRouter
 from swarm.peer.data_holder import DataHolder
 from swarm.peer.departure import Departure
 from swarm.peer.faults import tamper
+from swarm.peer.hop_intake import HopIntake
 from swarm.peer.host_share import ThreadShare
 from swarm.peer.inbound_checks import InboundChecks
 from swarm.peer.iteration_clock import IterationClock
 from swarm.peer.iteration_runner import IterationRunner, commit_timeout
 from swarm.peer.link_watch import LinkWatch
-from swarm.peer.mailbox import Inbox, Kind, Outbox
+from swarm.peer.mailbox import Inbox, Outbox
 from swarm.peer.members import Members
 from swarm.peer.message_padding import MessagePadding
 from swarm.peer.options import PeerOptions, trusted_coordinator
@@ -70,7 +70,7 @@ from swarm.peer.stage_session import restore_source
 from swarm.peer.succession import Succession
 from swarm.peer.timeline import Timeline
 from swarm.run_config import RunConfig
-from swarm.wire import HopHeader, PeerRecord, PeerState
+from swarm.wire import PeerRecord, PeerState
 
 logger = logging.getLogger(__name__)
 
@@ -85,9 +85,8 @@ class Peer:
     """One peer process. `run(stop)` blocks until the run ends or `stop` is set.
 
     It is the lifecycle owner that wires a dozen components (each in a file of its own): what is left here is that
-    wiring, the iteration loop and the adoption of schedule epochs. It stays over the ~350-line guide on purpose:
-    the loop and the adoption both move the iteration counter and hand epochs to the keeper, the data holder, the
-    runner and the inbox together; split apart, each half would take the other's dozen references.
+    wiring, the iteration loop and the adoption of schedule epochs, which move the iteration counter and hand epochs
+    to the keeper, the data holder, the runner and the inbox together.
 
     :param scheduler_role: builds the scheduler role this peer takes on should it succeed a dead scheduler, with
       `SchedulerRole`'s keyword arguments (the coordinator package sits above this one, so its caller hands it
@@ -103,14 +102,13 @@ class Peer:
         """Placed but no iteration committed since (a joiner): an epoch rerunning the iteration before may take it."""
         self.seconds_per_layer, self.loss_seconds = 1.0, 0.0
         self.jitter = MessageJitter()
-        self._padding: MessagePadding | None = None
-        """Strips the emulated padding off received pipeline tensors (`swarm.message_bytes`; None = none)."""
         """Deviations of the pipeline messages (and probes) it receives from their links' medians."""
         self.timeline = Timeline(options.trace_path, peer=self.peer_id)
         self.node = Node(options.identity_path, options.run_id, host=options.host, port=options.port,
                          on_message=self._on_gossip)
         self.inbox = Inbox()
         self.activations = ActivationWatch(self.inbox.signal, lambda report: self.reports.broken(report))
+        self.hops = HopIntake(self.inbox, self.activations, self.jitter)
         self.outbox = Outbox(lambda: self._transport, self.inbox, self.timeline, failed=self._send_failed,
                              tamper=tamper(options.fault) if options.fault else None)
         self.clock = IterationClock(options.iteration_deadline)
@@ -221,11 +219,11 @@ class Peer:
         data = self.config.data
         wire_shape = self.config.wire_activation_shape(self.model_config.dim)  # padded where emulation says so
         if wire_shape[0] > data.batch_size:
-            self._padding = self.outbox.padding = MessagePadding(data.batch_size, wire_shape[0])
+            self.hops.padding = self.outbox.padding = MessagePadding(data.batch_size, wire_shape[0])
         checks = InboundChecks(self.peer_id, o.run_id, wire_shape,
                                lambda: (self.schedule, self.follower.newer if self.follower else None))
-        self._transport = Transport(node.dht, {"hop": self._on_hop, "average": self._receiver("average"),
-                                                "state": self._receiver("state")}, run_id=o.run_id,
+        self._transport = Transport(node.dht, {"hop": self.hops, "average": self.inbox.consumer("average"),
+                                                "state": self.inbox.consumer("state")}, run_id=o.run_id,
                                     expects=checks.expects, state_gate=checks.state_gate, admitted=self.members.admits,
                                     link_delay=(lambda p: latency.get(p, 0.0)) if latency else None,
                                     addresses=announced_addresses(lambda: getattr(self.succession, "announced", None),
@@ -272,11 +270,6 @@ class Peer:
                                           goodput_bytes=probe_bytes),
                                self.peer_id, announced, skip=frozenset({spec.coordinator}),
                                measured=node.heartbeat.beat_now)
-        self.links.probe()
-        try:
-            node.heartbeat.beat_now()  # the scheduler places a joiner once its record shows its links
-        except Exception as e:  # the next heartbeat carries them anyway
-            logger.warning("could not publish the measured links at once: %s", e)
         self.links.start(self._halt, self.follower.finished)
         self.succession.connect_control_plane(records.fetch_peers())
         self.succession.start(self._halt, dict(config=self.config, spec=spec, peer_id=self.peer_id, records=records,
@@ -429,24 +422,6 @@ class Peer:
                     len(schedule.placement))
 
     # ---- messages ---------------------------------------------------------------------------------
-    def _on_hop(self, sender: str, header: HopHeader, tensor: torch.Tensor) -> None:
-        """Transport thread: a pipeline message for the main loop (the worker is used from one thread only), its
-        delay noted as jitter; waits while the inbox is full, which makes the senders wait."""
-        if header.sent_at:
-            self.jitter.observe(f"{sender}/{header.direction.name}", time.time() - header.sent_at)
-        if self._padding is not None:
-            try:
-                tensor = self._padding.strip(tensor)
-            except ValueError as e:  # the transport checked the shape: not expected
-                logger.warning("dropped a %s from %s: %s", header.direction.name.lower(), sender, e)
-                return
-        if self.activations.take(m := Inbound(sender, header, tensor)):
-            self.inbox.put(m)
-
-    def _receiver(self, kind: Kind) -> Callable[[str, HopHeader, torch.Tensor], None]:
-        """The transport's consumer of channel `kind`: into the inbox of that kind."""
-        return lambda sender, header, tensor: self.inbox.put(Inbound(sender, header, tensor), kind)
-
     def _send_failed(self, peer: str, unreachable: bool) -> None:
         if self.runner is not None:
             self.runner.note_unreachable(peer, certain=unreachable)
