@@ -14,6 +14,8 @@ WIRE_VERSION = 4
 # ---- sizes checked before anything is allocated ---------------------------------------------------------------
 MAX_HEADER_BYTES = 64 * 1024
 """Largest msgpack header in front of a tensor on a stream."""
+MAX_LINEAGE_BYTES = 32
+"""A stage copy's lineage in an averaging header (`swarm.stage_group.lineage`)."""
 MAX_TENSOR_BYTES = 1 << 30
 """Largest tensor a peer accepts on a stream (1 GiB: a 1.5B-class activation at ctx 4096 is ~270 MB)."""
 MAX_TENSOR_NDIM = 8
@@ -63,7 +65,7 @@ RESTORE_DTYPES = ("float32", "float16", "bfloat16")
 never float64 or from an integer, so a header cannot make a receiver inflate a tensor beyond what compression saved."""
 
 FAULTS = ("scale-gradients", "huge-gradients", "inflate-weight", "byzantine", "corrupt-activations",
-          "withhold-activations", "withhold-state")
+          "withhold-activations", "withhold-state", "crash-mid-average")
 """Misbehaviours a peer can be told to show on purpose (`swarm.peer.faults`), to test a swarm's defences."""
 
 # ---- addresses --------------------------------------------------------------------------------------------------

@@ -33,6 +33,9 @@ EVENTS: dict[str, tuple[str, ...]] = {
     "averaging_partial": ("group", "received"),  # received: fraction of the group mean that arrived
     # hivemind: a stage group's members averaged their whole state (after a partial round, or a member's drift)
     "state_resynced": ("stage", "members", "received"),
+    # all-gather: this copy's lineage differed from its group's (a round some members averaged without a member
+    # that reached the others); it took the holders' state (`loaded`), or their state did not come
+    "stage_mended": ("stage", "iteration", "loaded", "holders"),
     "scheduler_changed": ("previous", "scheduler"),
     # a peer's pipeline
     "detoured": ("microbatch", "gone", "to", "to_stage"),

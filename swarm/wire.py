@@ -38,6 +38,7 @@ from swarm.constants import (
     MAX_ADDRESSES,
     MAX_CERT_BYTES,
     MAX_HEADER_BYTES,
+    MAX_LINEAGE_BYTES,
     MAX_LINKS,
     MAX_MICROBATCH_ATTEMPTS,
     MAX_PROOF_BYTES,
@@ -209,6 +210,8 @@ class HopHeader:
     counted: tuple[int, ...] = ()
     """Stages whose gradient already holds this microbatch (from an earlier attempt): they backpropagate it
     without accumulating."""
+    lineage: bytes = b""
+    """AVERAGE messages: the sender's stage copy's lineage (`swarm.stage_group.lineage`; empty = unknown)."""
     version: int = WIRE_VERSION
 
     @property
@@ -241,6 +244,8 @@ class HopHeader:
             d["attempt"] = self.attempt
         if self.counted:
             d["counted"] = list(self.counted)
+        if self.lineage:
+            d["lineage"] = self.lineage
         return pack(d)
 
     @classmethod
@@ -277,6 +282,7 @@ class HopHeader:
             attempt=read_int(d.get("attempt", 0), "header.attempt", 0, MAX_MICROBATCH_ATTEMPTS),
             counted=tuple(read_int(s, "header.counted[]", 1, MAX_STAGES - 1)
                           for s in read_list(d.get("counted", []), "header.counted", MAX_STAGES)),
+            lineage=read_bytes(d.get("lineage", b""), "header.lineage", MAX_LINEAGE_BYTES),
             version=version,
         )
 

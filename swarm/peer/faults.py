@@ -5,12 +5,18 @@ its averaging contribution scaled by -1e6, one coordinate set to 3e38 (finite, b
 honest contribution claimed over 2^40 visits; "byzantine" takes them in turn, one kind each iteration. With
 "corrupt-activations" it is a relay that passes on activations with non-finite values instead, and with
 "withhold-activations" one that takes forwards and never passes them on, while answering every probe; with
-"withhold-state" a veteran that never sends its stage's state to a joiner. Everything else it does honestly. Never
-use it on a run you care about.
+"withhold-state" a veteran that never sends its stage's state to a joiner. With "crash-mid-average" it is a host
+that dies in the middle of a stage averaging round: from iteration `CRASH_ITERATION` on, its gradients go to the
+first stage mate only, and the process kills itself (SIGKILL) `CRASH_DELAY` seconds later (its helpers die with it).
+Everything else it does honestly. Never use it on a run you care about.
 """
 
 from __future__ import annotations
 
+import logging
+import os
+import signal
+import threading
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -18,6 +24,13 @@ import torch
 
 from swarm.constants import FAULTS
 from swarm.wire import Direction, HopHeader
+
+logger = logging.getLogger(__name__)
+
+CRASH_ITERATION = 3
+"""The iteration whose averaging round a "crash-mid-average" peer dies in."""
+CRASH_DELAY = 3.0
+"""Seconds between its one averaging message and its exit: time for that message to arrive whole."""
 
 Tamper = Callable[[HopHeader, torch.Tensor], tuple[HopHeader, torch.Tensor] | None]
 """A message as it is to be sent, or None: not sent at all (the sender believes it delivered)."""
@@ -28,6 +41,7 @@ def tamper(fault: str) -> Tamper:
     if fault not in FAULTS:
         raise ValueError(f"fault must be one of {', '.join(FAULTS)}, got {fault!r}")
     kinds = FAULTS[:3]
+    crash = threading.Event()
 
     def apply(header: HopHeader, tensor: torch.Tensor) -> tuple[HopHeader, torch.Tensor] | None:
         relayed = header.direction == Direction.FORWARD and header.hop != 1  # not its own microbatch's injection
@@ -35,6 +49,16 @@ def tamper(fault: str) -> Tamper:
             return None if relayed else (header, tensor)
         if fault == "withhold-state":
             return None if header.direction == Direction.STATE else (header, tensor)
+        if fault == "crash-mid-average":
+            if header.direction != Direction.AVERAGE or header.iteration < CRASH_ITERATION:
+                return header, tensor
+            if crash.is_set():
+                return None
+            crash.set()
+            logger.warning("fault crash-mid-average: gradients of iteration %d to %s only; exiting in %.0f s",
+                           header.iteration, header.target, CRASH_DELAY)
+            threading.Timer(CRASH_DELAY, os.kill, args=(os.getpid(), signal.SIGKILL)).start()
+            return header, tensor
         if fault == "corrupt-activations":
             if relayed:
                 tensor = tensor.clone()

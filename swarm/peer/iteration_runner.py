@@ -23,6 +23,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 from peers.checkpoint import param_digest, save_stage_checkpoint
 from scheduler.schedule import Schedule
@@ -32,6 +33,7 @@ from swarm.peer.awaited_backwards import AwaitedBackwards
 from swarm.peer.console import IterationSummary, console_logger, iteration_line
 from swarm.peer.data_holder import DataHolder
 from swarm.peer.host_share import ThreadShare
+from swarm.peer.inbound_checks import InboundChecks
 from swarm.peer.iteration_clock import SILENCE_FLOOR, IterationClock
 from swarm.peer.mailbox import Inbox, Outbox
 from swarm.peer.pipeline import IterationAborted, IterationTimeout, PipelineExecutor
@@ -40,7 +42,9 @@ from swarm.peer.schedule_follower import ScheduleFollower
 from swarm.peer.stage_session import StageSession
 from swarm.peer.timeline import Timeline
 from swarm.run_config import RunConfig
-from swarm.stage_group.allgather import average_stage_group
+from swarm.stage_group.allgather import GroupRound, average_stage_group
+from swarm.stage_group.lineage import chain, judge
+from swarm.stage_group.mending import mend
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +54,8 @@ COMMIT_TIMEOUT_ITERATIONS = 4.0
 """...and at least this many of the schedule's predicted iterations (a 1.5B model's over a WAN take a minute)."""
 MAX_PREDICTED_SECONDS = 900.0
 """A prediction counts up to this (a schedule predicting more still gives up within an hour)."""
+MEND_INTERVAL = 4
+"""Iterations between two mendings of one stray copy of a stage group (`IterationRunner._mend`)."""
 
 
 def commit_timeout(schedule: Schedule) -> float:
@@ -64,19 +70,20 @@ class IterationRunner:
     :param transport: returns the peer's transport (for probing a late next hop)
     :param stopping: whether the run is stopping while this peer is asked to stop (no commit will come)
     :param threads: sizes torch's threads before each iteration (None: left as they are)
+    :param checks: the transport's inbound checks (told whom a stray of its stage group takes state from)
     """
 
     def __init__(self, peer_id: str, run_id: str, config: RunConfig, *, inbox: Inbox, outbox: Outbox,
                  follower: ScheduleFollower, reports: Reports, clock: IterationClock, timeline: Timeline,
                  transport: Callable[[], Transport | None], stopping: Callable[[], bool],
                  averaging_deadline: float, checkpoint_dir: str | None = None, log_param_digest: bool = False,
-                 threads: ThreadShare | None = None) -> None:
+                 threads: ThreadShare | None = None, checks: InboundChecks | None = None) -> None:
         self.peer_id, self.run_id, self.config = peer_id, run_id, config
         self.inbox, self.outbox, self.follower, self.reports = inbox, outbox, follower, reports
         self.clock, self.timeline = clock, timeline
         self._transport, self._stopping = transport, stopping
         self.averaging_deadline, self.checkpoint_dir = averaging_deadline, checkpoint_dir
-        self.log_param_digest, self.threads = log_param_digest, threads
+        self.log_param_digest, self.threads, self.checks = log_param_digest, threads, checks
         self.disproved: frozenset[str] = frozenset()
         """Relays whose report against another peer this peer found false in this epoch: gone around, so that one
         whose lie costs a stall limit costs it once per epoch, not every iteration (replaced, never mutated)."""
@@ -91,6 +98,8 @@ class IterationRunner:
         """Stage mates probed in this iteration's averaging."""
         self._given_up: frozenset[str] = frozenset()
         """Peers declared gone whose sends under way this peer gave up on, in this epoch."""
+        self._mended: dict[str, int] = {}
+        """Stray copies of this peer's stage group (this one's included) by the iteration they were last mended."""
 
     def new_epoch(self) -> None:
         """The scheduler's newer view is in use: a peer still unreachable fails (and is reported) again."""
@@ -146,22 +155,27 @@ class IterationRunner:
         t1 = time.perf_counter()
         group = schedule.stage_peers(stage)
         self._averaging = (time.monotonic(), self.clock.averaging_overdue(schedule))
+        round_ = None
         if self.config.averaging == "hivemind":
             visits, heard = session.average_with_hivemind(len(group), self.averaging_deadline)
         else:
-            visits, heard = average_stage_group(me=self.peer_id, worker=worker, group=group, run_id=self.run_id,
+            round_ = average_stage_group(me=self.peer_id, worker=worker, group=group, run_id=self.run_id,
                                                 iteration=iteration, epoch=schedule.epoch, send=self.outbox.send,
                                                 receive=lambda t: self.inbox.receive("average", t),
                                                 deadline=self.averaging_deadline, scheduled=schedule.visits(),
                                                 left_out=self.follower.left_out(iteration),
                                                 alive=self._worth_waiting_for, hold=self.inbox.hold,
                                                 faulty=lambda suspect, why: self.reports.faulty(
-                                                    suspect, iteration, schedule.epoch, why))
+                                                    suspect, iteration, schedule.epoch, why),
+                                                lineage=session.lineage)
+            visits, heard = round_.visits, round_.heard
         t2 = time.perf_counter()
         self.timeline.record("average", time.time() - (t2 - t1), time.time(), iteration=iteration)
         stats = worker.step()
         if self.config.averaging == "hivemind":
             session.resync_state(self.averaging_deadline)  # a no-op unless the round asked its members for it
+        else:
+            self._mend(session, schedule, iteration, round_)
         t3 = time.perf_counter()
         self._checkpoint(session, schedule, iteration + 1, data)
         self.timeline.flush()
@@ -181,6 +195,24 @@ class IterationRunner:
         console_logger.info("%s", iteration_line(IterationSummary(
             iteration=iteration, stage=stage, epoch=schedule.epoch, forwards=forwards, backwards=backwards,
             compute_seconds=compute, seconds=t3 - t0, tokens=forwards * batch * (seq_len - 1))))
+
+    def _mend(self, session: StageSession, schedule: Schedule, iteration: int, round_: GroupRound) -> None:
+        """After the step: if the round's lineages show copies of the stage that went apart, the strays take the
+        holders' state (`swarm.stage_group.mending`), each at most once per `MEND_INTERVAL` iterations (a member
+        that claims a new lineage every round must not cost its group a state transfer each); then chain this
+        copy's lineage over the round."""
+        mine, verdict = session.lineage, judge(round_.lineages)
+        due = tuple(p for p in verdict.strays if iteration - self._mended.get(p, -MEND_INTERVAL) >= MEND_INTERVAL)
+        self._mended.update(dict.fromkeys(due, iteration))
+        mended = None
+        if due:
+            mended = mend(me=self.peer_id, worker=session.worker, verdict=replace(verdict, strays=due),
+                          run_id=self.run_id, iteration=iteration, epoch=schedule.epoch, send=self.outbox.send,
+                          receive=lambda t: self.inbox.receive("state", t), timeout=self.averaging_deadline,
+                          expect=self.checks.expect_state if self.checks is not None else None)
+            if mended is not None and self.checks is not None:
+                self.checks.online()  # takes no more state from anyone
+        session.lineage = chain(mine, verdict, mended, iteration, round_.contributors)
 
     def _checkpoint(self, session: StageSession, schedule: Schedule, done: int, data: DataHolder | None) -> None:
         if self.checkpoint_dir and self.config.checkpoint_every and done % self.config.checkpoint_every == 0:

@@ -239,7 +239,7 @@ class Peer:
                                       follower=self.follower, reports=self.reports, clock=self.clock,
                                       timeline=self.timeline, transport=lambda: self._transport,
                                       stopping=lambda: bool(self.departure and self.departure.no_commit_coming()),
-                                      averaging_deadline=o.averaging_deadline,
+                                      averaging_deadline=o.averaging_deadline, checks=checks,
                                       checkpoint_dir=o.checkpoint_dir, log_param_digest=o.log_param_digest,
                                       threads=ThreadShare(o.threads, o.host_registry))
         node.start_gossip(bootstrap=spec.control_addrs, log_path=o.log_gossip)

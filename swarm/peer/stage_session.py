@@ -61,6 +61,9 @@ class StageSession:
         """This peer's state may differ from its group's (hivemind): it stepped without a whole round."""
         self._resync_with = 0
         """Members of the last round, when that round asked them to average their whole state after the step."""
+        self.lineage = b""
+        """All-gather: the rounds this copy stepped with, chained (`swarm.stage_group.lineage`); empty until its
+        first round (a new session takes its group's)."""
 
     def average_with_hivemind(self, group_size: int, timeout: float) -> tuple[int, int]:
         """The stage group's visit-weighted mean through hivemind's DecentralizedAverager: (visits, members heard).

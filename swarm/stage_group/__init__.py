@@ -4,6 +4,8 @@
   (the default)
 - hivemind_averager.py: StageAverager, per-stage DecentralizedAverager rounds weighted by microbatches processed
   (not Byzantine-robust)
+- lineage.py: which rounds each copy of a stage stepped with, so that copies a mid-round death split are found
+- mending.py: the strays of a split group take the other members' state
 - state_transfer.py: a stage's weights and optimizer state handed to a joining or moving peer, taken by a joiner once
   two veterans agree on it
 """

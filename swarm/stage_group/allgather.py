@@ -11,7 +11,9 @@ pipeline (a handful of peers) this costs one round trip;
 the choice for large groups and large models, but it is not Byzantine-robust.
 
 A member that does not deliver before the deadline is left out of this round (logged): the others still
-step, weighted by the visits they did receive.
+step, weighted by the visits they did receive. Where that splits the group (a member that died mid-round reached
+some members whole and not others), the copies' lineages, which travel with the gradients, tell it at the next
+round (`swarm.stage_group.lineage`), and the strays take the other members' state (`swarm.stage_group.mending`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
 
 import torch
 
@@ -43,13 +46,25 @@ def unflatten(flat: torch.Tensor, like: dict[str, torch.Tensor]) -> dict[str, to
     return {n: v.to(like[n].dtype) for n, v in views.items()}
 
 
+@dataclass(frozen=True)
+class GroupRound:
+    """What one member's round came to: the visits averaged, the members heard from (this one included), each
+    heard member's lineage as it came in (`lineages`) and the weight each contribution claimed (`contributors`:
+    what the next lineage is chained over)."""
+
+    visits: int
+    heard: int
+    lineages: dict[str, bytes]
+    contributors: dict[str, int]
+
+
 def average_stage_group(*, me: str, worker: StageWorker, group: list[str], run_id: str, iteration: int, epoch: int,
                         send: Send, receive: Callable[[float], list[Inbound]], deadline: float,
                         scheduled: Mapping[str, int], aggregation: Aggregation = "centered_clip",
                         left_out: Collection[str] = (),
                         alive: Callable[[str], bool] = lambda peer: True,
                         hold: Callable[[Inbound], None] | None = None,
-                        faulty: Callable[[str, str], None] | None = None) -> tuple[int, int]:
+                        faulty: Callable[[str, str], None] | None = None, lineage: bytes = b"") -> GroupRound:
     """Install the stage group's robust visit-weighted mean gradient on `worker`.
 
     :param group: peer ids serving this stage (this peer included)
@@ -63,7 +78,7 @@ def average_stage_group(*, me: str, worker: StageWorker, group: list[str], run_i
     :param faulty: told (member, why) of each contribution refused as proof of a fault (a gradient far outside
       the stage's history, a non-finite or misshapen one), for the scheduler; a clipped one is no proof (an honest
       outlier is clipped too), nor a weight above its bound (detours add visits to honest members)
-    :returns: (total visits averaged, members heard from, this peer included)
+    :param lineage: this peer's stage copy's lineage, sent with its gradients (empty: unknown)
     """
     def refuse(sender: str, why: str, proof: bool = False) -> None:
         logger.warning("stage %d averaging of iteration %d, gradients of %s: %s", worker.stage, iteration, sender,
@@ -75,11 +90,12 @@ def average_stage_group(*, me: str, worker: StageWorker, group: list[str], run_i
     sums = worker.gradient_sums()
     flat = flatten(sums)
     contributions: dict[str, tuple[torch.Tensor, int]] = {me: (flat, worker.visits)}
+    lineages = {me: lineage}
     others = sorted(p for p in group if p != me and p not in left_out)
     for peer in others:
         header = HopHeader(run=run_id, iteration=iteration, microbatch=0, route=(me, peer), hop=1,
                            direction=Direction.AVERAGE, epoch=epoch, dtype="", shape=(),
-                           stages=(worker.stage, worker.stage), weight=worker.visits)
+                           stages=(worker.stage, worker.stage), weight=worker.visits, lineage=lineage)
         send(peer, header, flat)
     end = time.monotonic() + deadline
     while time.monotonic() < end and any(p not in contributions and alive(p) for p in others):
@@ -102,6 +118,7 @@ def average_stage_group(*, me: str, worker: StageWorker, group: list[str], run_i
                 logger.warning("dropped duplicate gradients from %s", m.sender)
             else:
                 contributions[m.sender] = (m.tensor, h.weight)
+                lineages[m.sender] = h.lineage
     missing = [p for p in others if p not in contributions]
     if missing:
         logger.warning("stage %d averaging of iteration %d went ahead without %s", worker.stage, iteration, missing)
@@ -112,4 +129,4 @@ def average_stage_group(*, me: str, worker: StageWorker, group: list[str], run_i
     for i, why in sorted(result.refused.items()):
         refuse(order[i], why, proof=why.startswith("refused"))
     worker.set_mean_gradients(unflatten(result.mean, sums), result.visits)
-    return result.visits, len(contributions)
+    return GroupRound(result.visits, len(contributions), lineages, {p: contributions[p][1] for p in order})

@@ -99,9 +99,10 @@ def average(workers: dict[str, StageWorker], tamper) -> dict[str, tuple[int, int
     boxes, results = Mailboxes(tamper), {}
 
     def run(peer: str) -> None:
-        results[peer] = average_stage_group(me=peer, worker=workers[peer], group=sorted(workers), run_id="r",
-                                            iteration=4, epoch=2, send=boxes.send_from(peer),
-                                            receive=boxes.receive_for(peer), deadline=10.0, scheduled=SCHEDULED)
+        r = average_stage_group(me=peer, worker=workers[peer], group=sorted(workers), run_id="r", iteration=4,
+                                epoch=2, send=boxes.send_from(peer), receive=boxes.receive_for(peer), deadline=10.0,
+                                scheduled=SCHEDULED)
+        results[peer] = (r.visits, r.heard)
 
     threads = [threading.Thread(target=run, args=(p,)) for p in workers]
     for t in threads:

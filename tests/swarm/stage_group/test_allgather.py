@@ -71,9 +71,10 @@ def run_group(workers: dict[str, StageWorker], boxes: Mailboxes, *, alive=lambda
     scheduled = scheduled if scheduled is not None else {p: w.visits for p, w in workers.items()}
 
     def member(peer: str) -> None:
-        results[peer] = average_stage_group(me=peer, worker=workers[peer], group=GROUP, run_id="r", iteration=4,
-                                            epoch=2, send=boxes.send_from(peer), receive=boxes.receive_for(peer),
-                                            deadline=deadline, scheduled=scheduled, alive=alive)
+        r = average_stage_group(me=peer, worker=workers[peer], group=GROUP, run_id="r", iteration=4, epoch=2,
+                                send=boxes.send_from(peer), receive=boxes.receive_for(peer), deadline=deadline,
+                                scheduled=scheduled, alive=alive)
+        results[peer] = (r.visits, r.heard)
 
     threads = [threading.Thread(target=member, args=(p,)) for p in workers]
     for t in threads:

@@ -1,0 +1,57 @@
+"""A peer dies in the middle of its stage group's averaging round (`--fault crash-mid-average`): its gradients reach
+one stage mate whole and never the other, then it exits as if killed. The first mate averages with them, the second
+without, so their copies of the stage differ from that step on. Before, they stayed apart for the rest of the run
+(and a joiner of the stage could hear no two veterans agree). Now the next round's lineages show the split, the
+stray copy takes the other's state, and the two hold the same weights again, bit for bit.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from swarm.local.local_swarm import LocalSwarm
+from swarm.net.identity import ensure_identity
+from swarm.peer.faults import CRASH_ITERATION
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
+
+PINS = ["0", "0", "1", "1", "1", "2", "2"]
+CRASHER = 4  # of stage 1, beside peers 2 and 3
+MATES = (2, 3)
+ITERATIONS = 12
+COORDINATOR_ARGS = ["--iterations", str(ITERATIONS), "--min-peers", str(len(PINS)), "--stages", "3", "--skip", "0",
+                    "--seed", "0", "--microbatches", "1"]
+CONFIG = "[swarm]\nheartbeat = 1.0\nrebalance = false\n"  # nobody moves: the stage mates stay on stage 1
+
+
+def test_stage_mates_split_by_a_death_mid_round_hold_the_same_weights_again_the_round_after(tmp_path):
+    peer_args = [["--stage", s, "--iteration-deadline", "60", "--log-param-digest"] for s in PINS]
+    peer_args[CRASHER] += ["--fault", "crash-mid-average"]
+    config = tmp_path / "run.toml"
+    config.write_text(CONFIG)
+    run_dir = tmp_path / "run"
+    swarm = LocalSwarm(run_dir, len(PINS), run_id="mid-round-death",
+                       coordinator_args=["--config", str(config), *COORDINATOR_ARGS], peer_args=peer_args)
+    try:
+        swarm.start()
+        records = swarm.watch(ITERATIONS, timeout=300)
+    finally:
+        swarm.stop()
+    assert [r["iteration"] for r in records][:ITERATIONS] == list(range(1, ITERATIONS + 1))
+    assert all(math.isfinite(r["loss"]) for r in records)
+    crasher = ensure_identity(str(run_dir / f"peer-{CRASHER:02d}.key"))
+    assert crasher in {e["peer"] for e in swarm.events("declared_gone", who="coordinator")}
+    digests = [{e["iteration"]: e["digest"] for e in swarm.events("param_digest", who=f"peer-{i:02d}")}
+               for i in MATES]
+    assert all(e["stage"] == 1 for i in MATES for e in swarm.events("param_digest", who=f"peer-{i:02d}"))
+    # the death split the stage: one mate stepped with the crasher's gradients, the other without
+    assert digests[0][CRASH_ITERATION] != digests[1][CRASH_ITERATION]
+    assert all(digests[0][i] == digests[1][i] for i in range(CRASH_ITERATION))
+    # the next round found it, and the stray took the other's state: the same weights from then on
+    mended = [e for i in MATES for e in swarm.events("stage_mended", who=f"peer-{i:02d}")]
+    assert [(e["iteration"], e["loaded"]) for e in mended] == [(CRASH_ITERATION + 1, True)], mended
+    after = sorted(set(digests[0]) & set(digests[1]) - set(range(CRASH_ITERATION + 1)))
+    assert after and after[-1] >= ITERATIONS - 2, after
+    assert all(digests[0][i] == digests[1][i] for i in after), {i: (digests[0][i], digests[1][i]) for i in after}
