@@ -25,6 +25,10 @@ default: the worst of the churn-free runs' best losses, so that every churn-free
 time to target. Every method trains the same model on the same corpus; the methods' placements differ (the SWARM
 baseline plans its own), so their tokens per iteration do too: compare tokens/s and time to target.
 
+`--corpus stdlib` trains on the Python standard library's sources (`benchmarks/stdlib_corpus.py`, ~12 MB, one
+module per document) instead of the bundled corpus, which the tiny model memorises within a long window (its
+validation loss then climbs again, and "time to target" measures who memorises first).
+
 `--runs N` repeats the whole comparison N times (repetition r uses seed `--seed` + r: a new trace, the same for
 every method within it) and prints min / median / max over the repetitions. `--lock FILE` holds an flock on FILE
 during each swarm run (a machine shared with other heavy jobs).
@@ -50,7 +54,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.stdlib_corpus import write_stdlib_corpus  # noqa: E402
 from benchmarks.validation_curve import CheckpointSnapshots, time_to_loss, validation_curve  # noqa: E402
+from peers.data import Corpus, DataConfig  # noqa: E402
 from peers.data_ledger import read_ledger, sample_status  # noqa: E402
 from swarm.local.local_swarm import LocalSwarm  # noqa: E402
 
@@ -192,6 +198,7 @@ def held(lock: str | None) -> Iterator[None]:
 
 
 def run_config(args: argparse.Namespace, method: str, seed: int) -> str:
+    data = f"\n[data]\npaths = {json.dumps([args.corpus_path])}\n" if args.corpus_path else ""
     return f"""
 [run]
 run_id = "churn-{method}"
@@ -206,7 +213,7 @@ checkpoint_every = {args.checkpoint_every}
 [swarm]
 planner = "{method}"
 heartbeat = 1.0
-"""
+{data}"""
 
 
 def run(args: argparse.Namespace, method: str, seed: int, failures: list[float], run_dir: Path,
@@ -310,6 +317,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--runs", type=int, default=1, help="repetitions of the whole comparison")
     parser.add_argument("--methods", default=",".join(METHODS))
+    parser.add_argument("--corpus", choices=("bundled", "stdlib"), default="bundled",
+                        help="training text: the bundled corpus, or the Python standard library's sources")
     parser.add_argument("--checkpoint-every", type=int, default=0,
                         help="measure convergence: checkpoint every K iterations (0 = throughput only)")
     parser.add_argument("--val-batches", type=int, default=16, help="validation batches per measured checkpoint")
@@ -326,9 +335,16 @@ def main() -> None:
         sys.exit(f"error: --deaths must be among {', '.join(DEATHS)}")
     if args.runs < 1 or args.peers < 3 or args.minutes <= 0 or args.checkpoint_every < 0 or args.val_batches < 1:
         sys.exit("error: need --runs >= 1, --peers >= 3, --minutes > 0, --checkpoint-every >= 0, --val-batches >= 1")
-    results = []
+    results, corpus = [], None
     with tempfile.TemporaryDirectory() as tmp:
         tmp = args.work_dir or tmp
+        args.corpus_path = None
+        if args.corpus == "stdlib":
+            corpus = write_stdlib_corpus(Path(tmp) / "stdlib.jsonl")
+            args.corpus_path = corpus["path"]
+            Corpus.build(DataConfig(paths=(args.corpus_path,)))  # trains and caches the tokenizer, once
+            print(f"corpus: {corpus['documents']} modules, {corpus['bytes'] / 1e6:.1f} MB of {corpus['source']}",
+                  flush=True)
         for rep in range(args.runs):
             seed = args.seed + rep
             trace = churn_trace(seed, args.peers, args.minutes * 60, args.rate)
@@ -354,7 +370,8 @@ def main() -> None:
         plot(results, target, Path(args.plot))
     if args.out:
         Path(args.out).write_text(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                                              "args": vars(args), "target_loss": target, "results": results},
+                                              "args": vars(args), "corpus": corpus, "target_loss": target,
+                                              "results": results},
                                              indent=1))
 
 
