@@ -54,6 +54,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.sigterm import unwind_on_sigterm  # noqa: E402
 from benchmarks.stdlib_corpus import write_stdlib_corpus  # noqa: E402
 from benchmarks.validation_curve import CheckpointSnapshots, time_to_loss, validation_curve  # noqa: E402
 from peers.data import Corpus, DataConfig  # noqa: E402
@@ -307,6 +308,7 @@ def plot(results: list[dict], target: float | None, path: Path) -> None:
 
 
 def main() -> None:
+    unwind_on_sigterm()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--peers", type=int, default=8)
     parser.add_argument("--stages", type=int, default=3)

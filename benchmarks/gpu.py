@@ -27,6 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.sigterm import unwind_on_sigterm  # noqa: E402
 from peers.model import FLAVORS, ModelConfig  # noqa: E402
 from peers.optim import OptimConfig  # noqa: E402
 from peers.precision import resolve_precision  # noqa: E402
@@ -126,6 +127,7 @@ def local_swarm(iterations: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    unwind_on_sigterm()
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--presets", default="500m,1.5b")
     ap.add_argument("--batch", type=int, default=8, help="samples per microbatch")

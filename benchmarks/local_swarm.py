@@ -27,6 +27,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.sigterm import unwind_on_sigterm  # noqa: E402
 from peers.data import Corpus  # noqa: E402
 from peers.inprocess import InProcessSwarm  # noqa: E402
 from scheduler.schedule import Schedule  # noqa: E402
@@ -88,6 +89,7 @@ def spread(values: list[float]) -> str:
 
 
 def main() -> None:
+    unwind_on_sigterm()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--peers", type=int, default=6)
     parser.add_argument("--stages", type=int, default=3)

@@ -20,6 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.sigterm import unwind_on_sigterm  # noqa: E402
 from benchmarks.wan.footprint import KINDS, swarm_footprint  # noqa: E402
 from swarm.local.local_swarm import LocalSwarm  # noqa: E402
 from swarm.peer.timeline import read_spans  # noqa: E402
@@ -68,6 +69,7 @@ def spread3(values: list[float]) -> str:
 
 
 def main() -> None:
+    unwind_on_sigterm()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--peers", type=int, default=4)
     parser.add_argument("--runs", type=int, default=3)

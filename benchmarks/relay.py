@@ -33,6 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.sigterm import unwind_on_sigterm  # noqa: E402
 from swarm.local.local_swarm import LocalSwarm  # noqa: E402
 from swarm.local.nat_network import NatNetwork, unavailable_reason  # noqa: E402
 
@@ -193,6 +194,7 @@ def swarm(args: argparse.Namespace) -> dict:
 
 
 def main() -> None:
+    unwind_on_sigterm()
     if len(sys.argv) > 1 and sys.argv[1] == "_node":
         role, host, out, initial, sizes, repeats = sys.argv[2:8]
         node(role, host, out, initial, [int(s) for s in sizes.split(",")], int(repeats))

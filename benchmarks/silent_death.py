@@ -29,6 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.sigterm import unwind_on_sigterm  # noqa: E402
 from swarm.local.local_swarm import LocalSwarm  # noqa: E402
 from swarm.net.identity import ensure_identity  # noqa: E402
 
@@ -91,6 +92,7 @@ def spread(values: list[float]) -> str:
 
 
 def main() -> None:
+    unwind_on_sigterm()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--peers", type=int, default=6)
     parser.add_argument("--runs", type=int, default=3)

@@ -30,6 +30,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.sigterm import unwind_on_sigterm  # noqa: E402
 from benchmarks.wan.footprint import KINDS, kind_of  # noqa: E402
 from swarm.local.local_swarm import LocalSwarm  # noqa: E402
 
@@ -135,6 +136,7 @@ def spread(values: list[float]) -> str:
 
 
 def main() -> None:
+    unwind_on_sigterm()
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--peers", type=int, default=8)
     ap.add_argument("--runs", type=int, default=3)

@@ -33,6 +33,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks.churn import DEATHS, churn_trace, first_plan, kept, run_swarm, saved_plan_args, window_summary  # noqa: E402
+from benchmarks.sigterm import unwind_on_sigterm  # noqa: E402
 from benchmarks.wan.run import (  # noqa: E402
     add_scale_arguments,
     add_swarm_arguments,
@@ -85,6 +86,7 @@ def run(args: argparse.Namespace, method: str, churn: bool, net: EmulatedNetwork
 
 
 def main() -> None:
+    unwind_on_sigterm()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_swarm_arguments(parser, METHODS)
     parser.set_defaults(peers=20, emulate_model="1.5b")  # see the module docstring

@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -48,6 +47,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from benchmarks.sigterm import unwind_on_sigterm  # noqa: E402
 from benchmarks.wan.footprint import kind_of, swarm_footprint  # noqa: E402
 from peers.emulated_model import message_bytes, stage_time_scale  # noqa: E402
 from peers.model import FLAVORS  # noqa: E402
@@ -421,8 +421,7 @@ def main() -> None:
     parser.add_argument("--out", default="runs/wan")
     args = parser.parse_args()
     args.budget_deadline = time.monotonic() + args.budget
-    # `timeout` (or a kill) sends SIGTERM: unwind, so that the swarm is stopped and the namespaces deleted
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit("error: terminated (SIGTERM); the swarm is being stopped"))
+    unwind_on_sigterm()  # `timeout` (or a kill): the swarm is stopped and the namespaces deleted
     if args.repeats < 1 or args.iterations < 2:
         sys.exit("error: --repeats must be >= 1 and --iterations >= 2 (the first is not counted)")
     check_scale_arguments(args)
