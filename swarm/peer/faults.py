@@ -6,9 +6,10 @@ honest contribution claimed over 2^40 visits; "byzantine" takes them in turn, on
 "corrupt-activations" it is a relay that passes on activations with non-finite values instead, and with
 "withhold-activations" one that takes forwards and never passes them on, while answering every probe; with
 "withhold-state" a veteran that never sends its stage's state to a joiner. With "crash-mid-average" it is a host
-that dies in the middle of a stage averaging round: from iteration `CRASH_ITERATION` on, its gradients go to the
-first stage mate only, and the process kills itself (SIGKILL) `CRASH_DELAY` seconds later (its helpers die with it).
-Everything else it does honestly. Never use it on a run you care about.
+that dies in the middle of a stage averaging round: in the first round from iteration `CRASH_ITERATION` on that it
+brings visits to, its gradients go to the first stage mate only, and the process kills itself (SIGKILL)
+`CRASH_DELAY` seconds later (its helpers die with it). Everything else it does honestly. Never use it on a run you
+care about.
 """
 
 from __future__ import annotations
@@ -50,8 +51,8 @@ def tamper(fault: str) -> Tamper:
         if fault == "withhold-state":
             return None if header.direction == Direction.STATE else (header, tensor)
         if fault == "crash-mid-average":
-            if header.direction != Direction.AVERAGE or header.iteration < CRASH_ITERATION:
-                return header, tensor
+            if header.direction != Direction.AVERAGE or header.iteration < CRASH_ITERATION or not header.weight:
+                return header, tensor  # (a round it brings no visits to would not split its group)
             if crash.is_set():
                 return None
             crash.set()

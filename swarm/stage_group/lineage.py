@@ -26,10 +26,11 @@ LINEAGE_BYTES = 16
 
 def next_lineage(base: bytes, iteration: int, contributors: Mapping[str, int]) -> bytes:
     """The lineage of a copy that was at `base` and stepped with the round of `iteration` over `contributors`
-    (member -> the weight its contribution claimed). Equal inputs give equal lineages on every member."""
+    (member -> the weight its contribution claimed). Equal inputs give equal lineages on every member. A contribution
+    of no weight (a member the iteration's paths did not visit) moves no mean, so whether it came changes nothing."""
     h = hashlib.blake2b(base, digest_size=LINEAGE_BYTES)
     h.update(int(iteration).to_bytes(8, "little"))
-    for peer in sorted(contributors):
+    for peer in sorted(p for p, weight in contributors.items() if weight):
         h.update(peer.encode() + b"\0" + int(contributors[peer]).to_bytes(8, "little"))
     return h.digest()
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from swarm.stage_group.lineage import LINEAGE_BYTES, Verdict, chain, judge, next_lineage
 
 
-def test_a_lineage_depends_on_the_base_the_iteration_and_every_contributor_with_its_weight():
+def test_a_lineage_depends_on_the_base_the_iteration_and_every_contributor_of_some_weight():
     base = next_lineage(b"", 3, {"a": 1, "b": 2})
     assert len(base) == LINEAGE_BYTES
     assert base == next_lineage(b"", 3, {"b": 2, "a": 1})  # the order heard in does not matter
@@ -13,6 +13,7 @@ def test_a_lineage_depends_on_the_base_the_iteration_and_every_contributor_with_
               next_lineage(b"", 3, {"a": 1}), next_lineage(b"", 3, {"a": 1, "b": 3}),
               next_lineage(b"", 3, {"a": 1, "c": 2})]
     assert len({base, *others}) == 6
+    assert next_lineage(b"", 3, {"a": 1, "b": 2, "c": 0}) == base  # a contribution of no weight moves nothing
 
 
 def test_the_lineage_most_members_hold_is_the_groups_and_the_others_stray():
