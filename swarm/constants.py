@@ -16,6 +16,8 @@ MAX_HEADER_BYTES = 64 * 1024
 """Largest msgpack header in front of a tensor on a stream."""
 MAX_LINEAGE_BYTES = 32
 """A stage copy's lineage in an averaging header (`swarm.stage_group.lineage`)."""
+MAX_CHUNKS = 1 << 16
+"""Pieces of one chunked stage-group message (`swarm.peer.message_chunks`: 4 TiB in 64 MiB pieces)."""
 MAX_TENSOR_BYTES = 1 << 30
 """Largest tensor a peer accepts on a stream (1 GiB: a 1.5B-class activation at ctx 4096 is ~270 MB)."""
 MAX_TENSOR_NDIM = 8

@@ -37,6 +37,7 @@ from swarm.constants import (
     MAX_ADDRESS_CHARS,
     MAX_ADDRESSES,
     MAX_CERT_BYTES,
+    MAX_CHUNKS,
     MAX_HEADER_BYTES,
     MAX_LINEAGE_BYTES,
     MAX_LINKS,
@@ -212,6 +213,10 @@ class HopHeader:
     without accumulating."""
     lineage: bytes = b""
     """AVERAGE messages: the sender's stage copy's lineage (`swarm.stage_group.lineage`; empty = unknown)."""
+    chunk: int = 0
+    chunks: int = 1
+    """AVERAGE and STATE messages too large for one message travel as `chunks` pieces, this one number `chunk`
+    (`swarm.peer.message_chunks`)."""
     version: int = WIRE_VERSION
 
     @property
@@ -246,6 +251,8 @@ class HopHeader:
             d["counted"] = list(self.counted)
         if self.lineage:
             d["lineage"] = self.lineage
+        if self.chunks != 1:
+            d["chunk"], d["chunks"] = self.chunk, self.chunks
         return pack(d)
 
     @classmethod
@@ -262,6 +269,7 @@ class HopHeader:
             raise WireError(f"header.stages: {len(stages)} stages for a route of {len(route)} peers")
         direction = read_int(d.get("direction"), "header.direction", 0, len(Direction) - 1)
         restore = read_str(d.get("restore_dtype", ""), "header.restore_dtype", 16, allow_empty=True)
+        chunks = read_int(d.get("chunks", 1), "header.chunks", 1, MAX_CHUNKS)
         desc = TensorDescriptor._from_fields(d, "header", max_tensor_bytes)
         if restore:
             check_restore(desc.dtype, restore)
@@ -283,6 +291,8 @@ class HopHeader:
             counted=tuple(read_int(s, "header.counted[]", 1, MAX_STAGES - 1)
                           for s in read_list(d.get("counted", []), "header.counted", MAX_STAGES)),
             lineage=read_bytes(d.get("lineage", b""), "header.lineage", MAX_LINEAGE_BYTES),
+            chunk=read_int(d.get("chunk", 0), "header.chunk", 0, chunks - 1),
+            chunks=chunks,
             version=version,
         )
 

@@ -198,8 +198,9 @@ def start(config_path, run_id, iterations, min_peers, stages, skip, seed, microb
 @click.option("--join-timeout", type=click.FloatRange(min=1, max=86400), default=120.0, show_default=True,
               help="seconds to wait for the run spec and for a schedule that places this peer")
 @click.option("--state-timeout", type=click.FloatRange(min=1, max=86400), default=120.0, show_default=True,
-              help="seconds a joiner waits for its stage's state from the stage's peers before it gives the "
-                   "placement up and is placed elsewhere")
+              help="seconds a joiner waits for its stage's state from the stage's peers (counted from the last "
+                   "piece received, while a large state comes in pieces) before it gives the placement up and is "
+                   "placed elsewhere")
 @click.option("--log-file", type=click.Path(dir_okay=False), default=None)
 @click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING"]), default="INFO")
 @click.option("--log-param-digest", is_flag=True, help="log a digest of the stage's weights after each step")

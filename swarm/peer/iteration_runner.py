@@ -45,6 +45,7 @@ from swarm.run_config import RunConfig
 from swarm.stage_group.allgather import GroupRound, average_stage_group
 from swarm.stage_group.lineage import chain, judge
 from swarm.stage_group.mending import mend
+from swarm.wire import Direction
 
 logger = logging.getLogger(__name__)
 
@@ -160,14 +161,14 @@ class IterationRunner:
             visits, heard = session.average_with_hivemind(len(group), self.averaging_deadline)
         else:
             round_ = average_stage_group(me=self.peer_id, worker=worker, group=group, run_id=self.run_id,
-                                                iteration=iteration, epoch=schedule.epoch, send=self.outbox.send,
-                                                receive=lambda t: self.inbox.receive("average", t),
-                                                deadline=self.averaging_deadline, scheduled=schedule.visits(),
-                                                left_out=self.follower.left_out(iteration),
-                                                alive=self._worth_waiting_for, hold=self.inbox.hold,
-                                                faulty=lambda suspect, why: self.reports.faulty(
-                                                    suspect, iteration, schedule.epoch, why),
-                                                lineage=session.lineage)
+                                         iteration=iteration, epoch=schedule.epoch, send=self.outbox.send,
+                                         receive=lambda t: self.inbox.receive("average", t),
+                                         deadline=self.averaging_deadline, scheduled=schedule.visits(),
+                                         left_out=self.follower.left_out(iteration),
+                                         alive=self._worth_waiting_for, hold=self.inbox.hold,
+                                         faulty=lambda suspect, why: self.reports.faulty(
+                                             suspect, iteration, schedule.epoch, why),
+                                         lineage=session.lineage)
             visits, heard = round_.visits, round_.heard
         t2 = time.perf_counter()
         self.timeline.record("average", time.time() - (t2 - t1), time.time(), iteration=iteration)
@@ -209,7 +210,8 @@ class IterationRunner:
             mended = mend(me=self.peer_id, worker=session.worker, verdict=replace(verdict, strays=due),
                           run_id=self.run_id, iteration=iteration, epoch=schedule.epoch, send=self.outbox.send,
                           receive=lambda t: self.inbox.receive("state", t), timeout=self.averaging_deadline,
-                          expect=self.checks.expect_state if self.checks is not None else None)
+                          expect=self.checks.expect_state if self.checks is not None else None,
+                          progress=lambda: self.inbox.assembly.arrived[Direction.STATE])
             if mended is not None and self.checks is not None:
                 self.checks.online()  # takes no more state from anyone
         session.lineage = chain(mine, verdict, mended, iteration, round_.contributors)

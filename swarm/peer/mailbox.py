@@ -10,6 +10,7 @@ while too many are pending.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -21,11 +22,12 @@ from typing import Literal
 
 import torch
 
-from swarm.constants import INBOX_SIZE, MAX_BUFFERED_MESSAGES, OUTBOX_SIZE, SEND_CONCURRENCY
+from swarm.constants import INBOX_SIZE, MAX_BUFFERED_MESSAGES, MAX_TENSOR_BYTES, OUTBOX_SIZE, SEND_CONCURRENCY
 from swarm.net.delivery import Inbound, Undelivered
 from swarm.net.transport import MessageRefused, PeerUnreachable, Transport, TransportError
 from swarm.peer.attempts import Requeue
 from swarm.peer.faults import Tamper
+from swarm.peer.message_chunks import CHUNK_BYTES, Reassembly, cut
 from swarm.peer.message_padding import MessagePadding
 from swarm.peer.timeline import Timeline
 from swarm.wire import Direction, HopHeader
@@ -77,6 +79,8 @@ class Inbox:
         """Whether the owner serves its stage (a state transfer it did not use is void an iteration later)."""
         self.newest_epoch = 0
         """The newest epoch a held message was sent under."""
+        self.assembly = Reassembly(MAX_TENSOR_BYTES)
+        """Pieces of chunked stage-group messages; the owner sizes it to its run's model (`largest_stage_message`)."""
 
     def consumer(self, kind: Kind) -> Callable[[str, HopHeader, torch.Tensor], None]:
         """The transport's consumer of channel `kind`: its messages into this inbox (see `put`)."""
@@ -190,6 +194,10 @@ class Inbox:
             if it == self.iteration:
                 self._buckets[(it, "hop")].append(m)
             return
+        if m.header.chunks > 1:
+            m = self.assembly.add(m)  # the whole message once its last piece is in
+            if m is None:
+                return
         it = m.header.iteration
         kind = KIND_OF[m.header.direction]
         if kind == "state":
@@ -220,14 +228,16 @@ class Outbox:
     :param wire_dtype: the run's compression of pipeline tensors (float32 = none)
     :param failed: called with (peer, unreachable) when a send fails, before the message comes back
     :param tamper: changes every message before it is sent (`swarm.peer.faults`: a peer misbehaving on purpose)
+    :param chunk_bytes: stage-group messages larger than this go as pieces (`swarm.peer.message_chunks`)
     """
 
     THREADS: dict[Kind, int] = {"hop": SEND_CONCURRENCY, "average": 2, "state": SEND_CONCURRENCY}
 
     def __init__(self, transport: Callable[[], Transport | None], inbox: Inbox, timeline: Timeline, *,
                  wire_dtype: str = "float32", failed: Callable[[str, bool], None] | None = None,
-                 tamper: Tamper | None = None) -> None:
+                 tamper: Tamper | None = None, chunk_bytes: int = CHUNK_BYTES) -> None:
         self._transport, self._inbox, self._timeline, self._tamper = transport, inbox, timeline, tamper
+        self.chunk_bytes = chunk_bytes
         self.wire_dtype = wire_dtype
         self.padding: MessagePadding | None = None
         """Pads pipeline tensors to the run's emulated message size (`swarm.message_bytes`), None = sent as is."""
@@ -239,7 +249,8 @@ class Outbox:
         self._lanes_lock = threading.Lock()
 
     def send(self, peer: str, header: HopHeader, tensor: torch.Tensor) -> Future[bool]:
-        """Queue a message for `peer`; the future says whether it was delivered."""
+        """Queue a message for `peer`; the future says whether it was delivered (a stage-group message too large for
+        one goes as several pieces: `swarm.peer.message_chunks`; delivered once all of them are)."""
         plain = header.direction in (Direction.AVERAGE, Direction.STATE) or self.wire_dtype == "float32"
         wire = None if plain else self.wire_dtype
         if header.direction in PIPELINE:
@@ -251,31 +262,34 @@ class Outbox:
                 withheld.set_result(True)
                 return withheld
             header, tensor = tampered
-
-        def deliver() -> bool:
-            try:
-                transport = self._transport()
-                if transport is None:
-                    raise TransportError("the transport is shut down")
-                start = time.time()
-                padded = self.padding.pad(tensor) if self.padding and header.direction in PIPELINE else tensor
-                transport.send(peer, header, padded, wire_dtype=wire)
-                self._timeline.record(f"send_{header.direction.name.lower()}", start, time.time(), to=peer,
-                                      microbatch=header.microbatch, iteration=header.iteration,
-                                      bytes=padded.numel() * padded.element_size())
-                return True
-            except (TransportError, ValueError) as e:
-                logger.warning("could not send %s of microbatch %d to %s: %s", header.direction.name.lower(),
-                               header.microbatch, peer, e)
-                unreachable = isinstance(e, PeerUnreachable)
-                if self._failed is not None and not isinstance(e, MessageRefused):  # it answered: reachable
-                    self._failed(peer, unreachable)
-                if header.direction in PIPELINE:
-                    self._inbox.signal(Undelivered(peer, header, tensor, unreachable=unreachable))
-                return False
-
         kind = KIND_OF[header.direction]
-        return self.submit(deliver, kind, lane=peer if kind == "state" else None)
+        sent = [self.submit(functools.partial(self._deliver, peer, h, t, wire), kind,
+                            lane=peer if kind == "state" else None) for h, t in cut(header, tensor, self.chunk_bytes)]
+        return sent[0] if len(sent) == 1 else all_delivered(sent)
+
+    def _deliver(self, peer: str, header: HopHeader, tensor: torch.Tensor, wire: str | None) -> bool:
+        """Send one message on this sender thread; whether it was delivered (a pipeline message that was not comes
+        back to the inbox as `Undelivered`)."""
+        try:
+            transport = self._transport()
+            if transport is None:
+                raise TransportError("the transport is shut down")
+            start = time.time()
+            padded = self.padding.pad(tensor) if self.padding and header.direction in PIPELINE else tensor
+            transport.send(peer, header, padded, wire_dtype=wire)
+            self._timeline.record(f"send_{header.direction.name.lower()}", start, time.time(), to=peer,
+                                  microbatch=header.microbatch, iteration=header.iteration,
+                                  bytes=padded.numel() * padded.element_size())
+            return True
+        except (TransportError, ValueError) as e:
+            logger.warning("could not send %s of microbatch %d to %s: %s", header.direction.name.lower(),
+                           header.microbatch, peer, e)
+            unreachable = isinstance(e, PeerUnreachable)
+            if self._failed is not None and not isinstance(e, MessageRefused):  # it answered: reachable
+                self._failed(peer, unreachable)
+            if header.direction in PIPELINE:
+                self._inbox.signal(Undelivered(peer, header, tensor, unreachable=unreachable))
+            return False
 
     def submit(self, job: Callable[[], bool], kind: Kind = "hop", *, lane: str | None = None) -> Future[bool]:
         """Run `job` on a sender thread of `kind` (waits while OUTBOX_SIZE jobs of that kind are pending). Jobs of
@@ -329,3 +343,25 @@ class Outbox:
                 for _, future in queued:
                     future.cancel()
             self._lanes.clear()
+
+
+def all_delivered(futures: list[Future[bool]]) -> Future[bool]:
+    """A future that is True once every one of `futures` is, False as soon as one is not (or fails)."""
+    out: Future[bool] = Future()
+    left = [len(futures)]
+    lock = threading.Lock()
+
+    def done(f: Future[bool]) -> None:
+        ok = not f.cancelled() and f.exception() is None and bool(f.result())
+        with lock:
+            if out.done():
+                return
+            left[0] -= 1
+            if not ok:
+                out.set_result(False)
+            elif not left[0]:
+                out.set_result(True)
+
+    for f in futures:
+        f.add_done_callback(done)
+    return out

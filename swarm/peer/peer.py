@@ -57,6 +57,7 @@ from swarm.peer.iteration_runner import IterationRunner, commit_timeout
 from swarm.peer.link_watch import LinkWatch
 from swarm.peer.mailbox import Inbox, Outbox
 from swarm.peer.members import Members
+from swarm.peer.message_chunks import largest_stage_message
 from swarm.peer.message_padding import MessagePadding
 from swarm.peer.options import PeerOptions, trusted_coordinator
 from swarm.peer.pipeline import IterationAborted, IterationTimeout
@@ -208,8 +209,8 @@ class Peer:
         spec = await_run_spec(records, trusted_coordinator(o.initial_peers, o.coordinator), stop, o.join_timeout)
         if spec is None:
             return False
-        self.config, self.model_config = RunConfig.from_spec(spec)
-        self.spec = spec
+        (self.config, self.model_config), self.spec = RunConfig.from_spec(spec), spec
+        self.inbox.assembly.max_bytes = largest_stage_message(self.model_config, self.config.stages)
         if node.reachability == "relayed" and self.config.averaging == "hivemind":
             raise UnsuitedRun(f"this peer is relayed and cannot join run {o.run_id}: {NOT_OVER_RELAYS}")
         self.members = Members(self.peer_id, o.run_id, o.token, self._issuers)

@@ -46,7 +46,7 @@ from swarm.stage_group.state_transfer import (
     send_state,
     state_senders,
 )
-from swarm.wire import HopHeader, PeerState
+from swarm.wire import Direction, HopHeader, PeerState
 
 logger = logging.getLogger(__name__)
 
@@ -162,8 +162,8 @@ class StageKeeper:
 
         senders, needed = electorate()
         parts = receive_agreed_state(self.worker, lambda t: self.inbox.receive("state", t, any_iteration=True),
-                                     senders=senders, needed=needed, timeout=self.state_timeout,
-                                     electorate=electorate)
+                                     senders=senders, needed=needed, timeout=self.state_timeout, electorate=electorate,
+                                     progress=lambda: self.inbox.assembly.arrived[Direction.STATE])
         steps = load_state(self.worker, parts)
         logger.info("loaded stage %d's state (step %d) from a same-stage peer", self.stage, steps,
                     extra=event("stage_loaded", stage=self.stage, source="peer", steps=steps))

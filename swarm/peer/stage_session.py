@@ -37,6 +37,7 @@ from swarm.peer.members import NotAdmitted
 from swarm.run_config import RunConfig
 from swarm.stage_group.allgather import flatten, unflatten
 from swarm.stage_group.state_transfer import check_flat_state, state_parts, unflatten_weights
+from swarm.wire import Direction
 
 logger = logging.getLogger(__name__)
 
@@ -197,10 +198,14 @@ def restore_source(schedule: Schedule, peer: str) -> str | None:
 def receive_state(inbox: Inbox, schedule: Schedule, stage: int, source: str | None, timeout: float
                   ) -> dict[int, Inbound]:
     """The two parts of a stage's state, from a peer of `stage` in `schedule` (or from `source`, whatever its
-    stage); state from anyone else is dropped. Raises TimeoutError if they do not come within `timeout`."""
+    stage); state from anyone else is dropped. Raises TimeoutError if they do not come within `timeout` (after the
+    last piece of a state too large for one message, while its pieces come)."""
     end = time.monotonic() + timeout
     parts: dict[int, Inbound] = {}
+    arrived = inbox.assembly.arrived[Direction.STATE]
     while len(parts) < 2 and time.monotonic() < end:
+        if inbox.assembly.arrived[Direction.STATE] != arrived:  # pieces of a large state: still coming
+            arrived, end = inbox.assembly.arrived[Direction.STATE], time.monotonic() + timeout
         for m in inbox.receive("state", 0.5, any_iteration=True):
             same_stage = schedule.placement.get(m.sender) == stage
             if m.sender == source or (source is None and same_stage):

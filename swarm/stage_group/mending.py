@@ -23,7 +23,8 @@ logger = logging.getLogger(__name__)
 
 def mend(*, me: str, worker: StageWorker, verdict: Verdict, run_id: str, iteration: int, epoch: int, send: Send,
          receive: Callable[[float], list[Inbound]], timeout: float,
-         expect: Callable[[Collection[str]], None] | None = None, voices: int = 2) -> bool | None:
+         expect: Callable[[Collection[str]], None] | None = None, voices: int = 2,
+         progress: Callable[[], int] | None = None) -> bool | None:
     """This member's part in mending its group after the step of `iteration`'s round.
 
     :param send: the transport's send (STATE messages); a holder's sends are not waited for
@@ -31,6 +32,7 @@ def mend(*, me: str, worker: StageWorker, verdict: Verdict, run_id: str, iterati
     :param timeout: seconds a stray waits for a state enough holders agree on
     :param expect: told the holders before a stray waits (the transport takes stage state only from peers named)
     :param voices: holders whose digests must agree (fewer where fewer hold the group's lineage)
+    :param progress: state bytes received so far, pieces included: the wait lasts `timeout` past the last of them
     :returns: None for a member with nothing to take (a holder, or no strays), True for a stray that loaded the
       holders' state, False for one whose state did not come or did not fit (it keeps its own)
     """
@@ -49,12 +51,16 @@ def mend(*, me: str, worker: StageWorker, verdict: Verdict, run_id: str, iterati
         return None
     if me not in verdict.strays:
         return None
-    if expect is not None:
-        expect(verdict.holders)
     needed = min(voices, len(verdict.holders))
+
+    def electorate() -> tuple[Collection[str], int]:  # the transport takes their state while this one waits
+        if expect is not None:
+            expect(verdict.holders)
+        return verdict.holders, needed
+
     try:
         steps = load_state(worker, receive_agreed_state(worker, receive, senders=verdict.holders, needed=needed,
-                                                        timeout=timeout))
+                                                        timeout=timeout, electorate=electorate, progress=progress))
     except (TimeoutError, WorkerError) as e:
         logger.warning("stage %d: this copy went another way than %s's and their state did not come: %s",
                        worker.stage, ", ".join(verdict.holders), e,

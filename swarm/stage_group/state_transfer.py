@@ -153,7 +153,8 @@ def load_state(worker: StageWorker, messages: Mapping[int, Inbound]) -> int:
 
 def receive_agreed_state(worker: StageWorker, receive: Callable[[float], list[Inbound]], *, senders: Collection[str],
                          needed: int, timeout: float,
-                         electorate: Callable[[], tuple[Collection[str], int]] | None = None) -> dict[int, Inbound]:
+                         electorate: Callable[[], tuple[Collection[str], int]] | None = None,
+                         progress: Callable[[], int] | None = None) -> dict[int, Inbound]:
     """Parts 0 and 1 of a state for `worker`'s stage whose digest `needed` of `senders` agree on (a sender of the
     whole state, checked by `check_state`, vouches for its digest; a sender of part 2 for the digest it sent). Two
     whole states within `STATE_TOLERANCE` of each other vouch for each other: members on different hardware (a GPU
@@ -162,6 +163,10 @@ def receive_agreed_state(worker: StageWorker, receive: Callable[[float], list[In
     `electorate`, if given, is asked before each read for the senders and the voices needed now: a re-plan of the
     joiner's iteration names fewer veterans once one is taken for gone (a frozen veteran must not hold a joiner up
     past its declaration), and what a sender no longer named said stops counting. It may raise to stop the wait.
+
+    `progress`, if given, counts the state bytes received so far (the pieces of a state too large for one message
+    included: `swarm.peer.message_chunks`): the wait then ends `timeout` seconds after the last of them, so that a
+    large state on a slow link is not given up on while it is still coming.
 
     State from anyone else, state that fails `check_state` and a second copy from one sender are refused (a
     `state_refused` event each). Raises TimeoutError if no state gathers `needed` voices within `timeout`.
@@ -177,7 +182,10 @@ def receive_agreed_state(worker: StageWorker, receive: Callable[[float], list[In
                        extra=event("state_refused", stage=worker.stage, sender=sender, why=why))
 
     end = time.monotonic() + timeout
+    arrived = progress() if progress is not None else 0
     while time.monotonic() < end:
+        if progress is not None and progress() != arrived:
+            arrived, end = progress(), time.monotonic() + timeout
         if electorate is not None:
             senders, needed = electorate()
         for m in receive(min(0.5, max(0.0, end - time.monotonic()))):

@@ -55,7 +55,7 @@ def repack(data: bytes, **changes) -> bytes:
 # ---- round trips -------------------------------------------------------------------------------------------------
 def test_records_round_trip():
     h = header(restore_dtype="float32", dtype="bfloat16", sent_at=1796055206.4553084, attempt=2,
-               counted=(1, 3), lineage=bytes(range(16)))
+               counted=(1, 3), lineage=bytes(range(16)), chunk=2, chunks=5)
     assert HopHeader.from_msgpack(h.to_msgpack()) == h
     assert h.origin == PEER_A and h.target == PEER_B
     rec = PeerRecord(peer_id=PEER_A, stage=0, seconds_per_layer=0.01, memory_slots=3,
@@ -140,6 +140,9 @@ def test_oversized_message_rejected_before_unpacking():
     ({"counted": [1] * 1000}, "counted"),
     ({"lineage": "ab"}, "lineage"),
     ({"lineage": b"x" * 33}, "lineage"),
+    ({"chunks": 0}, "chunks"),
+    ({"chunks": 1 << 20}, "chunks"),
+    ({"chunk": 1}, "chunk"),
     ({"version": WIRE_VERSION + 1}, "version"),
     ({"version": ...}, "version"),
     ({"run": ...}, "run"),

@@ -3,6 +3,8 @@ exactly; a transfer from another stage's layout, or an incomplete one, is refuse
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -11,7 +13,7 @@ from peers.model import ModelConfig
 from peers.optim import OptimConfig
 from peers.worker import StageWorker, WorkerError
 from swarm.net.delivery import Inbound
-from swarm.stage_group.state_transfer import load_state, send_state
+from swarm.stage_group.state_transfer import load_state, receive_agreed_state, send_state
 from swarm.wire import Direction, HopHeader
 
 MICRO = ModelConfig(vocab_size=64, dim=16, n_layers=4, n_heads=2, ffn_dim=32, max_seq_len=16)
@@ -74,3 +76,24 @@ def test_state_of_another_stage_or_an_incomplete_transfer_is_refused():
     parts = transferred(stepped(stage=1, steps=1))
     with pytest.raises(WorkerError, match="parts 0 and 1"):
         load_state(worker("joiner", 1), {0: parts[0]})
+
+
+def test_a_large_state_still_coming_in_pieces_is_waited_for_past_the_timeout():
+    """A state too large for one message arrives in pieces, which the receiver's inbox counts before the whole
+    message is filed: the wait lasts `timeout` past the last piece, not from its start."""
+    sender = stepped(stage=1, steps=2)
+    parts, arrived, start = transferred(sender), [0], time.monotonic()
+
+    def receive(timeout: float) -> list[Inbound]:
+        time.sleep(min(timeout, 0.1))
+        elapsed = time.monotonic() - start
+        arrived[0] = int(elapsed * 10) if elapsed < 1.5 else arrived[0]  # a piece every 0.1 s, for 1.5 s
+        return list(parts.values()) if elapsed >= 1.5 else []
+
+    got = receive_agreed_state(worker("joiner", 1), receive, senders=["sender"], needed=1, timeout=0.5,
+                               progress=lambda: arrived[0])
+    assert set(got) == {0, 1} and time.monotonic() - start >= 1.5
+    start, arrived[0] = time.monotonic(), 0
+    with pytest.raises(TimeoutError):  # nothing coming: given up after the timeout
+        receive_agreed_state(worker("joiner", 1), lambda t: time.sleep(min(t, 0.1)) or [], senders=["sender"],
+                             needed=1, timeout=0.5, progress=lambda: 0)
