@@ -16,6 +16,10 @@ MAX_HEADER_BYTES = 64 * 1024
 """Largest msgpack header in front of a tensor on a stream."""
 MAX_LINEAGE_BYTES = 32
 """A stage copy's lineage in an averaging header (`swarm.stage_group.lineage`)."""
+CHUNK_BYTES = 64 << 20
+"""Default piece size of a stage-group message too large for one (`swarm.chunk_bytes`): a few seconds to half a
+minute on a 2-20 MB/s volunteer link, well within one message's deadline."""
+MIN_CHUNK_BYTES = 64 << 10
 MAX_CHUNKS = 1 << 16
 """Pieces of one chunked stage-group message (`swarm.peer.message_chunks`: 4 TiB in 64 MiB pieces)."""
 MAX_TENSOR_BYTES = 1 << 30

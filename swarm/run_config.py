@@ -36,6 +36,7 @@ profile = ""            # plan on a network preset instead of the measured links
 planner = "skippipe"    # or skippipe-no-collision / full-pipeline / random-skip / swarm (baselines, for benchmarks)
 rebalance = true        # a survivor may move to a stage group a departure left the bottleneck
 message_bytes = 0       # emulation: pad each activation and gradient to this many bytes (0 = their own size)
+chunk_bytes = 67108864  # stage gradients and state larger than this travel in pieces of this size (64 MiB)
 ```
 """
 
@@ -56,6 +57,7 @@ from peers.stage import balanced_split
 from peers.train_config import TrainConfig
 from scheduler.constants import DEFAULT_MEMORY_SLOTS
 from scheduler.path_rules import never_trained_stages
+from swarm.constants import CHUNK_BYTES, MAX_TENSOR_BYTES, MIN_CHUNK_BYTES
 from swarm.wire import RunSpec
 
 WireDtype = Literal["float32", "float16", "bfloat16"]
@@ -112,6 +114,10 @@ class RunConfig:
     """Emulation: pad every activation and gradient on the wire with zero rows (along the batch) to at least this
     many bytes, so a small model's run carries a bigger model's messages (`wire_activation_shape`); the planner's
     cost tables and the peers' link probes use the same size. 0 = the messages' own size."""
+    chunk_bytes: int = CHUNK_BYTES
+    """Stage-group messages (a stage's gradients, its state for a joiner) larger than this travel in pieces of at
+    most this size (`swarm.peer.message_chunks`): smaller pieces for slower links, each within one message's
+    deadline."""
     heartbeat: float = 2.0
     """Seconds between a peer's record refreshes; a record expires after three missed ones (failure detection)."""
     averaging: Averaging = "allgather"
@@ -158,6 +164,10 @@ class RunConfig:
                 not 0 <= self.message_bytes <= MAX_MESSAGE_BYTES:
             raise ValueError(f"swarm.message_bytes must be an integer in [0, {MAX_MESSAGE_BYTES}], got "
                              f"{self.message_bytes!r}")
+        if isinstance(self.chunk_bytes, bool) or not isinstance(self.chunk_bytes, int) or \
+                not MIN_CHUNK_BYTES <= self.chunk_bytes <= MAX_TENSOR_BYTES:
+            raise ValueError(f"swarm.chunk_bytes must be an integer in [{MIN_CHUNK_BYTES}, {MAX_TENSOR_BYTES}], got "
+                             f"{self.chunk_bytes!r}")
         if isinstance(self.heartbeat, bool) or not isinstance(self.heartbeat, (int, float)) or \
                 not 0.2 <= self.heartbeat <= 60:
             raise ValueError(f"swarm.heartbeat must be 0.2-60 seconds, got {self.heartbeat!r}")
@@ -303,6 +313,8 @@ class RunConfig:
                                                "averaging", "heartbeat", "planner", "rebalance")}
         if self.message_bytes:  # a spec without it stays readable by peers that predate it
             hyper["message_bytes"] = self.message_bytes
+        if self.chunk_bytes != CHUNK_BYTES:  # likewise
+            hyper["chunk_bytes"] = self.chunk_bytes
         hyper["init_weights"] = list(self.init_weights)
         hyper["optim"] = dataclasses.asdict(self.optim)
         hyper["train"] = self.train.to_dict()

@@ -22,12 +22,19 @@ from typing import Literal
 
 import torch
 
-from swarm.constants import INBOX_SIZE, MAX_BUFFERED_MESSAGES, MAX_TENSOR_BYTES, OUTBOX_SIZE, SEND_CONCURRENCY
+from swarm.constants import (
+    CHUNK_BYTES,
+    INBOX_SIZE,
+    MAX_BUFFERED_MESSAGES,
+    MAX_TENSOR_BYTES,
+    OUTBOX_SIZE,
+    SEND_CONCURRENCY,
+)
 from swarm.net.delivery import Inbound, Undelivered
 from swarm.net.transport import MessageRefused, PeerUnreachable, Transport, TransportError
 from swarm.peer.attempts import Requeue
 from swarm.peer.faults import Tamper
-from swarm.peer.message_chunks import CHUNK_BYTES, Reassembly, cut
+from swarm.peer.message_chunks import Reassembly, cut
 from swarm.peer.message_padding import MessagePadding
 from swarm.peer.timeline import Timeline
 from swarm.wire import Direction, HopHeader

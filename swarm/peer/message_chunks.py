@@ -3,9 +3,10 @@
 A stage's gradients (AVERAGE) and state (STATE parts) grow with the model: the first of six stages of the 1.5B
 model holds 349M parameters, 1.3 GiB of float32 gradients and 2.6 GiB of AdamW moments, past what a receiver takes
 in one message (`MAX_TENSOR_BYTES`, checked before it allocates) and past what a slow link sends within one
-message's deadline. The outbox cuts such a flat tensor into `chunks` pieces of at most `CHUNK_BYTES` (`cut`), sent as
-separate messages (`HopHeader.chunk`, `HopHeader.chunks`); the inbox keeps the pieces of each series until all have
-arrived and files the whole message (`Reassembly`), so whoever receives it sees one message, as before.
+message's deadline. The outbox cuts such a flat tensor into `chunks` pieces of at most the run's `swarm.chunk_bytes`
+(`cut`), sent as separate messages (`HopHeader.chunk`, `HopHeader.chunks`); the inbox keeps the pieces of each
+series until all have arrived and files the whole message (`Reassembly`), so whoever receives it sees one message,
+as before.
 
 A receiver holds at most one unfinished series per sender, direction and part, of at most `max_bytes` in all (the
 run's largest stage message: `largest_stage_message`): a new series replaces an unfinished one (its sender died
@@ -25,14 +26,12 @@ import torch
 
 from peers.model import ModelConfig
 from peers.stage import balanced_split, stage_template
+from swarm.constants import CHUNK_BYTES
 from swarm.net.delivery import Inbound
 from swarm.wire import Direction, HopHeader
 
 logger = logging.getLogger(__name__)
 
-CHUNK_BYTES = 64 << 20
-"""Largest piece of a stage-group message on the wire: a few seconds to half a minute on a 2-20 MB/s volunteer
-link, well within one message's deadline."""
 CHUNKED = (Direction.AVERAGE, Direction.STATE)
 """Directions whose messages are cut (pipeline messages are activations: never near the limit)."""
 OPTIMIZER_BYTES_PER_PARAM = 8

@@ -211,6 +211,7 @@ class Peer:
             return False
         (self.config, self.model_config), self.spec = RunConfig.from_spec(spec), spec
         self.inbox.assembly.max_bytes = largest_stage_message(self.model_config, self.config.stages)
+        self.outbox.chunk_bytes = self.config.chunk_bytes
         if node.reachability == "relayed" and self.config.averaging == "hivemind":
             raise UnsuitedRun(f"this peer is relayed and cannot join run {o.run_id}: {NOT_OVER_RELAYS}")
         self.members = Members(self.peer_id, o.run_id, o.token, self._issuers)

@@ -3,10 +3,14 @@ one stage mate whole and never the other, then it kills itself. The first mate a
 without, so their copies of the stage differ from that step on. Before, they stayed apart for the rest of the run
 (and a joiner of the stage could hear no two veterans agree). Now the next round's lineages show the split, the
 stray copy takes the other's state, and the two hold the same weights again, bit for bit.
+
+The run's `swarm.chunk_bytes` is set below the stage's gradient size, so the averaging and the mending state travel
+in pieces (`swarm.peer.message_chunks`), as a large model's do.
 """
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -23,7 +27,8 @@ MATES = (2, 3)
 ITERATIONS = 12
 COORDINATOR_ARGS = ["--iterations", str(ITERATIONS), "--min-peers", str(len(PINS)), "--stages", "3", "--skip", "0",
                     "--seed", "0", "--microbatches", "3"]
-CONFIG = "[swarm]\nheartbeat = 1.0\nrebalance = false\n"  # nobody moves: the stage mates stay on stage 1
+CHUNK = 256 * 1024  # stage 1's gradients are 1.6 MB, its state 4.8 MB: in pieces
+CONFIG = f"[swarm]\nheartbeat = 1.0\nrebalance = false\nchunk_bytes = {CHUNK}\n"  # nobody moves: mates stay on stage 1
 
 
 def test_stage_mates_split_by_a_death_mid_round_hold_the_same_weights_again_the_round_after(tmp_path):
@@ -56,3 +61,9 @@ def test_stage_mates_split_by_a_death_mid_round_hold_the_same_weights_again_the_
     mended = [e for i in MATES for e in swarm.events("stage_mended", who=f"peer-{i:02d}")]
     assert [(e["iteration"], e["loaded"]) for e in mended] == [(split[0] + 1, True)], mended
     assert both[-1] >= ITERATIONS - 2 and both[-1] > split[0] + 1, both
+    # the gradients and the state went in pieces
+    sends = [json.loads(line) for i in MATES for line in (run_dir / f"peer-{i:02d}.trace.jsonl").open()
+             if '"send_' in line]
+    for kind in ("send_average", "send_state"):
+        sizes = {e["bytes"] for e in sends if e["kind"] == kind}
+        assert sizes and max(sizes) <= CHUNK, (kind, sizes)  # each message alone would be larger

@@ -17,6 +17,7 @@ from swarm.net.delivery import Inbound
 from swarm.peer.mailbox import Inbox, Outbox
 from swarm.peer.message_chunks import Reassembly, cut, largest_stage_message
 from swarm.peer.timeline import Timeline
+from swarm.run_config import RunConfig
 from swarm.wire import Direction, HopHeader
 from tests.utils.swarm_workers import TRANSPORT_RUN
 
@@ -122,3 +123,17 @@ def test_the_inbox_files_a_chunked_message_once_whole():
     inbox.put(last, "average")
     (whole,) = inbox.receive("average", 1.0)
     assert torch.equal(whole.tensor, flat) and whole.header.chunks == 1
+
+
+@pytest.mark.parametrize("bad", [0, 1024, MAX_TENSOR_BYTES + 1, 2.5, True, "64M"])
+def test_the_runs_piece_size_is_checked_and_travels_in_its_spec(bad):
+    cfg = RunConfig.from_tables({"run": {"model": "tiny"}, "swarm": {"chunk_bytes": 1 << 20}})
+    again, _ = RunConfig.from_spec(cfg.to_spec(coordinator="c", vocab_size=4096))
+    assert again.chunk_bytes == 1 << 20
+    default = RunConfig.from_tables({"run": {"model": "tiny"}})
+    assert "chunk_bytes" not in default.to_spec(coordinator="c", vocab_size=4096).hyperparameters
+    with pytest.raises(ValueError, match="chunk_bytes"):
+        RunConfig.from_tables({"run": {"model": "tiny"}, "swarm": {"chunk_bytes": bad}})
+    spec = cfg.to_spec(coordinator="c", vocab_size=4096)
+    with pytest.raises(ValueError, match="chunk_bytes"):  # a run spec is untrusted too
+        RunConfig.from_spec(replace(spec, hyperparameters={**spec.hyperparameters, "chunk_bytes": bad}))
