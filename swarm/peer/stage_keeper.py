@@ -291,8 +291,9 @@ class StageKeeper:
         return 1 if self.config.averaging == "hivemind" else 2
 
     def _receive_state(self, schedule: Schedule, source: str | None, timeout: float) -> dict[int, Inbound]:
-        self._expect_state([source] if source is not None else state_senders(schedule, self.stage))
-        return receive_state(self.inbox, schedule, self.stage, source, timeout)
+        senders = [source] if source is not None else state_senders(schedule, self.stage)
+        return receive_state(self.inbox, schedule, self.stage, source, timeout,
+                             expect=lambda: self._expect_state(senders))
 
     def _expect_state(self, peers: list[str]) -> None:
         if self.checks is not None:

@@ -195,15 +195,18 @@ def restore_source(schedule: Schedule, peer: str) -> str | None:
     return source if isinstance(source, str) and source in schedule.placement else None
 
 
-def receive_state(inbox: Inbox, schedule: Schedule, stage: int, source: str | None, timeout: float
-                  ) -> dict[int, Inbound]:
+def receive_state(inbox: Inbox, schedule: Schedule, stage: int, source: str | None, timeout: float, *,
+                  expect: Callable[[], None] | None = None) -> dict[int, Inbound]:
     """The two parts of a stage's state, from a peer of `stage` in `schedule` (or from `source`, whatever its
     stage); state from anyone else is dropped. Raises TimeoutError if they do not come within `timeout` (after the
-    last piece of a state too large for one message, while its pieces come)."""
+    last piece of a state too large for one message, while its pieces come). `expect`, if given, is called before
+    each read: it names the senders to the transport, which takes their state only for a while after."""
     end = time.monotonic() + timeout
     parts: dict[int, Inbound] = {}
     arrived = inbox.assembly.arrived[Direction.STATE]
     while len(parts) < 2 and time.monotonic() < end:
+        if expect is not None:
+            expect()
         if inbox.assembly.arrived[Direction.STATE] != arrived:  # pieces of a large state: still coming
             arrived, end = inbox.assembly.arrived[Direction.STATE], time.monotonic() + timeout
         for m in inbox.receive("state", 0.5, any_iteration=True):
