@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import threading
 import time
+from concurrent.futures import Future
 
 import torch
 
 from swarm.constants import INBOX_SIZE, OUTBOX_SIZE
 from swarm.net.delivery import Inbound, Undelivered
-from swarm.peer.mailbox import MAX_ITERATIONS_AHEAD, Inbox, Outbox
+from swarm.peer.mailbox import MAX_ITERATIONS_AHEAD, Inbox, Outbox, all_delivered
 from swarm.peer.timeline import Timeline
 from swarm.wire import Direction, HopHeader
 
@@ -158,3 +159,20 @@ def test_a_joiner_holds_what_comes_before_its_placement_and_files_it_at_its_star
     inbox.adopt(2)
     assert [m.header.direction for m in inbox.receive("average", 0.0)] == [Direction.AVERAGE]
     assert [m.header.microbatch for m in inbox.receive("hop", 0.0)] == [4]
+
+
+def test_a_message_sent_in_pieces_is_delivered_once_every_piece_is_and_not_if_one_fails():
+    pieces = [Future() for _ in range(3)]
+    whole = all_delivered(pieces)
+    pieces[0].set_result(True)
+    pieces[2].set_result(True)
+    assert not whole.done()
+    pieces[1].set_result(True)
+    assert whole.result(timeout=1) is True
+    pieces = [Future() for _ in range(3)]
+    whole = all_delivered(pieces)
+    pieces[1].set_result(False)  # one piece lost: the message was not delivered, whatever the others do
+    assert whole.result(timeout=1) is False
+    pieces[0].set_result(True)
+    pieces[2].set_exception(RuntimeError("shut down"))
+    assert whole.result() is False
