@@ -366,15 +366,22 @@ def main() -> None:
                       f"joined, {churned['epochs']} epochs): keeps {share:.0%} ({at_plan:.0%} at equal plans); "
                       f"samples processed (times: count) steady {steady['samples_processed_times']}, churn "
                       f"{churned['samples_processed_times']}", flush=True)
+                if args.out:  # an interrupted benchmark keeps the runs it finished
+                    write_results(Path(args.out), args, corpus, None, results, complete=False)
     target = args.target_loss if args.target_loss is not None else default_target(results)
     summarize(results, methods, target)
     if args.plot and target is not None:
         plot(results, target, Path(args.plot))
     if args.out:
-        Path(args.out).write_text(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                                              "args": vars(args), "corpus": corpus, "target_loss": target,
-                                              "results": results},
-                                             indent=1))
+        write_results(Path(args.out), args, corpus, target, results, complete=True)
+
+
+def write_results(path: Path, args: argparse.Namespace, corpus: dict | None, target: float | None,
+                  results: list[dict], complete: bool) -> None:
+    """Write the runs so far as JSON; `complete` is false while repetitions remain (no target is chosen yet)."""
+    path.write_text(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "complete": complete,
+                                "args": vars(args), "corpus": corpus, "target_loss": target, "results": results},
+                               indent=1))
 
 
 if __name__ == "__main__":
