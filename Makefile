@@ -35,13 +35,15 @@ system-packages:
 # processes starting). The end-to-end swarms (marked slow) also run two at a time: each waits on its own deadlines
 # (heartbeats, dial timeouts, iteration budgets) rather than on a wall-clock figure, so sharing the cores slows
 # them (churn 120 s -> 190 s) but does not change what they detect; SLOW_TEST_WORKERS=1 runs them one at a time
+# (--dist loadfile: the tests of one file run on one worker, so that a module-scoped swarm is shared, not started
+# again on the other worker, where a test that reads what an earlier one checked would find nothing and skip).
 TEST_WORKERS ?= 2
 SLOW_TEST_WORKERS ?= 2
 
 test: $(STAMP) system-packages
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q -ra --durations=15 -m "not slow" -n $(TEST_WORKERS); rest=$$?; \
-		$(PY) -m pytest -q -ra --durations=25 -m slow -n $(SLOW_TEST_WORKERS); slow=$$?; \
+		$(PY) -m pytest -q -ra --durations=25 -m slow -n $(SLOW_TEST_WORKERS) --dist loadfile; slow=$$?; \
 		exit $$(( rest || slow ))
 
 bench: $(STAMP)
