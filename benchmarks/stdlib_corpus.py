@@ -10,8 +10,7 @@ Documents are whole modules, which makes the held-out split a set of unseen modu
 ones. They are written in a seeded shuffle of their sorted paths (`ORDER_SEED`): the same file on every run of one
 Python version, and a stream that does not drift from one package to the next: data holders read their documents in
 file order, so in path order every shard would read `asyncio` first and reach the `encodings` package's generated
-codec tables together, ~1M tokens in. The tokenizer, trained on the corpus's first megabytes, then sees the whole
-library too.
+codec tables together, ~1M tokens in.
 """
 
 from __future__ import annotations
