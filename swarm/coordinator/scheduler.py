@@ -158,12 +158,15 @@ class Scheduler:
         return self._publish(first)
 
     def resume(self, schedules: Iterable[Schedule], completed: int, records: Mapping[str, tuple[PeerRecord, float]],
-               now: float) -> list[Action]:
+               now: float, *, shard_positions: Mapping[str, dict] | None = None) -> list[Action]:
         """Take the role over from a dead scheduler whose epochs were `schedules`, `completed` iterations in: the
-        iteration in progress restarts under a new epoch of this scheduler's, so every holder reports it again."""
+        iteration in progress restarts under a new epoch of this scheduler's, so every holder reports it again.
+        `shard_positions` are those of the dead scheduler's last commit (None: the newest epoch's, as it planned
+        them), where the new epoch's shards start."""
         self.epochs = EpochHistory(schedules)
         self.completed = completed
-        self.commits = CommitTracker(self.schedule.meta.get("shard_positions", {}))
+        self.commits = CommitTracker(self.schedule.meta.get("shard_positions", {}) if shard_positions is None
+                                     else shard_positions)
         self._restart_reports.progress(now)
         peers = self.liveness.update(records, now)
         return self._replan({p: r for p, r in peers.items() if p in self.schedule.placement}, start=completed, now=now)
@@ -427,7 +430,10 @@ class Scheduler:
         self.completed += 1
         self._broken_at.clear()  # witnesses count within one iteration
         self._restart_reports.progress(now, record["iteration_seconds"])
-        return [Announce(commit), RecordIteration(record)]
+        # the record is written before the commit is announced (a write-ahead log): a scheduler killed between the
+        # two leaves a record its successor supersedes when it runs the iteration again (`committed_records`);
+        # the other order would leave a commit the peers acted on with no record at all
+        return [RecordIteration(record), Announce(commit)]
 
     def closing(self, stopped: bool) -> Finished | None:
         """What to tell the peers as this scheduler stops: the run is over if it reached its last iteration, or if

@@ -260,8 +260,9 @@ class LocalSwarm:
 
     def watch(self, iterations: int, *, metrics_path: str | Path | None = None, timeout: float = 600.0,
               on_record: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
-        """Wait until `iterations` iterations are reported (or the coordinator exits), calling `on_record` for
-        each new one; raises if a process dies or the run stalls past `timeout`."""
+        """Wait until `iterations` iterations are reported, or the coordinator exits, or every process of the swarm
+        has (fewer records then: the caller sees which are missing), calling `on_record` for each new one; raises if
+        a process fails or the run stalls past `timeout`."""
         reported: list[dict[str, Any]] = []
         deadline = time.monotonic() + timeout
         while True:
@@ -285,6 +286,9 @@ class LocalSwarm:
                     raise RuntimeError(f"the coordinator failed (exit {self.coordinator.returncode}); see "
                                        f"{self.run_dir / 'coordinator.log'}")
                 return self.metrics(metrics_path)
+            if self.peers and all(p.poll() is not None for p in self.peers) and \
+                    (self.coordinator is None or self.coordinator.poll() is not None):
+                return self.metrics(metrics_path)  # every process is gone: no record can come any more
             if time.monotonic() > deadline:
                 raise TimeoutError(f"no progress for {timeout:.0f} s; logs in {self.run_dir}")
             time.sleep(0.2)

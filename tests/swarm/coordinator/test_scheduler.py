@@ -91,6 +91,10 @@ def test_an_iteration_commits_once_every_holder_of_its_epoch_reported_it(records
     (commit_msg,) = notices(actions)
     assert commit_msg == Commit(iteration=0, epoch=0, shards={mine: position})
     (line,) = [a.record for a in actions if isinstance(a, RecordIteration)]
+    # written before it is announced: a scheduler killed in between leaves a record its successor's rerun
+    # supersedes, never a commit the peers acted on without a record
+    kinds = [type(a.message if isinstance(a, Announce) else a) for a in actions]
+    assert kinds.index(RecordIteration) < kinds.index(Commit)
     holders = len(schedule.data_holders)
     assert line["iteration"] == 1 and line["loss"] == pytest.approx(0.5) and line["iteration_seconds"] == 2.0
     assert line["tokens_per_s"] == pytest.approx(100 * holders / 2.0) and line["peers_online"] == len(records)
@@ -426,6 +430,16 @@ def test_a_successor_reruns_the_iteration_in_progress_under_an_epoch_of_its_own(
     (resumed,) = published(s.resume([first], 7, fresh({p: r for p, r in records.items() if p != gone}), 0.0))
     assert resumed.epoch == 1 and resumed.meta["start_iteration"] == 7 and gone not in resumed.placement
     assert s.completed == 7 and s.schedule is resumed
+    assert resumed.meta["shard_positions"] == first.meta.get("shard_positions", {})
+
+
+def test_a_successor_starts_the_shards_where_the_dead_schedulers_last_commit_left_them(records):
+    """The newest epoch's positions are those of its start; the commits since moved them on."""
+    first = make_replanner().plan(records, epoch=0, start_iteration=0)
+    s = make_scheduler(ends_run_on_stop=False)
+    positions = {"0": {"holder": 0, "num_holders": 3, "epoch": 0, "cursor": 56}}
+    (resumed,) = published(s.resume([first], 7, fresh(records), 0.0, shard_positions=positions))
+    assert resumed.meta["shard_positions"] == positions and s.commits.shard_positions == positions
 
 
 def test_a_change_that_cannot_be_planned_is_not_retried_every_tick(records, caplog):
