@@ -16,7 +16,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from hivemind.utils import get_dht_time
@@ -94,9 +94,11 @@ class SchedulerRole:
         except queue.Full:
             logger.warning("the scheduler's inbox is full: dropped a message from %s", msg.sender)
 
-    def resume(self, schedules: Iterable[Schedule], completed: int) -> None:
+    def resume(self, schedules: Iterable[Schedule], completed: int,
+               shard_positions: Mapping[str, dict] | None = None) -> None:
         """Take the role over from a dead scheduler (see `Scheduler.resume`)."""
-        self._carry_out(self.scheduler.resume(schedules, completed, self._read_records(), time.monotonic()))
+        self._carry_out(self.scheduler.resume(schedules, completed, self._read_records(), time.monotonic(),
+                                              shard_positions=shard_positions))
 
     def tick(self) -> None:
         """One round: look at the newest read of the peers' records, if one came since the last look, then handle

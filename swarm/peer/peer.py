@@ -68,7 +68,7 @@ from swarm.peer.run_spec import UnsuitedRun, await_run_spec
 from swarm.peer.schedule_follower import ScheduleFollower
 from swarm.peer.stage_keeper import JoinAbandoned, StageKeeper
 from swarm.peer.stage_session import restore_source
-from swarm.peer.succession import Succession
+from swarm.peer.succession import Succession, resume_point
 from swarm.peer.timeline import Timeline
 from swarm.run_config import RunConfig
 from swarm.wire import PeerRecord, PeerState
@@ -336,9 +336,10 @@ class Peer:
         named = f.schedule.meta.get("successors", []) if f is not None and f.schedule is not None else []
         return {self.spec.coordinator, *(() if f is None else (f.scheduler,)), *named}
 
-    def _role_args(self) -> tuple[list[Schedule], int]:
-        """What a scheduler role this peer takes over resumes from: the epochs it knows, the iterations done."""
-        return [s for s in (self.schedule, self.follower.newer) if s is not None], self.iteration
+    def _role_args(self) -> tuple[list[Schedule], int, dict | None]:
+        """What a scheduler role this peer takes over resumes from: the epochs it knows, then `resume_point`."""
+        return [s for s in (self.schedule, self.follower.newer) if s is not None], \
+            *resume_point(self.iteration, self.follower.committed_positions)
 
     # ---- schedules ----------------------------------------------------------------------------------
     def _use(self, schedule: Schedule) -> None:

@@ -27,17 +27,27 @@ CONTROL_LINKS = 8
 """Gossip links a peer keeps to other peers' sidecars."""
 
 
+def resume_point(iteration: int, newest_commit: tuple[int, dict[str, Any]]) -> tuple[int, dict[str, Any] | None]:
+    """Where a successor on a peer at `iteration` resumes the run: the iterations committed and the shard positions
+    of the last commit (None: the newest epoch's). The newest commit it heard of (iteration, positions) counts,
+    though the peer may still be averaging or stepping it: rerunning a committed iteration the other peers have left
+    behind would wait for their reports of it for ever."""
+    committed, positions = newest_commit
+    completed = max(iteration, committed + 1)
+    return completed, dict(positions) if committed == completed - 1 else None
+
+
 class Succession:
     """The watch of peer `peer_id` over `follower`'s scheduler.
 
     :param make_role: builds the scheduler role (`SchedulerRole`'s keyword arguments), or None: never take it over
-    :param role_args: called as the role starts: (the epochs this peer knows, the iterations it saw committed), which
-      the role resumes from
+    :param role_args: called as the role starts: (the epochs this peer knows, the iterations it saw committed, the
+      shard positions of the newest commit or None), which the role resumes from
     :param on_records: called with each read of the peers' records (their membership certificates are noted)
     """
 
     def __init__(self, peer_id: str, records: SwarmRecords, gossip: GossipClient, follower: ScheduleFollower, *,
-                 make_role: Callable[..., Any] | None, role_args: Callable[[], tuple[list, int]],
+                 make_role: Callable[..., Any] | None, role_args: Callable[[], tuple[list, int, dict | None]],
                  on_records: Callable[[dict[str, PeerRecord]], None] = lambda records: None) -> None:
         self.peer_id, self.records, self.gossip, self.follower = peer_id, records, gossip, follower
         self._make_role, self._role_args, self._on_records = make_role, role_args, on_records
@@ -110,9 +120,9 @@ class Succession:
             logger.error("this peer succeeds the scheduler but was started without a scheduler role to take")
             return
         try:
-            schedules, completed = self._role_args()
+            schedules, completed, positions = self._role_args()
             self.role = self._make_role(**self._role_kwargs, ends_run_on_stop=False)
-            self.role.resume(schedules, completed)
+            self.role.resume(schedules, completed, positions)
             while not stop.is_set() and not self.role.done:
                 self.role.tick()
             self.role.finish(stop)
