@@ -2,8 +2,11 @@
 
 The scheduler stores each epoch in the DHT and announces it on gossip; the follower reads it from the DHT on a
 notice, again every half second while a newer epoch is known to exist but the DHT still returns an older one (its
-replicas lag), and every SCHEDULE_POLL_PERIOD in any case. An epoch starts at an iteration (`start_iteration`):
-until then it waits as `newer`; one that starts at or before the iteration in progress replaces it (a rerun).
+replicas lag), and every SCHEDULE_POLL_PERIOD in any case. Those reads run on a thread of their own, and what one
+found is taken at the next look: the pipeline loop looks between operations, and a read waits on every DHT node it
+asks (up to hivemind's RPC timeout on a frozen one), which held that loop, and with it the check for late backwards,
+up to seconds at a silent death. An epoch starts at an iteration (`start_iteration`): until then it waits as
+`newer`; one that starts at or before the iteration in progress replaces it (a rerun).
 
 Only the scheduler is trusted: schedules are read from the DHT signed by the coordinator or the current
 scheduler, and notices, 'gone', 'finished' and commits are taken only from the scheduler or, once it has missed a
@@ -37,6 +40,26 @@ is a DHT lookup and every joiner waits at once: 8 waiting peers that read every 
 1.27 cores rather than 1.15 (BENCHMARKS.md, "Where a local swarm's CPU goes")."""
 NOTICE_FOLLOW_UP = 5.0
 """Seconds after a notice during which a waiting peer reads every LAGGING_POLL_PERIOD."""
+ANNOUNCED_READ_WAIT = 1.0
+"""Seconds `due` waits for a read under way when a newer epoch is known to exist: at an iteration's start, a moment
+spent waiting for it is cheaper than starting the iteration under the old epoch, to abandon it when the read ends."""
+
+
+class ScheduleRead:
+    """One read of the newest schedule, on a daemon thread (a read stuck on the DHT must not hold its caller)."""
+
+    def __init__(self, fetch: Callable[[], Schedule | None]) -> None:
+        self.done = threading.Event()
+        self.result: Schedule | None = None
+        threading.Thread(target=self._run, args=(fetch,), name="skippipe-schedule-read", daemon=True).start()
+
+    def _run(self, fetch: Callable[[], Schedule | None]) -> None:
+        try:
+            self.result = fetch()
+        except Exception as e:  # a timeout, a daemon hiccup: the next look reads again
+            logger.warning("could not read the schedule from the DHT: %s: %s", type(e).__name__, e)
+        finally:
+            self.done.set()
 
 
 class ScheduleFollower:
@@ -73,6 +96,8 @@ class ScheduleFollower:
         self._announced_epoch = 0
         self._newest_held = newest_held
         self._last_poll = 0.0
+        self._read: ScheduleRead | None = None
+        """The read of the newest schedule under way, or done and not taken yet."""
 
     # ---- the scheduler --------------------------------------------------------------------------------------------
     def trusted(self, sender: str) -> bool:
@@ -164,21 +189,36 @@ class ScheduleFollower:
         msg = self.records.fetch_schedule(signers={self.coordinator, self.scheduler})
         return msg.to_schedule() if msg is not None else None
 
-    def poll_newer(self) -> Schedule | None:
-        """The newest schedule if it is newer than the one in use (see the module docstring for when it reads)."""
+    def poll_newer(self, *, wait: float = 0.0) -> Schedule | None:
+        """The newest schedule known if it is newer than the one in use. Starts a read of the DHT when one is due
+        (see the module docstring) and none is under way, and takes what a finished read found, waiting up to `wait`
+        seconds for the one under way; never waits on the DHT otherwise."""
+        self._take_read(0.0)
         now = time.monotonic()
-        known = max(self.schedule.epoch, self.newer.epoch if self.newer is not None else -1)
         since = now - self._last_poll
-        announced = max(self._announced_epoch, self._newest_held())
-        if self.notice.is_set() or (announced > known and since > LAGGING_POLL_PERIOD) or \
-                since > SCHEDULE_POLL_PERIOD:
+        if self._read is None and (self.notice.is_set() or (self._announced_newer() and since > LAGGING_POLL_PERIOD)
+                                   or since > SCHEDULE_POLL_PERIOD):
             self.notice.clear()
             self._last_poll = now
-            schedule = self.fetch()
-            if schedule is not None and schedule.epoch > self.schedule.epoch and \
-                    (self.newer is None or schedule.epoch > self.newer.epoch):
-                self.newer = schedule
+            self._read = ScheduleRead(self.fetch)
+        self._take_read(wait)
         return self.newer
+
+    def _announced_newer(self) -> bool:
+        """A newer epoch than any this peer holds was announced, or a peer sent a message under one."""
+        known = max(self.schedule.epoch, self.newer.epoch if self.newer is not None else -1)
+        return max(self._announced_epoch, self._newest_held()) > known
+
+    def _take_read(self, wait: float) -> None:
+        """Keep what the read under way found, once it is done (waiting up to `wait` seconds for it)."""
+        read = self._read
+        if read is None or not read.done.wait(wait):
+            return
+        self._read = None
+        schedule = read.result
+        if schedule is not None and schedule.epoch > self.schedule.epoch and \
+                (self.newer is None or schedule.epoch > self.newer.epoch):
+            self.newer = schedule
 
     def replaced(self, iteration: int) -> bool:
         """A newer epoch starts at (or before) `iteration`, which is to be abandoned."""
@@ -187,7 +227,7 @@ class ScheduleFollower:
 
     def due(self, iteration: int) -> Schedule | None:
         """The newer epoch if it starts at or before `iteration` (it is no longer `newer` then), else None."""
-        newer = self.poll_newer()
+        newer = self.poll_newer(wait=ANNOUNCED_READ_WAIT if self._announced_newer() else 0.0)
         if newer is not None and int(newer.meta.get("start_iteration", 0)) <= iteration:
             self.newer = None
             return newer

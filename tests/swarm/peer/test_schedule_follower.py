@@ -120,3 +120,52 @@ def test_a_peer_waiting_to_be_placed_reads_the_dht_at_a_notice_and_seldom_withou
     dht.schedule = Placement(1, {"me": 2, "other": 0})
     waiter.join(timeout=5)
     assert placed and placed[0].placement["me"] == 2
+
+
+class StuckDHT:
+    """The DHT with a frozen node on the way: each read of the schedule waits until `release` is set."""
+
+    def __init__(self, schedule) -> None:
+        self.schedule, self.release, self.reads = schedule, threading.Event(), 0
+
+    def fetch_schedule(self, *, signers):
+        self.reads += 1
+        self.release.wait(10)
+        return self
+
+    def to_schedule(self):
+        return self.schedule
+
+
+class Epoch(Placement):
+    def __init__(self, epoch: int, start_iteration: int) -> None:
+        super().__init__(epoch, {"me": 0})
+        self.meta = {"start_iteration": start_iteration}
+
+
+def test_a_read_stuck_on_the_dht_does_not_hold_up_the_pipeline_loop():
+    """The pipeline loop asks for a newer epoch between operations (and checks for late backwards there): a read
+    that waits on a frozen DHT node runs off that loop, and what it found is taken at a later look."""
+    dht = StuckDHT(Epoch(1, start_iteration=7))
+    f = ScheduleFollower(records=dht, coordinator="coord", heartbeat=1.0)
+    f.schedule = Epoch(0, start_iteration=0)
+    f.on_message("coord", ScheduleNotice(epoch=1))
+    start = time.monotonic()
+    for _ in range(20):
+        assert not f.replaced(7)
+    assert time.monotonic() - start < 0.5 and dht.reads == 1  # one read under way, not one per look
+    dht.release.set()
+    wait_until(lambda: f.replaced(7), 5)
+    assert f.newer.epoch == 1 and not f.replaced(6)
+
+
+def test_at_an_iteration_start_a_read_of_an_announced_epoch_is_waited_for_a_moment():
+    dht = StuckDHT(Epoch(1, start_iteration=7))
+    f = ScheduleFollower(records=dht, coordinator="coord", heartbeat=1.0)
+    f.schedule = Epoch(0, start_iteration=0)
+    f.on_message("coord", ScheduleNotice(epoch=1))
+    threading.Timer(0.3, dht.release.set).start()
+    start = time.monotonic()
+    due = f.due(7)  # the read ends while `due` waits: the iteration starts under the new epoch
+    assert due is not None and due.epoch == 1 and time.monotonic() - start < 1.0
+    assert f.newer is None
