@@ -1,6 +1,7 @@
 """Silent deaths (issue #19): what one dead peer costs the iteration it dies in, frozen (silent) vs kill -9 (loud).
 
     .venv/bin/python benchmarks/silent_death.py [--peers 6] [--runs 3] [--modes freeze,kill] [--after 6]
+        [--emulate-speed SECONDS_PER_LAYER]
 
 Each run is a real local swarm (coordinator and peer processes on loopback, 3 stages, 33% skip, 2 microbatches
 per holder). Once iteration `--after` is committed, one peer that relays microbatches and has a stage mate (so
@@ -12,7 +13,8 @@ the swarm can go on without it) dies:
 
 The stall is the longest gap between two commits from the last one before the death on (the iteration the death
 stalls, whichever it is), against the median gap between commits before the death (the measured period) and the
-schedule's planned iteration. Also printed: how
+schedule's planned iteration. `--emulate-speed` pads each peer's operations to that many seconds per layer, for
+iterations long enough that the detection's fixed floors (a few seconds) no longer dominate. Also printed: how
 long until the scheduler declared the peer gone (`declared_gone`). Prints min/median/max over the runs per mode,
 and the ratio of the frozen stall to the killed one.
 """
@@ -63,11 +65,12 @@ def run(args: argparse.Namespace, mode: str, index: int, root: Path) -> dict:
     config.write_text(f"[run]\nrun_id = 'silent'\nstages = 3\nskip = 0.33\nmicrobatches = 2\n"
                       f"iterations = {args.after + args.then}\nmin_peers = {args.peers}\nseed = {index}\n")
     swarm = LocalSwarm(run_dir, args.peers, run_id="silent", coordinator_args=["--config", str(config)],
-                       peer_args=["--iteration-deadline", "120"])
+                       peer_args=["--iteration-deadline", "120",
+                                  *(["--emulate-speed", str(args.emulate_speed)] if args.emulate_speed else [])])
     tree = []
     try:
         swarm.start()
-        swarm.watch(args.after, timeout=300)
+        swarm.watch(args.after, timeout=600)
         planned = swarm.schedule().get("predicted_iteration_seconds")
         dead = victim(swarm)
         died_at = time.time()
@@ -75,7 +78,7 @@ def run(args: argparse.Namespace, mode: str, index: int, root: Path) -> dict:
             tree = swarm.freeze(swarm.peers[dead])
         else:
             swarm.kill(swarm.peers[dead])
-        records = swarm.watch(args.after + args.then, timeout=300)
+        records = swarm.watch(args.after + args.then, timeout=600)
         gone = [e for e in swarm.events("declared_gone", who="coordinator")
                 if e["peer"] == ensure_identity(str(run_dir / f"peer-{dead:02d}.key"))]
     finally:
@@ -99,6 +102,8 @@ def main() -> None:
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--after", type=int, default=6, help="the peer dies once this iteration is committed")
     parser.add_argument("--then", type=int, default=6, help="iterations run after the death")
+    parser.add_argument("--emulate-speed", type=float, default=None,
+                        help="pad each peer's operations to this many seconds per layer (longer iterations)")
     parser.add_argument("--out", default=None, help="also write the results as JSON here")
     parser.add_argument("--keep", default=None, help="keep the run directories here (logs, events)")
     args = parser.parse_args()

@@ -9,7 +9,7 @@ plan's, whichever is longer. One slow peer then stretches the deadlines of the p
 
 A dead host is silent (frozen, or its link cut): nothing is reset, so no send fails; only the schedule says that
 an answer is late. The deadlines below keep what a silent death costs near two iterations plus a few seconds:
-a backward late past twice its planned round trip, or a stage mate's averaging contribution late past one
+a backward late past 1.5 times its planned round trip, or a stage mate's averaging contribution late past one
 iteration, makes the peer probe the one in question; a probe not answered within half an iteration (at least
 `SILENCE_FLOOR` seconds, so that a live peer on a loaded machine is not taken for dead) makes it unreachable. A
 peer that answers but does not pass the microbatch on is given up on later, past a stall limit (`STALL_FACTOR`).
@@ -26,10 +26,12 @@ from scheduler.schedule import Schedule
 DEADLINE_FACTOR = 5.0
 MIN_ITERATION_DEADLINE = 60.0
 RECENT_ITERATIONS = 5
-HOP_DEADLINE_FACTOR = 2.0
-HOP_DEADLINE_SLACK = 1.0
+HOP_DEADLINE_FACTOR = 1.5
+HOP_DEADLINE_SLACK = 0.5
 """A microbatch's backward is overdue HOP_DEADLINE_FACTOR times its planned round trip (scaled to how much longer
-than predicted iterations take) plus HOP_DEADLINE_SLACK seconds after its forward left this peer."""
+than predicted iterations take) plus HOP_DEADLINE_SLACK seconds after its forward left this peer. Overdue only
+means the next hop is probed (a one-byte message, once per attempt): a live one answers and is waited for, so a
+tight deadline costs a probe, and a loose one adds to every silent death's stall."""
 SILENCE_FLOOR = 3.0
 """The least seconds a probe of a peer in question waits for its answer, and a stage mate's averaging contribution
 is waited for before that mate is probed: a live peer on a loaded 2-core machine answers a one-byte probe well
@@ -37,7 +39,7 @@ within it, a frozen one never does."""
 PROBE_TIMEOUT_FACTOR = 0.5
 """A probe of a peer in question waits this many iterations (what iterations take) for its answer, at least
 SILENCE_FLOOR seconds: on a slow swarm the probe may queue behind large messages on the same link."""
-STALL_FACTOR = 4.0
+STALL_FACTOR = 5.0
 """A backward still not back STALL_FACTOR times its hop deadline after its forward left, plus two probe timeouts
 for the next hop and for each peer after it on the path (those check on their own next hops first, and a dead one
 is found within a probe timeout of its deadline), is given up on: the next hop answers, but holds the microbatch
