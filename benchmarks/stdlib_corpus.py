@@ -27,24 +27,26 @@ ORDER_SEED = 0
 """Seed of the order the modules are written in."""
 
 
-def module_sources(stdlib: Path) -> list[Path]:
+def module_sources(stdlib: Path, order_seed: int | None = ORDER_SEED) -> list[Path]:
     """The .py files under `stdlib`, outside `SKIPPED_DIRS`, in a shuffle of their paths relative to it, seeded
-    with `ORDER_SEED`."""
+    with `order_seed` (None: in path order, as `benchmarks/corpus_order.py` compares)."""
     paths = sorted((p for p in stdlib.rglob("*.py")
                     if not SKIPPED_DIRS & set(p.relative_to(stdlib).parts[:-1]) and p.is_file()),
                    key=lambda p: p.relative_to(stdlib).as_posix())
-    random.Random(ORDER_SEED).shuffle(paths)
+    if order_seed is not None:
+        random.Random(order_seed).shuffle(paths)
     return paths
 
 
-def write_stdlib_corpus(out: Path, stdlib: Path | None = None) -> dict:
+def write_stdlib_corpus(out: Path, stdlib: Path | None = None, order_seed: int | None = ORDER_SEED) -> dict:
     """Write the corpus to `out` (one {"text": module source} per line; modules that are not UTF-8 or are empty
-    are left out) and describe it: documents, bytes, and a digest of the content (to tell corpora apart)."""
+    are left out), its modules in `module_sources`'s order, and describe it: documents, bytes, and a digest of the
+    content (to tell corpora apart)."""
     stdlib = stdlib or Path(sysconfig.get_paths()["stdlib"])
     digest, documents, size = hashlib.sha256(), 0, 0
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out, "w", encoding="utf-8") as f:
-        for path in module_sources(stdlib):
+        for path in module_sources(stdlib, order_seed):
             try:
                 text = path.read_text(encoding="utf-8").strip()
             except (UnicodeDecodeError, OSError):
