@@ -31,7 +31,9 @@ validation loss then climbs again, and "time to target" measures who memorises f
 
 `--runs N` repeats the whole comparison N times (repetition r uses seed `--seed` + r: a new trace, the same for
 every method within it) and prints min / median / max over the repetitions. `--lock FILE` holds an flock on FILE
-during each swarm run (a machine shared with other heavy jobs).
+during each swarm run (a machine shared with other heavy jobs). Repetitions run apart (`--seed 2 --runs 1` after a
+`--runs 2`, in another session) are put together with `--merge A.json B.json [--out] [--plot]`: the files must
+hold one setting and one corpus, and no seed twice; the target and the summary are computed over all of them.
 """
 
 from __future__ import annotations
@@ -329,7 +331,12 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="also write the results as JSON here")
     parser.add_argument("--lock", default=None, help="hold an flock on this file during each swarm run")
     parser.add_argument("--work-dir", default=None, help="keep the runs' directories (logs, events) here")
+    parser.add_argument("--merge", nargs="+", default=None, metavar="JSON",
+                        help="run nothing: put together the --out files of runs of this setting with other seeds")
     args = parser.parse_args()
+    if args.merge:
+        merge(args)
+        return
     methods = [m for m in args.methods.split(",") if m]
     if set(methods) - set(METHODS) or not methods:
         sys.exit(f"error: methods must be among {', '.join(METHODS)}")
@@ -374,6 +381,38 @@ def main() -> None:
         plot(results, target, Path(args.plot))
     if args.out:
         write_results(Path(args.out), args, corpus, target, results, complete=True)
+
+
+SETTING = ("peers", "stages", "minutes", "rate", "rejoin", "deaths", "corpus", "checkpoint_every", "val_batches")
+"""The arguments that make two results files one benchmark (the seeds aside)."""
+
+
+def merge(args: argparse.Namespace) -> None:
+    """Put together results files of one setting (`--merge`): summarise, plot and write them as one."""
+    results, setting, corpus = [], None, None
+    for name in args.merge:
+        try:
+            data = json.loads(Path(name).read_text())
+            mine = {k: data["args"][k] for k in SETTING}
+            runs = list(data["results"])
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            sys.exit(f"error: {name} is not a results file of this benchmark: {e}")
+        if setting is not None and (mine != setting or data.get("corpus") != corpus):
+            sys.exit(f"error: {name} is another setting or corpus than {args.merge[0]}: {mine}")
+        setting, corpus = mine, data.get("corpus")
+        results += runs
+    seen = Counter((r.get("method"), r.get("churn"), r.get("seed")) for r in results)
+    if twice := [k for k, n in seen.items() if n > 1]:
+        sys.exit(f"error: the files hold a run twice (method, churn, seed): {twice[:3]}")
+    methods = [m for m in METHODS if any(r.get("method") == m for r in results)]
+    target = args.target_loss if args.target_loss is not None else default_target(results)
+    print(f"{len(args.merge)} files, {len(results)} runs, seeds {sorted({r['seed'] for r in results})}", flush=True)
+    summarize(results, methods, target)
+    if args.plot and target is not None:
+        plot(results, target, Path(args.plot))
+    if args.out:
+        merged = argparse.Namespace(**{**setting, "merged": list(args.merge)})
+        write_results(Path(args.out), merged, corpus, target, results, complete=True)
 
 
 def write_results(path: Path, args: argparse.Namespace, corpus: dict | None, target: float | None,
