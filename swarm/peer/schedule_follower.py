@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from scheduler.schedule import Schedule
-from swarm.constants import silent_after
+from swarm.constants import DHT_TIMEOUT, silent_after
 from swarm.control.messages import Commit, ControlMessage, Finished, Gone, ScheduleNotice
 from swarm.control.records import SwarmRecords
 from swarm.events import event
@@ -40,9 +40,12 @@ is a DHT lookup and every joiner waits at once: 8 waiting peers that read every 
 1.27 cores rather than 1.15 (BENCHMARKS.md, "Where a local swarm's CPU goes")."""
 NOTICE_FOLLOW_UP = 5.0
 """Seconds after a notice during which a waiting peer reads every LAGGING_POLL_PERIOD."""
-ANNOUNCED_READ_WAIT = 1.0
-"""Seconds `due` waits for a read under way when a newer epoch is known to exist: at an iteration's start, a moment
-spent waiting for it is cheaper than starting the iteration under the old epoch, to abandon it when the read ends."""
+ANNOUNCED_READ_WAIT = DHT_TIMEOUT
+"""Seconds `due` waits for a read under way when a newer epoch is known to exist, as long as a read may take: an
+iteration started under the old epoch is refused by the peers that took the new one (their checks know no older
+epoch), so that holder's attempts all break. This is how long the synchronous read it replaces could block at that
+point. With a 1 s bound, all three holders of a churn benchmark run (SWARM-style, seed 0, 2026-12-05) started an
+iteration under the old epoch, and it stalled 90 s."""
 
 
 class ScheduleRead:
