@@ -81,7 +81,9 @@ class Announce:
 
 @dataclass(frozen=True)
 class RecordIteration:
-    """An iteration was committed: log and store its metrics line."""
+    """An iteration was committed: log and store its metrics line. It comes before the commit's announcement (a
+    write-ahead log): a scheduler killed between the two leaves a record its successor supersedes when it runs the
+    iteration again (`committed_records`); the other order would leave a commit the peers acted on unrecorded."""
 
     record: dict
 
@@ -159,14 +161,11 @@ class Scheduler:
 
     def resume(self, schedules: Iterable[Schedule], completed: int, records: Mapping[str, tuple[PeerRecord, float]],
                now: float, *, shard_positions: Mapping[str, dict] | None = None) -> list[Action]:
-        """Take the role over from a dead scheduler whose epochs were `schedules`, `completed` iterations in: the
-        iteration in progress restarts under a new epoch of this scheduler's, so every holder reports it again.
-        `shard_positions` are those of the dead scheduler's last commit (None: the newest epoch's, as it planned
-        them), where the new epoch's shards start."""
-        self.epochs = EpochHistory(schedules)
-        self.completed = completed
-        self.commits = CommitTracker(self.schedule.meta.get("shard_positions", {}) if shard_positions is None
-                                     else shard_positions)
+        """Take the role over from a dead scheduler (its epochs `schedules`, `completed` iterations in, shards at
+        `shard_positions` or the newest epoch's): the iteration in progress reruns, reported again by every holder."""
+        self.epochs, self.completed = EpochHistory(schedules), completed
+        self.commits = CommitTracker(self.schedule.meta.get("shard_positions") if shard_positions is None else
+                                     shard_positions)
         self._restart_reports.progress(now)
         peers = self.liveness.update(records, now)
         return self._replan({p: r for p, r in peers.items() if p in self.schedule.placement}, start=completed, now=now)
@@ -430,10 +429,7 @@ class Scheduler:
         self.completed += 1
         self._broken_at.clear()  # witnesses count within one iteration
         self._restart_reports.progress(now, record["iteration_seconds"])
-        # the record is written before the commit is announced (a write-ahead log): a scheduler killed between the
-        # two leaves a record its successor supersedes when it runs the iteration again (`committed_records`);
-        # the other order would leave a commit the peers acted on with no record at all
-        return [RecordIteration(record), Announce(commit)]
+        return [RecordIteration(record), Announce(commit)]  # the record first: see `RecordIteration`
 
     def closing(self, stopped: bool) -> Finished | None:
         """What to tell the peers as this scheduler stops: the run is over if it reached its last iteration, or if

@@ -68,7 +68,7 @@ from swarm.peer.run_spec import UnsuitedRun, await_run_spec
 from swarm.peer.schedule_follower import ScheduleFollower
 from swarm.peer.stage_keeper import JoinAbandoned, StageKeeper
 from swarm.peer.stage_session import restore_source
-from swarm.peer.succession import Succession, resume_point
+from swarm.peer.succession import Succession
 from swarm.peer.timeline import Timeline
 from swarm.run_config import RunConfig
 from swarm.wire import PeerRecord, PeerState
@@ -255,7 +255,7 @@ class Peer:
                                   checks=checks, state_timeout=o.state_timeout)
         node.start_heartbeat(self._record, period=self.config.heartbeat)  # with its proof of the join token
         self.succession = Succession(self.peer_id, records, node.gossip, self.follower, make_role=self._make_role,
-                                     role_args=self._role_args, on_records=self.members.observe)
+                                     iteration=lambda: self.iteration, on_records=self.members.observe)
         # gossip links to members' sidecars before the admission comes: it must not hang on the one to the
         # coordinator, whose mesh prunes most peers from ~13 on (it then only arrives by lazy gossip)
         self.succession.connect_control_plane(records.fetch_peers())
@@ -335,11 +335,6 @@ class Peer:
         f = self.follower
         named = f.schedule.meta.get("successors", []) if f is not None and f.schedule is not None else []
         return {self.spec.coordinator, *(() if f is None else (f.scheduler,)), *named}
-
-    def _role_args(self) -> tuple[list[Schedule], int, dict | None]:
-        """What a scheduler role this peer takes over resumes from: the epochs it knows, then `resume_point`."""
-        return [s for s in (self.schedule, self.follower.newer) if s is not None], \
-            *resume_point(self.iteration, self.follower.committed_positions)
 
     # ---- schedules ----------------------------------------------------------------------------------
     def _use(self, schedule: Schedule) -> None:

@@ -41,16 +41,15 @@ class Succession:
     """The watch of peer `peer_id` over `follower`'s scheduler.
 
     :param make_role: builds the scheduler role (`SchedulerRole`'s keyword arguments), or None: never take it over
-    :param role_args: called as the role starts: (the epochs this peer knows, the iterations it saw committed, the
-      shard positions of the newest commit or None), which the role resumes from
+    :param iteration: this peer's iteration in progress (the role resumes from it and `follower`: `resume_point`)
     :param on_records: called with each read of the peers' records (their membership certificates are noted)
     """
 
     def __init__(self, peer_id: str, records: SwarmRecords, gossip: GossipClient, follower: ScheduleFollower, *,
-                 make_role: Callable[..., Any] | None, role_args: Callable[[], tuple[list, int, dict | None]],
+                 make_role: Callable[..., Any] | None, iteration: Callable[[], int],
                  on_records: Callable[[dict[str, PeerRecord]], None] = lambda records: None) -> None:
         self.peer_id, self.records, self.gossip, self.follower = peer_id, records, gossip, follower
-        self._make_role, self._role_args, self._on_records = make_role, role_args, on_records
+        self._make_role, self._iteration, self._on_records = make_role, iteration, on_records
         self.role: Any = None
         """The scheduler role, once this peer holds it."""
         self.announced: dict[str, PeerRecord] | None = None
@@ -120,7 +119,9 @@ class Succession:
             logger.error("this peer succeeds the scheduler but was started without a scheduler role to take")
             return
         try:
-            schedules, completed, positions = self._role_args()
+            f = self.follower
+            schedules = [s for s in (f.schedule, f.newer) if s is not None]
+            completed, positions = resume_point(self._iteration(), f.committed_positions)
             self.role = self._make_role(**self._role_kwargs, ends_run_on_stop=False)
             self.role.resume(schedules, completed, positions)
             while not stop.is_set() and not self.role.done:

@@ -27,7 +27,7 @@ def test_the_successor_is_the_first_live_peer_the_scheduler_named():
 
     follower = ScheduleFollower(records=None, coordinator="coordinator", heartbeat=1.0)
     follower.schedule = schedule
-    succession = Succession("peer-05", None, None, follower, make_role=None, role_args=lambda: ([], 0, None))
+    succession = Succession("peer-05", None, None, follower, make_role=None, iteration=lambda: 0)
     assert succession.successor(records) == named[0] != "peer-00"
     live = {p: r for p, r in records.items() if p != named[0]}
     assert succession.successor(live) == named[1]  # the first one died too: the next in line
