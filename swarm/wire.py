@@ -454,34 +454,66 @@ class RunSpec:
 # ---- schedule ---------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class ScheduleMsg:
-    """A schedule epoch on the wire: the plain dict of ``scheduler.schedule.Schedule.to_dict()``."""
+    """A schedule epoch on the wire: the plain dict of ``scheduler.schedule.Schedule.to_dict()``.
+
+    `bridge` is the epoch in force for the iteration in progress when this one starts after it, and that epoch only
+    started at that iteration: the DHT keeps one schedule per signer, so this record replaced it, and a peer that had
+    not read it yet would otherwise run that iteration under the epoch before, which the others refuse."""
 
     epoch: int
     schedule: dict[str, Any]
+    bridge: dict[str, Any] | None = None
     version: int = WIRE_VERSION
 
     @classmethod
-    def from_schedule(cls, schedule: Schedule) -> ScheduleMsg:
-        return cls(epoch=schedule.epoch, schedule=schedule.to_dict())
+    def from_schedule(cls, schedule: Schedule, bridge: Schedule | None = None) -> ScheduleMsg:
+        return cls(epoch=schedule.epoch, schedule=schedule.to_dict(),
+                   bridge=bridge.to_dict() if bridge is not None else None)
 
     def to_schedule(self) -> Schedule:
         """The parsed schedule; raises :class:`WireError` if the dict is not a valid schedule."""
-        try:
-            return Schedule.from_dict(self.schedule)
-        except (ScheduleError, ValueError, TypeError, KeyError) as e:  # from_dict should only raise ScheduleError
-            raise WireError(f"schedule: {e}") from None
+        return _parse_schedule(self.schedule, "schedule")
+
+    def to_bridge(self) -> Schedule | None:
+        """The parsed bridge epoch, if any; raises :class:`WireError` if it is not a valid schedule."""
+        return None if self.bridge is None else _parse_schedule(self.bridge, "schedule_msg.bridge")
 
     def to_msgpack(self) -> bytes:
-        return pack({"version": self.version, "epoch": self.epoch, "schedule": self.schedule})
+        d = {"version": self.version, "epoch": self.epoch, "schedule": self.schedule}
+        if self.bridge is not None:
+            d["bridge"] = self.bridge
+        return pack(d)
 
     @classmethod
     def from_msgpack(cls, data: bytes, *, max_bytes: int | None = None) -> ScheduleMsg:
         d = read_map(unpack(data, max_bytes=max_bytes or MAX_SCHEDULE_BYTES), "schedule_msg")
+        bridge = d.get("bridge")
         msg = cls(epoch=read_int(d.get("epoch"), "schedule_msg.epoch", 0),
-                  schedule=read_map(d.get("schedule"), "schedule"), version=read_version(d, "schedule_msg"))
-        if msg.to_schedule().epoch != msg.epoch:
+                  schedule=read_map(d.get("schedule"), "schedule"),
+                  bridge=None if bridge is None else read_map(bridge, "schedule_msg.bridge"),
+                  version=read_version(d, "schedule_msg"))
+        schedule = msg.to_schedule()
+        if schedule.epoch != msg.epoch:
             raise WireError(f"schedule_msg.epoch {msg.epoch} differs from the schedule's epoch")
+        before = msg.to_bridge()
+        if before is not None and not (before.epoch < schedule.epoch and _start(before) < _start(schedule)):
+            raise WireError(f"schedule_msg.bridge: epoch {before.epoch} from iteration {_start(before)} does not "
+                            f"come before epoch {schedule.epoch} from iteration {_start(schedule)}")
         return msg
+
+
+def _parse_schedule(d: dict[str, Any], name: str) -> Schedule:
+    try:
+        return Schedule.from_dict(d)
+    except (ScheduleError, ValueError, TypeError, KeyError) as e:  # from_dict should only raise ScheduleError
+        raise WireError(f"{name}: {e}") from None
+
+
+def _start(schedule: Schedule) -> int:
+    start = schedule.meta.get("start_iteration", 0)
+    if type(start) is not int or start < 0:
+        raise WireError(f"schedule epoch {schedule.epoch}: start_iteration must be a non-negative int, got {start!r}")
+    return start
 
 
 # ---- signed envelope --------------------------------------------------------------------------------------------

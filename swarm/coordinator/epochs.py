@@ -48,6 +48,16 @@ class EpochHistory:
         started = [s for s in self.all if int(s.meta.get("start_iteration", 0)) <= iteration]
         return max(started, key=lambda s: s.epoch) if started else self.all[0]
 
+    def bridge(self, iteration: int, schedule: Schedule) -> Schedule | None:
+        """The epoch to publish along with `schedule` (see `ScheduleMsg.bridge`), `iteration` being in progress: the
+        one in force for it, if it started at that very iteration (some peers may not have read it yet) and
+        `schedule` starts later (it would replace that epoch in the DHT before they do)."""
+        if not self.all:
+            return None
+        running = self.in_force(iteration)
+        starts = int(running.meta.get("start_iteration", 0))
+        return running if starts == iteration < int(schedule.meta.get("start_iteration", 0)) else None
+
     def ever_held(self, peer: str) -> bool:
         """Whether `peer` was a data holder in any epoch (whose reports may still come in)."""
         return any(peer in s.data_holders for s in self.all)

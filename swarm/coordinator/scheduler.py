@@ -67,9 +67,11 @@ periodic rebalancing, and a fresh draw of its stochastic wiring (peers follow on
 
 @dataclass(frozen=True)
 class PublishSchedule:
-    """Store `schedule` in the DHT and announce its epoch (the scheduler already counts it as published)."""
+    """Store `schedule` in the DHT and announce its epoch (the scheduler already counts it as published); with
+    `bridge`, the epoch in force until it starts (see `ScheduleMsg.bridge`)."""
 
     schedule: Schedule
+    bridge: Schedule | None = None
 
 
 @dataclass(frozen=True)
@@ -261,8 +263,9 @@ class Scheduler:
 
     def _publish(self, schedule: Schedule) -> list[Action]:
         schedule.meta["successors"] = successors(self.schedule, schedule, self.liveness.first_seen)
+        bridge = self.epochs.bridge(self.completed, schedule)
         self.epochs.add(schedule)
-        return [PublishSchedule(schedule)]
+        return [PublishSchedule(schedule, bridge)]
 
     # ---- reports ------------------------------------------------------------------------------------
     def handle(self, sender: str, message: ControlMessage, now: float) -> list[Action]:

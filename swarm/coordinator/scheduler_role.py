@@ -185,14 +185,14 @@ class SchedulerRole:
     def _carry_out(self, actions: list[Action]) -> None:
         for action in actions:
             if isinstance(action, PublishSchedule):
-                self._publish_schedule(action.schedule)
+                self._publish_schedule(action.schedule, action.bridge)
             elif isinstance(action, Announce):
                 self._announce(action.message)
             elif isinstance(action, RecordIteration):
                 self._record(action.record)
 
-    def _publish_schedule(self, schedule: Schedule) -> None:
-        if not self.records.publish_schedule(ScheduleMsg.from_schedule(schedule)):
+    def _publish_schedule(self, schedule: Schedule, bridge: Schedule | None = None) -> None:
+        if not self.records.publish_schedule(ScheduleMsg.from_schedule(schedule, bridge)):
             logger.error("could not store schedule epoch %d in the DHT: trying again at the next change",
                          schedule.epoch)
             self.scheduler.withdraw(schedule)

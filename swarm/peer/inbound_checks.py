@@ -29,8 +29,8 @@ from swarm.wire import Direction, HopHeader
 
 
 class InboundChecks:
-    """The checks of peer `me` of run `run_id`, over the schedules it knows (`schedules()`: the one in use and a
-    newer one not started yet). `expects` is called on the transport's event loop: it only reads."""
+    """The checks of peer `me` of run `run_id`, over the schedules it knows (`schedules()`: the one in use and
+    those read and not started yet). `expects` is called on the transport's event loop: it only reads."""
 
     def __init__(self, me: str, run_id: str, activation_shape: tuple[int, ...],
                  schedules: Callable[[], Iterable[Schedule | None]]) -> None:

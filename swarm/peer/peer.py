@@ -223,7 +223,7 @@ class Peer:
         if wire_shape[0] > data.batch_size:
             self.hops.padding = self.outbox.padding = MessagePadding(data.batch_size, wire_shape[0])
         checks = InboundChecks(self.peer_id, o.run_id, wire_shape,
-                               lambda: (self.schedule, self.follower.newer if self.follower else None))
+                               lambda: (self.schedule, *(self.follower.pending if self.follower else ())))
         self._transport = Transport(node.dht, {"hop": self.hops, "average": self.inbox.consumer("average"),
                                                 "state": self.inbox.consumer("state")}, run_id=o.run_id,
                                     expects=checks.expects, state_gate=checks.state_gate, admitted=self.members.admits,
@@ -351,7 +351,7 @@ class Peer:
         while True:
             self.iteration = self.inbox.iteration = int(schedule.meta.get("start_iteration", 0))
             self._use(schedule)  # after the iteration is set: what its senders sent before this peer heard is filed
-            self.follower.newer = None
+            self.follower.drop_pending()
             self._fresh = True  # until its first iteration commits
             try:
                 self.keeper.start(schedule, self.iteration, revised=self.follower.poll_newer)

@@ -43,7 +43,7 @@ class PlacementRelease:
                 return None
             later = self.follower.poll_newer()
             if later is not None and self.peer_id not in later.placement:
-                self.follower.newer = None
+                self.follower.drop_pending()
                 self._announce(PeerState.JOINING)
                 return later
             self.follower.notice.wait(0.5)

@@ -6,7 +6,9 @@ replicas lag), and every SCHEDULE_POLL_PERIOD in any case. Those reads run on a 
 found is taken at the next look: the pipeline loop looks between operations, and a read waits on every DHT node it
 asks (up to hivemind's RPC timeout on a frozen one), which held that loop, and with it the check for late backwards,
 up to seconds at a silent death. An epoch starts at an iteration (`start_iteration`): until then it waits as
-`newer`; one that starts at or before the iteration in progress replaces it (a rerun).
+`newer`; one that starts at or before the iteration in progress replaces it (a rerun). The DHT holds only the newest
+epoch: one that started at the iteration in progress and was replaced there by a later-starting one comes along with
+it as its `bridge` (`ScheduleMsg.bridge`), and runs from its start until the newest starts.
 
 Only the scheduler is trusted: schedules are read from the DHT signed by the coordinator or the current
 scheduler, and notices, 'gone', 'finished' and commits are taken only from the scheduler or, once it has missed a
@@ -48,18 +50,23 @@ point. With a 1 s bound, all three holders of a churn benchmark run (SWARM-style
 iteration under the old epoch, and it stalled 90 s."""
 
 
-class ScheduleRead:
-    """One read of the newest schedule, on a daemon thread (a read stuck on the DHT must not hold its caller)."""
+Found = tuple[Schedule, Schedule | None]
+"""The newest schedule read, and the epoch it bridges to (`ScheduleMsg.bridge`) or None."""
 
-    def __init__(self, fetch: Callable[[], Schedule | None]) -> None:
+
+class ScheduleRead:
+    """One read of the newest schedule (and its bridge), on a daemon thread: a read stuck on the DHT must not hold
+    its caller. `result` is what `fetch` returned, or None if it failed."""
+
+    def __init__(self, fetch: Callable[[], Found | None]) -> None:
         self.done = threading.Event()
-        self.result: Schedule | None = None
+        self.result: Found | None = None
         threading.Thread(target=self._run, args=(fetch,), name="skippipe-schedule-read", daemon=True).start()
 
-    def _run(self, fetch: Callable[[], Schedule | None]) -> None:
+    def _run(self, fetch: Callable[[], Found | None]) -> None:
         try:
             self.result = fetch()
-        except Exception as e:  # a timeout, a daemon hiccup: the next look reads again
+        except Exception as e:  # a timeout, a daemon hiccup, a malformed record: the next look reads again
             logger.warning("could not read the schedule from the DHT: %s: %s", type(e).__name__, e)
         finally:
             self.done.set()
@@ -86,6 +93,8 @@ class ScheduleFollower:
         """The epoch in use."""
         self.newer: Schedule | None = None
         """A newer epoch read from the DHT, not started yet."""
+        self.bridge: Schedule | None = None
+        """An epoch between the one in use and `newer`, in force from its start until `newer` starts."""
         self.notice = threading.Event()
         """Set by a schedule notice: read the DHT again."""
         self.finished = threading.Event()
@@ -192,6 +201,20 @@ class ScheduleFollower:
         msg = self.records.fetch_schedule(signers={self.coordinator, self.scheduler})
         return msg.to_schedule() if msg is not None else None
 
+    def _fetch_with_bridge(self) -> Found | None:
+        """The newest schedule, as `fetch`, and the epoch it bridges to (or None)."""
+        msg = self.records.fetch_schedule(signers={self.coordinator, self.scheduler})
+        return (msg.to_schedule(), msg.to_bridge()) if msg is not None else None
+
+    @property
+    def pending(self) -> tuple[Schedule, ...]:
+        """The epochs read and not started yet, oldest first (`bridge`, `newer`)."""
+        return tuple(s for s in (self.bridge, self.newer) if s is not None)
+
+    def drop_pending(self) -> None:
+        """Forget the epochs read and not started (the caller took the newest, or it places this peer no more)."""
+        self.newer = self.bridge = None
+
     def poll_newer(self, *, wait: float = 0.0) -> Schedule | None:
         """The newest schedule known if it is newer than the one in use. Starts a read of the DHT when one is due
         (see the module docstring) and none is under way, and takes what a finished read found, waiting up to `wait`
@@ -203,7 +226,7 @@ class ScheduleFollower:
                                    or since > SCHEDULE_POLL_PERIOD):
             self.notice.clear()
             self._last_poll = now
-            self._read = ScheduleRead(self.fetch)
+            self._read = ScheduleRead(self._fetch_with_bridge)
         self._take_read(wait)
         return self.newer
 
@@ -218,22 +241,30 @@ class ScheduleFollower:
         if read is None or not read.done.wait(wait):
             return
         self._read = None
-        schedule = read.result
-        if schedule is not None and schedule.epoch > self.schedule.epoch and \
-                (self.newer is None or schedule.epoch > self.newer.epoch):
+        if read.result is None:
+            return
+        schedule, bridge = read.result
+        if schedule.epoch > self.schedule.epoch and (self.newer is None or schedule.epoch > self.newer.epoch):
             self.newer = schedule
+        if bridge is not None and bridge.epoch > max(self.schedule.epoch, getattr(self.bridge, "epoch", -1)) and \
+                self.newer is not None and bridge.epoch < self.newer.epoch and _start(bridge) < _start(self.newer):
+            self.bridge = bridge
 
     def replaced(self, iteration: int) -> bool:
         """A newer epoch starts at (or before) `iteration`, which is to be abandoned."""
-        newer = self.poll_newer()
-        return newer is not None and int(newer.meta.get("start_iteration", 0)) <= iteration
+        self.poll_newer()
+        return any(_start(s) <= iteration for s in self.pending)
 
     def due(self, iteration: int) -> Schedule | None:
-        """The newer epoch if it starts at or before `iteration` (it is no longer `newer` then), else None."""
-        newer = self.poll_newer(wait=ANNOUNCED_READ_WAIT if self._announced_newer() else 0.0)
-        if newer is not None and int(newer.meta.get("start_iteration", 0)) <= iteration:
-            self.newer = None
+        """The newest epoch read that starts at or before `iteration` (it and the older ones are no longer pending
+        then), else None."""
+        self.poll_newer(wait=ANNOUNCED_READ_WAIT if self._announced_newer() else 0.0)
+        if self.newer is not None and _start(self.newer) <= iteration:
+            newer, self.newer, self.bridge = self.newer, None, None
             return newer
+        if self.bridge is not None and _start(self.bridge) <= iteration:
+            bridge, self.bridge = self.bridge, None
+            return bridge
         return None
 
     def wait_for_replacement(self, iteration: int, stop: threading.Event, timeout: float) -> bool:
@@ -260,3 +291,7 @@ class ScheduleFollower:
                 follow_up_until = time.monotonic() + NOTICE_FOLLOW_UP
             self.notice.clear()
         return None
+
+
+def _start(schedule: Schedule) -> int:
+    return int(schedule.meta.get("start_iteration", 0))

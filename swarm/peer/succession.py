@@ -120,7 +120,7 @@ class Succession:
             return
         try:
             f = self.follower
-            schedules = [s for s in (f.schedule, f.newer) if s is not None]
+            schedules = [s for s in (f.schedule, *f.pending) if s is not None]
             completed, positions = resume_point(self._iteration(), f.committed_positions)
             self.role = self._make_role(**self._role_kwargs, ends_run_on_stop=False)
             self.role.resume(schedules, completed, positions)

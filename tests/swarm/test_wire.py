@@ -226,6 +226,21 @@ def test_bad_run_spec_rejected(changes, match):
         RunSpec.from_msgpack(msgpack.packb(raw, use_bin_type=True, strict_types=False))
 
 
+def test_a_schedule_carries_the_epoch_it_bridges_to_and_a_bridge_that_does_not_come_before_it_is_refused():
+    newest, bridge = schedule(epoch=5), schedule(epoch=4)
+    newest.meta["start_iteration"], bridge.meta["start_iteration"] = 9, 8
+    back = ScheduleMsg.from_msgpack(ScheduleMsg.from_schedule(newest, bridge).to_msgpack())
+    assert back.to_schedule() == newest and back.to_bridge() == bridge
+    assert ScheduleMsg.from_msgpack(ScheduleMsg.from_schedule(newest).to_msgpack()).to_bridge() is None
+    for epoch, start in ((5, 8), (4, 9), (6, 8)):  # not an older epoch, or not starting before it
+        late = schedule(epoch=epoch)
+        late.meta["start_iteration"] = start
+        with pytest.raises(WireError, match="bridge"):
+            ScheduleMsg.from_msgpack(ScheduleMsg.from_schedule(newest, late).to_msgpack())
+    with pytest.raises(WireError, match="bridge"):
+        ScheduleMsg.from_msgpack(repack(ScheduleMsg.from_schedule(newest).to_msgpack(), bridge=[1, 2]))
+
+
 def test_bad_schedule_rejected():
     msg = ScheduleMsg.from_schedule(schedule(epoch=4))
     with pytest.raises(WireError, match="differs"):

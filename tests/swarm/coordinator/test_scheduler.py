@@ -32,7 +32,7 @@ from swarm.coordinator.scheduler import (
     RecordIteration,
     Scheduler,
 )
-from swarm.wire import PeerRecord, PeerState
+from swarm.wire import PeerRecord, PeerState, ScheduleMsg
 from tests.swarm.coordinator.conftest import STAGES, make_replanner, make_scheduler
 
 LATER = 20.0
@@ -123,6 +123,25 @@ def test_a_gone_relay_replans_from_the_next_iteration_and_a_gone_holder_from_thi
     live = {p: r for p, r in live.items() if p != holder}
     (again,) = published(s.observe(fresh(live), 2 * LATER))
     assert again.meta["start_iteration"] == 3  # a holder's microbatches cannot finish without it
+
+
+def test_an_epoch_that_only_started_at_the_iteration_in_progress_goes_along_with_the_one_replacing_it(records):
+    """The DHT keeps one schedule per signer: epoch 1 starts at iteration 4, and a change during iteration 4 plans
+    epoch 2 from 5. A peer that had not read epoch 1 yet would find only epoch 2 and run iteration 4 under epoch 0,
+    which every peer that took epoch 1 refuses (a churn benchmark run stalled 90 s on it): epoch 1 goes along."""
+    s = make_scheduler("skippipe")
+    first = planned(s, records)
+    commit(s, 3)
+    a, b = [p for p in first.placement if p not in first.data_holders][:2]
+    (publish,) = [x for x in s.observe(fresh({p: r for p, r in records.items() if p != a}), LATER)
+                  if isinstance(x, PublishSchedule)]
+    assert publish.schedule.meta["start_iteration"] == 4 and publish.bridge is None  # epoch 0 began long ago
+    commit(s, 1, LATER)
+    (publish,) = [x for x in s.observe(fresh({p: r for p, r in records.items() if p not in (a, b)}), 2 * LATER)
+                  if isinstance(x, PublishSchedule)]
+    assert publish.schedule.meta["start_iteration"] == 5 and publish.bridge.epoch == 1
+    back = ScheduleMsg.from_msgpack(ScheduleMsg.from_schedule(publish.schedule, publish.bridge).to_msgpack())
+    assert back.to_bridge() == publish.bridge and back.epoch == 2
 
 
 def test_a_lone_unrecoverable_report_then_a_gone_peer_of_its_epoch_rerun_the_iteration_in_progress(records):

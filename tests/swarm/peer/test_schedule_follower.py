@@ -6,9 +6,12 @@ from __future__ import annotations
 import threading
 import time
 
+from scheduler.path_rules import PathRules
+from scheduler.schedule import Route, Schedule
 from swarm.control.messages import Commit, Finished, Gone, Join, ScheduleNotice
 from swarm.events import EVENT_ATTR
 from swarm.peer.schedule_follower import ScheduleFollower
+from swarm.wire import ScheduleMsg
 
 
 def follower() -> ScheduleFollower:
@@ -136,6 +139,9 @@ class StuckDHT:
     def to_schedule(self):
         return self.schedule
 
+    def to_bridge(self):
+        return None
+
 
 class Epoch(Placement):
     def __init__(self, epoch: int, start_iteration: int) -> None:
@@ -169,3 +175,46 @@ def test_at_an_iteration_start_a_read_of_an_announced_epoch_is_waited_for_a_mome
     due = f.due(7)  # the read ends while `due` waits: the iteration starts under the new epoch
     assert due is not None and due.epoch == 1 and time.monotonic() - start < 1.0
     assert f.newer is None
+
+
+class OneRecord:
+    """The DHT's schedule record as the scheduler last stored it (a real `ScheduleMsg`, read back from msgpack)."""
+
+    def __init__(self) -> None:
+        self.stored: bytes | None = None
+
+    def store(self, schedule: Schedule, bridge: Schedule | None = None) -> None:
+        self.stored = ScheduleMsg.from_schedule(schedule, bridge).to_msgpack()
+
+    def fetch_schedule(self, *, signers):
+        return ScheduleMsg.from_msgpack(self.stored) if self.stored is not None else None
+
+
+def real_epoch(epoch: int, start_iteration: int) -> Schedule:
+    route = Route(microbatch=0, origin="me", stages=(1,), peers=("relay",))
+    return Schedule(epoch=epoch, rules=PathRules(num_stages=2, stages_per_path=2), placement={"me": 0, "relay": 1},
+                    memory={"me": 2, "relay": 2}, routes=(route,), meta={"start_iteration": start_iteration})
+
+
+def test_an_epoch_replaced_in_the_dht_before_this_peer_read_it_is_taken_from_its_bridge():
+    """Epoch 7 starts at iteration 66; epoch 8, planned during 66, starts at 67 and replaces it in the DHT. A peer
+    still on epoch 6 runs 66 under epoch 7 (what the others run), then 67 under epoch 8."""
+    dht = OneRecord()
+    f = ScheduleFollower(records=dht, coordinator="coord", heartbeat=1.0)
+    f.schedule = real_epoch(6, start_iteration=55)
+    dht.store(real_epoch(8, start_iteration=67), bridge=real_epoch(7, start_iteration=66))
+    f.on_message("coord", ScheduleNotice(epoch=8))
+    assert [s.epoch for s in (f.due(66),)] == [7] and [s.epoch for s in f.pending] == [8]
+    f.schedule = real_epoch(7, start_iteration=66)
+    assert not f.replaced(66) and f.due(66) is None
+    assert f.due(67).epoch == 8 and f.pending == ()
+
+
+def test_a_peer_that_read_the_bridged_epoch_already_takes_the_newest_where_it_starts():
+    """The bridge of a record read again is older than the epoch in use: it is not taken a second time."""
+    dht = OneRecord()
+    f = ScheduleFollower(records=dht, coordinator="coord", heartbeat=1.0)
+    f.schedule = real_epoch(7, start_iteration=66)
+    dht.store(real_epoch(8, start_iteration=67), bridge=real_epoch(7, start_iteration=66))
+    f.on_message("coord", ScheduleNotice(epoch=8))
+    assert f.due(66) is None and [s.epoch for s in f.pending] == [8] and f.replaced(67)
