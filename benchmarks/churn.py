@@ -101,13 +101,16 @@ class Played:
 
 
 def play_trace(swarm: LocalSwarm, failures: list[float], window: float, rejoin: float, seed: int,
-               joiner_args: Callable[[int], list[str]], deaths: tuple[str, ...] = ("kill",)) -> Played:
+               joiner_args: Callable[[int], list[str]], deaths: tuple[str, ...] = ("kill",), *,
+               played: Played | None = None) -> Played:
     """From now on for `window` seconds: at each failure time a random live peer dies (the kinds of `deaths` in
-    turn, see `death_kinds`), and a new peer joins `rejoin` seconds after each death."""
+    turn, see `death_kinds`), and a new peer joins `rejoin` seconds after each death. What it did goes into
+    `played` as it happens (a new one if None), so that a caller interrupted meanwhile knows which trees it froze."""
     kinds = iter(death_kinds(seed, len(failures), deaths))
     events = sorted([(t, "die") for t in failures] + [(t + rejoin, "join") for t in failures])
     rng = random.Random(seed + 1)
-    played = Played(start=time.time())
+    played = played if played is not None else Played(start=0.0)
+    played.start = time.time()
     for at, what in events:
         if at >= window:
             break
@@ -135,16 +138,16 @@ def run_swarm(swarm: LocalSwarm, failures: list[float], window: float, rejoin: f
               joiner_args: Callable[[int], list[str]], deaths: tuple[str, ...], *, warmup: int = 1,
               start_timeout: float = 300.0) -> tuple[Played, list[dict]]:
     """Start `swarm`, wait for `warmup` committed iterations, play the trace through the window (`play_trace`),
-    then stop every process (the frozen ones killed); what the trace did and the run's metrics."""
-    played = None
+    then stop every process (the frozen ones killed, also when interrupted: `LocalSwarm.stop` would SIGKILL a
+    frozen peer but not its stopped p2pd and DHT process); what the trace did and the run's metrics."""
+    played = Played(start=0.0)
     try:
         swarm.start()
         swarm.watch(warmup, timeout=start_timeout)
-        played = play_trace(swarm, failures, window, rejoin, seed, joiner_args, deaths)
+        play_trace(swarm, failures, window, rejoin, seed, joiner_args, deaths, played=played)
         return played, swarm.metrics()
     finally:
-        if played is not None:
-            played.kill_frozen(swarm)
+        played.kill_frozen(swarm)
         swarm.stop()
 
 
