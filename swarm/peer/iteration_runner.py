@@ -128,8 +128,7 @@ class IterationRunner:
                                     hold=self.inbox.hold, timeline=self.timeline,
                                     gone=lambda: self.follower.gone | self.unreachable | self.disproved,
                                     broken=self.reports.broken,
-                                    give_up=lambda mb, why: self.reports.unrecoverable(iteration, schedule.epoch, mb,
-                                                                                       why),
+                                    give_up=lambda mb, why: self._give_up(iteration, schedule.epoch, mb, why),
                                     awaited=AwaitedBackwards(
                                         self.clock.hop_deadlines(schedule, self.peer_id), self._check_next_hop,
                                         self.clock.stall_limits(schedule, self.peer_id),
@@ -245,6 +244,11 @@ class IterationRunner:
             executor.handle(self.inbox.receive("hop", 0.2))
         self.follower.forget_commits_before(iteration)
         self.clock.committed(time.monotonic())
+
+    def _give_up(self, iteration: int, epoch: int, microbatch: int, why: str) -> None:
+        """A microbatch of this holder's cannot be re-queued: the scheduler is to run the iteration again."""
+        self.reports.unrecoverable(iteration, epoch, microbatch, why)
+        self.follower.await_replacement(iteration)
 
     def _give_up_on_gone(self) -> bool:
         """Give up on the sends under way to peers the scheduler declared gone since the last look (a silent one

@@ -2,7 +2,8 @@
 
 The scheduler stores each epoch in the DHT and announces it on gossip; the follower reads it from the DHT on a
 notice, again every half second while a newer epoch is known to exist but the DHT still returns an older one (its
-replicas lag), and every SCHEDULE_POLL_PERIOD in any case. Those reads run on a thread of their own, and what one
+replicas lag) or while this peer awaits the replacement of an iteration it reported unable to finish, and every
+SCHEDULE_POLL_PERIOD in any case. Those reads run on a thread of their own, and what one
 found is taken at the next look: the pipeline loop looks between operations, and a read waits on every DHT node it
 asks (up to hivemind's RPC timeout on a frozen one), which held that loop, and with it the check for late backwards,
 up to seconds at a silent death. An epoch starts at an iteration (`start_iteration`): until then it waits as
@@ -107,6 +108,8 @@ class ScheduleFollower:
         self._left_out: dict[int, frozenset[str]] = {}
         self._announced_epoch = 0
         self._newest_held = newest_held
+        self._awaiting: tuple[int, int] | None = None
+        """(epoch in use, iteration) when this peer found that iteration unable to finish: a replacement is due."""
         self._last_poll = 0.0
         self._read: ScheduleRead | None = None
         """The read of the newest schedule under way, or done and not taken yet."""
@@ -192,6 +195,7 @@ class ScheduleFollower:
         return self._left_out.get(iteration, frozenset())
 
     def forget_commits_before(self, iteration: int) -> None:
+        self._awaiting = None  # an iteration committed: whatever this peer awaited is settled
         self._commits = {c for c in self._commits if c[0] >= iteration}
         self._left_out = {i: peers for i, peers in self._left_out.items() if i >= iteration}
 
@@ -222,8 +226,9 @@ class ScheduleFollower:
         self._take_read(0.0)
         now = time.monotonic()
         since = now - self._last_poll
-        if self._read is None and (self.notice.is_set() or (self._announced_newer() and since > LAGGING_POLL_PERIOD)
-                                   or since > SCHEDULE_POLL_PERIOD):
+        lagging = self._announced_newer() or self._awaiting_replacement()
+        if self._read is None and (self.notice.is_set() or since > SCHEDULE_POLL_PERIOD or
+                                   (lagging and since > LAGGING_POLL_PERIOD)):
             self.notice.clear()
             self._last_poll = now
             self._read = ScheduleRead(self._fetch_with_bridge)
@@ -234,6 +239,18 @@ class ScheduleFollower:
         """A newer epoch than any this peer holds was announced, or a peer sent a message under one."""
         known = max(self.schedule.epoch, self.newer.epoch if self.newer is not None else -1)
         return max(self._announced_epoch, self._newest_held()) > known
+
+    def await_replacement(self, iteration: int) -> None:
+        """This peer told the scheduler `iteration` cannot finish under the epoch in use: read the DHT as often as
+        for an announced epoch until one replacing it is read (the notice may be lost, or this peer may be the one
+        behind: the others refusing its messages under an epoch they have left)."""
+        self._awaiting = (self.schedule.epoch, iteration) if self.schedule is not None else None
+
+    def _awaiting_replacement(self) -> bool:
+        if self._awaiting is None:
+            return False
+        epoch, iteration = self._awaiting
+        return self.schedule.epoch == epoch and not any(_start(s) <= iteration for s in self.pending)
 
     def _take_read(self, wait: float) -> None:
         """Keep what the read under way found, once it is done (waiting up to `wait` seconds for it)."""
@@ -270,6 +287,7 @@ class ScheduleFollower:
     def wait_for_replacement(self, iteration: int, stop: threading.Event, timeout: float) -> bool:
         """Wait up to `timeout` seconds for an epoch that replaces `iteration`; False at once if the run finishes."""
         end = time.monotonic() + timeout
+        self.await_replacement(iteration)
         while not stop.is_set() and not self.finished.is_set() and time.monotonic() < end:
             if self.replaced(iteration):
                 return True

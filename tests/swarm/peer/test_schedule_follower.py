@@ -218,3 +218,38 @@ def test_a_peer_that_read_the_bridged_epoch_already_takes_the_newest_where_it_st
     dht.store(real_epoch(8, start_iteration=67), bridge=real_epoch(7, start_iteration=66))
     f.on_message("coord", ScheduleNotice(epoch=8))
     assert f.due(66) is None and [s.epoch for s in f.pending] == [8] and f.replaced(67)
+
+
+class CountingRecord(OneRecord):
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads = 0
+
+    def fetch_schedule(self, *, signers):
+        self.reads += 1
+        return super().fetch_schedule(signers=signers)
+
+
+def test_a_peer_awaiting_the_replacement_of_an_iteration_reads_often_until_it_is_read():
+    """A holder whose microbatch cannot be re-queued reports it; the scheduler's notice of the rerun may be lost,
+    or this peer may be the one behind. It reads every LAGGING_POLL_PERIOD, not every SCHEDULE_POLL_PERIOD."""
+    dht = CountingRecord()
+    f = ScheduleFollower(records=dht, coordinator="coord", heartbeat=1.0)
+    f.schedule = real_epoch(6, start_iteration=55)
+    dht.store(real_epoch(6, start_iteration=55))
+
+    def reads_within(seconds: float, iteration: int) -> int:
+        before, end = dht.reads, time.monotonic() + seconds
+        while time.monotonic() < end:
+            f.replaced(iteration)
+            time.sleep(0.05)
+        return dht.reads - before
+
+    assert reads_within(1.3, 66) <= 1  # nothing awaited, nothing announced: the slow cadence
+    f.await_replacement(66)
+    assert reads_within(1.3, 66) >= 2
+    dht.store(real_epoch(7, start_iteration=67))  # an epoch that does not replace iteration 66: still awaited
+    assert reads_within(1.3, 66) >= 2 and not f.replaced(66)
+    dht.store(real_epoch(8, start_iteration=66))
+    wait_until(lambda: f.replaced(66), 2)
+    assert reads_within(1.3, 66) == 0  # read: no more reads at the lagging cadence
