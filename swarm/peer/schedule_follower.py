@@ -47,8 +47,7 @@ ANNOUNCED_READ_WAIT = DHT_TIMEOUT
 """Seconds `due` waits for a read under way when a newer epoch is known to exist, as long as a read may take: an
 iteration started under the old epoch is refused by the peers that took the new one (their checks know no older
 epoch), so that holder's attempts all break. This is how long the synchronous read it replaces could block at that
-point. With a 1 s bound, all three holders of a churn benchmark run (SWARM-style, seed 0, 2026-12-05) started an
-iteration under the old epoch, and it stalled 90 s."""
+point."""
 
 
 Found = tuple[Schedule, Schedule | None]
