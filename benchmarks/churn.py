@@ -95,9 +95,13 @@ class Played:
     """The Popen of each frozen peer: still stopped; `kill_frozen` kills them."""
 
     def kill_frozen(self, swarm: LocalSwarm) -> None:
-        """Kill the frozen peers' trees (a dead host stays dead: they are never resumed)."""
+        """Kill the frozen peers' trees (a dead host stays dead: they are never resumed); one that fails to die is
+        reported, and the others are killed all the same."""
         for proc in self.frozen:
-            swarm.kill(proc)
+            try:
+                swarm.kill(proc)
+            except Exception as e:  # the unwinding goes on: LocalSwarm.stop comes next
+                print(f"warning: could not kill frozen peer {proc.pid}: {type(e).__name__}: {e}", file=sys.stderr)
 
 
 def play_trace(swarm: LocalSwarm, failures: list[float], window: float, rejoin: float, seed: int,
@@ -121,8 +125,8 @@ def play_trace(swarm: LocalSwarm, failures: list[float], window: float, rejoin: 
             if len(live) > 2:
                 victim = rng.choice(live)
                 if kind == "freeze":
+                    played.frozen.append(victim)  # first: an interrupt in between must not leave it stopped
                     swarm.freeze(victim)
-                    played.frozen.append(victim)
                 else:
                     swarm.kill(victim)
                 played.died[kind] += 1
@@ -147,8 +151,10 @@ def run_swarm(swarm: LocalSwarm, failures: list[float], window: float, rejoin: f
         play_trace(swarm, failures, window, rejoin, seed, joiner_args, deaths, played=played)
         return played, swarm.metrics()
     finally:
-        played.kill_frozen(swarm)
-        swarm.stop()
+        try:
+            played.kill_frozen(swarm)
+        finally:
+            swarm.stop()
 
 
 def saved_plan_args(first_schedule: Path | None) -> list[str]:

@@ -495,10 +495,10 @@ class ScheduleMsg:
         schedule = msg.to_schedule()
         if schedule.epoch != msg.epoch:
             raise WireError(f"schedule_msg.epoch {msg.epoch} differs from the schedule's epoch")
-        before = msg.to_bridge()
-        if before is not None and not (before.epoch < schedule.epoch and _start(before) < _start(schedule)):
+        start, before = _start(schedule), msg.to_bridge()
+        if before is not None and not (before.epoch < schedule.epoch and _start(before) < start):
             raise WireError(f"schedule_msg.bridge: epoch {before.epoch} from iteration {_start(before)} does not "
-                            f"come before epoch {schedule.epoch} from iteration {_start(schedule)}")
+                            f"come before epoch {schedule.epoch} from iteration {start}")
         return msg
 
 

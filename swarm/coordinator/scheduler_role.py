@@ -53,6 +53,11 @@ def records_read_period(heartbeat: float) -> float:
     return max(TICK_WAIT, heartbeat / READS_PER_HEARTBEAT)
 
 
+MAX_STORED_SCHEDULE_BYTES = 4 * 1024 * 1024 - 64 * 1024
+"""The largest schedule message stored with a bridge: hivemind refuses unary calls (a DHT store) over 4 MiB, and
+the signed envelope (key, signature, expiry) and the store request take some room beside it."""
+
+
 class SchedulerRole:
     """The scheduler of run `spec`, acting through `records` (the DHT) and `gossip`.
 
@@ -192,7 +197,12 @@ class SchedulerRole:
                 self._record(action.record)
 
     def _publish_schedule(self, schedule: Schedule, bridge: Schedule | None = None) -> None:
-        if not self.records.publish_schedule(ScheduleMsg.from_schedule(schedule, bridge)):
+        msg = ScheduleMsg.from_schedule(schedule, bridge)
+        if bridge is not None and len(msg.to_msgpack()) > MAX_STORED_SCHEDULE_BYTES:
+            logger.warning("schedule epoch %d with epoch %d as its bridge does not fit in a DHT store: stored "
+                           "without it", schedule.epoch, bridge.epoch)
+            msg = ScheduleMsg.from_schedule(schedule)
+        if not self.records.publish_schedule(msg):
             logger.error("could not store schedule epoch %d in the DHT: trying again at the next change",
                          schedule.epoch)
             self.scheduler.withdraw(schedule)

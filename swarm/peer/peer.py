@@ -351,7 +351,7 @@ class Peer:
         while True:
             self.iteration = self.inbox.iteration = int(schedule.meta.get("start_iteration", 0))
             self._use(schedule)  # after the iteration is set: what its senders sent before this peer heard is filed
-            self.follower.drop_pending()
+            self.follower.drop_pending(through=schedule.epoch)
             self._fresh = True  # until its first iteration commits
             try:
                 self.keeper.start(schedule, self.iteration, revised=self.follower.poll_newer)

@@ -214,9 +214,13 @@ class ScheduleFollower:
         """The epochs read and not started yet, oldest first (`bridge`, `newer`)."""
         return tuple(s for s in (self.bridge, self.newer) if s is not None)
 
-    def drop_pending(self) -> None:
-        """Forget the epochs read and not started (the caller took the newest, or it places this peer no more)."""
-        self.newer = self.bridge = None
+    def drop_pending(self, through: int | None = None) -> None:
+        """Forget the epochs read and not started, up to epoch `through` (all if None): the caller took that one, or
+        the newest places this peer no more."""
+        if through is None or (self.newer is not None and self.newer.epoch <= through):
+            self.newer = None
+        if through is None or (self.bridge is not None and self.bridge.epoch <= through):
+            self.bridge = None
 
     def poll_newer(self, *, wait: float = 0.0) -> Schedule | None:
         """The newest schedule known if it is newer than the one in use. Starts a read of the DHT when one is due
@@ -260,11 +264,12 @@ class ScheduleFollower:
         if read.result is None:
             return
         schedule, bridge = read.result
-        if schedule.epoch > self.schedule.epoch and (self.newer is None or schedule.epoch > self.newer.epoch):
-            self.newer = schedule
+        newer = schedule if schedule.epoch > self.schedule.epoch and \
+            (self.newer is None or schedule.epoch > self.newer.epoch) else self.newer
         if bridge is not None and bridge.epoch > max(self.schedule.epoch, getattr(self.bridge, "epoch", -1)) and \
-                self.newer is not None and bridge.epoch < self.newer.epoch and _start(bridge) < _start(self.newer):
-            self.bridge = bridge
+                newer is not None and bridge.epoch < newer.epoch and _start(bridge) < _start(newer):
+            self.bridge = bridge  # before `newer`: the inbound checks, on another thread, know both or the bridge
+        self.newer = newer
 
     def replaced(self, iteration: int) -> bool:
         """A newer epoch starts at (or before) `iteration`, which is to be abandoned."""
@@ -296,12 +301,17 @@ class ScheduleFollower:
     def wait_for_placement(self, peer: str, stop: threading.Event, timeout: float, *,
                            newer_than: int = -1) -> Schedule | None:
         """The first schedule placing `peer` (of an epoch after `newer_than`), waiting up to `timeout` seconds;
-        None if the run finished or `stop` was set first."""
+        None if the run finished or `stop` was set first. Where the newest comes with a bridge that places `peer`
+        too, that one (the others run the iteration in progress under it), the newest left pending as `newer`."""
         end = time.monotonic() + timeout
         follow_up_until = 0.0
         while not stop.is_set() and not self.finished.is_set() and time.monotonic() < end:
-            schedule = self.fetch()
+            found = self._fetch_with_bridge()
+            schedule, bridge = found if found is not None else (None, None)
             if schedule is not None and peer in schedule.placement and schedule.epoch > newer_than:
+                if bridge is not None and peer in bridge.placement and bridge.epoch > newer_than:
+                    self.newer = schedule  # placed by an epoch that runs the iteration in progress: start there
+                    return bridge
                 return schedule
             if self.notice.wait(LAGGING_POLL_PERIOD if time.monotonic() < follow_up_until else
                                 PLACEMENT_POLL_PERIOD):

@@ -239,6 +239,11 @@ def test_a_schedule_carries_the_epoch_it_bridges_to_and_a_bridge_that_does_not_c
             ScheduleMsg.from_msgpack(ScheduleMsg.from_schedule(newest, late).to_msgpack())
     with pytest.raises(WireError, match="bridge"):
         ScheduleMsg.from_msgpack(repack(ScheduleMsg.from_schedule(newest).to_msgpack(), bridge=[1, 2]))
+    for start in ("9", -1, True):
+        odd = schedule(epoch=5)
+        odd.meta["start_iteration"] = start
+        with pytest.raises(WireError, match="start_iteration"):
+            ScheduleMsg.from_msgpack(ScheduleMsg.from_schedule(odd).to_msgpack())
 
 
 def test_bad_schedule_rejected():

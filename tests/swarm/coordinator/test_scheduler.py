@@ -142,6 +142,11 @@ def test_an_epoch_that_only_started_at_the_iteration_in_progress_goes_along_with
     assert publish.schedule.meta["start_iteration"] == 5 and publish.bridge.epoch == 1
     back = ScheduleMsg.from_msgpack(ScheduleMsg.from_schedule(publish.schedule, publish.bridge).to_msgpack())
     assert back.to_bridge() == publish.bridge and back.epoch == 2
+    # a rerun of the iteration in progress replaces the epoch running it outright: nothing to bridge
+    holder = publish.schedule.data_holders[0]
+    (rerun,) = [x for x in s.observe(fresh({p: r for p, r in records.items() if p not in (a, b, holder)}),
+                                     3 * LATER) if isinstance(x, PublishSchedule)]
+    assert rerun.schedule.meta["start_iteration"] == 4 and rerun.bridge is None
 
 
 def test_a_lone_unrecoverable_report_then_a_gone_peer_of_its_epoch_rerun_the_iteration_in_progress(records):

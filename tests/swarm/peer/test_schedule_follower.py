@@ -90,6 +90,9 @@ class NewestSchedule:
     def to_schedule(self):
         return self.schedule
 
+    def to_bridge(self):
+        return None
+
 
 class Placement:
     def __init__(self, epoch: int, placement: dict[str, int]) -> None:
@@ -245,7 +248,8 @@ def test_a_peer_awaiting_the_replacement_of_an_iteration_reads_often_until_it_is
             time.sleep(0.05)
         return dht.reads - before
 
-    assert reads_within(1.3, 66) <= 1  # nothing awaited, nothing announced: the slow cadence
+    f.replaced(66)  # the first look reads at once
+    assert reads_within(1.3, 66) == 0  # nothing awaited, nothing announced: the slow cadence
     f.await_replacement(66)
     assert reads_within(1.3, 66) >= 2
     dht.store(real_epoch(7, start_iteration=67))  # an epoch that does not replace iteration 66: still awaited
@@ -253,3 +257,18 @@ def test_a_peer_awaiting_the_replacement_of_an_iteration_reads_often_until_it_is
     dht.store(real_epoch(8, start_iteration=66))
     wait_until(lambda: f.replaced(66), 2)
     assert reads_within(1.3, 66) == 0  # read: no more reads at the lagging cadence
+
+
+def test_a_joiner_placed_by_the_bridged_epoch_starts_there_and_keeps_the_newest_pending():
+    """A joiner placed by epoch 7 (from iteration 66), replaced in the DHT by epoch 8 (from 67) before it read it: the
+    others run 66 with it under epoch 7, so it starts there."""
+    dht = OneRecord()
+    f = ScheduleFollower(records=dht, coordinator="coord", heartbeat=1.0)
+    dht.store(real_epoch(8, start_iteration=67), bridge=real_epoch(7, start_iteration=66))
+    placed = f.wait_for_placement("me", threading.Event(), 5)
+    assert placed.epoch == 7 and [s.epoch for s in f.pending] == [8]
+    f.schedule = placed
+    f.drop_pending(through=placed.epoch)  # as a peer starting on it does: the newest stays pending
+    assert f.due(66) is None and f.due(67).epoch == 8
+    assert f.wait_for_placement("me", threading.Event(), 5, newer_than=7).epoch == 8  # placed again, after 7
+    assert f.wait_for_placement("stranger", threading.Event(), 0.1) is None
