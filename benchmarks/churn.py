@@ -22,8 +22,9 @@ Convergence (`--checkpoint-every K`, 0 = off): the peers checkpoint every K iter
 out as they appear, and afterwards each saved iteration's whole model is gathered and its validation loss measured
 (`benchmarks/validation_curve.py`), against the seconds since the window started. The target loss (`--target-loss`,
 default: the worst of the churn-free runs' best losses, so that every churn-free run reaches it) gives each run's
-time to target. Every method trains the same model on the same corpus; the methods' placements differ (the SWARM
-baseline plans its own), so their tokens per iteration do too: compare tokens/s and time to target.
+time to target (each run's checkpoints are deleted once measured, unless `--keep-checkpoints`). Every method
+trains the same model on the same corpus; the methods' placements differ (the SWARM baseline plans its own), so
+their tokens per iteration do too: compare tokens/s and time to target.
 
 `--corpus stdlib` trains on the Python standard library's sources (`benchmarks/stdlib_corpus.py`, ~12 MB, one
 module per document) instead of the bundled corpus, which the tiny model memorises within a long window (its
@@ -259,6 +260,9 @@ def run(args: argparse.Namespace, method: str, seed: int, failures: list[float],
     if args.checkpoint_every:
         result["validation"] = validation_curve(run_dir / "snapshots", records, played.start, args.val_batches)
         result["snapshots_missed"] = snapshots.missed
+        if not args.keep_checkpoints:  # ~1 GB a run: kept, three repetitions' filled this machine's disk
+            for path in [run_dir / "snapshots", *run_dir.glob("ckpt-*")]:
+                shutil.rmtree(path, ignore_errors=True)
     return result
 
 
@@ -340,6 +344,8 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="also write the results as JSON here")
     parser.add_argument("--lock", default=None, help="hold an flock on this file during each swarm run")
     parser.add_argument("--work-dir", default=None, help="keep the runs' directories (logs, events) here")
+    parser.add_argument("--keep-checkpoints", action="store_true",
+                        help="keep each run's checkpoints once its validation curve is measured (deleted otherwise)")
     parser.add_argument("--merge", nargs="+", default=None, metavar="JSON",
                         help="run nothing: put together the --out files of runs of this setting with other seeds")
     args = parser.parse_args()
