@@ -412,9 +412,10 @@ def merge(args: argparse.Namespace) -> None:
             runs = list(data["results"])
         except (OSError, ValueError, KeyError, TypeError) as e:
             sys.exit(f"error: {name} is not a results file of this benchmark: {e}")
-        if setting is not None and (mine != setting or data.get("corpus") != corpus):
-            sys.exit(f"error: {name} is another setting or corpus than {args.merge[0]}: {mine}")
-        setting, corpus = mine, data.get("corpus")
+        text = {k: v for k, v in (data.get("corpus") or {}).items() if k != "path"}  # where it was written: no
+        if setting is not None and (mine != setting or text != corpus):
+            sys.exit(f"error: {name} is another setting or corpus than {args.merge[0]}: {mine}, {text}")
+        setting, corpus = mine, text
         results += runs
     seen = Counter((r.get("method"), r.get("churn"), r.get("seed")) for r in results)
     if twice := [k for k, n in seen.items() if n > 1]:
