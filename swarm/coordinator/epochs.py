@@ -34,8 +34,11 @@ class EpochHistory:
         """The newest epoch published (None before the first plan)."""
         return self.all[-1] if self.all else None
 
-    def add(self, schedule: Schedule) -> None:
+    def add(self, schedule: Schedule, *, in_progress: int | None = None) -> Schedule | None:
+        """Count `schedule` as published; with iteration `in_progress` running, returns its `bridge`, to go along."""
+        bridge = self.bridge(in_progress, schedule) if in_progress is not None else None
         self.all.append(schedule)
+        return bridge
 
     def withdraw(self, schedule: Schedule) -> None:
         """Forget `schedule` again (it could not be published)."""

@@ -263,9 +263,7 @@ class Scheduler:
 
     def _publish(self, schedule: Schedule) -> list[Action]:
         schedule.meta["successors"] = successors(self.schedule, schedule, self.liveness.first_seen)
-        bridge = self.epochs.bridge(self.completed, schedule)
-        self.epochs.add(schedule)
-        return [PublishSchedule(schedule, bridge)]
+        return [PublishSchedule(schedule, self.epochs.add(schedule, in_progress=self.completed))]
 
     # ---- reports ------------------------------------------------------------------------------------
     def handle(self, sender: str, message: ControlMessage, now: float) -> list[Action]:
