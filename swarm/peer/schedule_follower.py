@@ -199,13 +199,9 @@ class ScheduleFollower:
         self._left_out = {i: peers for i, peers in self._left_out.items() if i >= iteration}
 
     # ---- epochs ---------------------------------------------------------------------------------------------------
-    def fetch(self) -> Schedule | None:
-        """The newest schedule in the DHT signed by the coordinator or the current scheduler."""
-        msg = self.records.fetch_schedule(signers={self.coordinator, self.scheduler})
-        return msg.to_schedule() if msg is not None else None
-
     def _fetch_with_bridge(self) -> Found | None:
-        """The newest schedule, as `fetch`, and the epoch it bridges to (or None)."""
+        """The newest schedule in the DHT signed by the coordinator or the current scheduler, and the epoch it
+        bridges to (or None)."""
         msg = self.records.fetch_schedule(signers={self.coordinator, self.scheduler})
         return (msg.to_schedule(), msg.to_bridge()) if msg is not None else None
 
