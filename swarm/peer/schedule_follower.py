@@ -9,7 +9,9 @@ asks (up to hivemind's RPC timeout on a frozen one), which held that loop, and w
 up to seconds at a silent death. An epoch starts at an iteration (`start_iteration`): until then it waits as
 `newer`; one that starts at or before the iteration in progress replaces it (a rerun). The DHT holds only the newest
 epoch: one that started at the iteration in progress and was replaced there by a later-starting one comes along with
-it as its `bridge` (`ScheduleMsg.bridge`), and runs from its start until the newest starts.
+it as its `bridge` (`ScheduleMsg.bridge`), and runs from its start until the newest starts. The follower keeps every
+bridge it read that has not started (`bridges`): a peer an iteration behind may read epoch 8 bridging to 7, then epoch
+9 bridging to 8, and still needs 7 for the iteration it is on.
 
 Only the scheduler is trusted: schedules are read from the DHT signed by the coordinator or the current
 scheduler, and notices, 'gone', 'finished' and commits are taken only from the scheduler or, once it has missed a
@@ -93,8 +95,9 @@ class ScheduleFollower:
         """The epoch in use."""
         self.newer: Schedule | None = None
         """A newer epoch read from the DHT, not started yet."""
-        self.bridge: Schedule | None = None
-        """An epoch between the one in use and `newer`, in force from its start until `newer` starts."""
+        self.bridges: tuple[Schedule, ...] = ()
+        """Epochs between the one in use and `newer`, oldest first, each in force from its start until the next one
+        starts."""
         self.notice = threading.Event()
         """Set by a schedule notice: read the DHT again."""
         self.finished = threading.Event()
@@ -207,16 +210,15 @@ class ScheduleFollower:
 
     @property
     def pending(self) -> tuple[Schedule, ...]:
-        """The epochs read and not started yet, oldest first (`bridge`, `newer`)."""
-        return tuple(s for s in (self.bridge, self.newer) if s is not None)
+        """The epochs read and not started yet, oldest first (`bridges`, `newer`)."""
+        return self.bridges + ((self.newer,) if self.newer is not None else ())
 
     def drop_pending(self, through: int | None = None) -> None:
         """Forget the epochs read and not started, up to epoch `through` (all if None): the caller took that one, or
         the newest places this peer no more."""
         if through is None or (self.newer is not None and self.newer.epoch <= through):
             self.newer = None
-        if through is None or (self.bridge is not None and self.bridge.epoch <= through):
-            self.bridge = None
+        self.bridges = () if through is None else tuple(b for b in self.bridges if b.epoch > through)
 
     def poll_newer(self, *, wait: float = 0.0) -> Schedule | None:
         """The newest schedule known if it is newer than the one in use. Starts a read of the DHT when one is due
@@ -262,9 +264,8 @@ class ScheduleFollower:
         schedule, bridge = read.result
         newer = schedule if schedule.epoch > self.schedule.epoch and \
             (self.newer is None or schedule.epoch > self.newer.epoch) else self.newer
-        if bridge is not None and bridge.epoch > max(self.schedule.epoch, getattr(self.bridge, "epoch", -1)) and \
-                newer is not None and bridge.epoch < newer.epoch and _start(bridge) < _start(newer):
-            self.bridge = bridge  # before `newer`: the inbound checks, on another thread, know both or the bridge
+        # bridges first, then `newer`: the inbound checks, on another thread, must never see `newer` without them
+        self.bridges = _bridges(self.bridges + ((bridge,) if bridge is not None else ()), self.schedule, newer)
         self.newer = newer
 
     def replaced(self, iteration: int) -> bool:
@@ -277,11 +278,12 @@ class ScheduleFollower:
         then), else None."""
         self.poll_newer(wait=ANNOUNCED_READ_WAIT if self._announced_newer() else 0.0)
         if self.newer is not None and _start(self.newer) <= iteration:
-            newer, self.newer, self.bridge = self.newer, None, None
+            newer, self.newer, self.bridges = self.newer, None, ()
             return newer
-        if self.bridge is not None and _start(self.bridge) <= iteration:
-            bridge, self.bridge = self.bridge, None
-            return bridge
+        started = [b for b in self.bridges if _start(b) <= iteration]
+        if started:
+            self.bridges = tuple(b for b in self.bridges if b.epoch > started[-1].epoch)
+            return started[-1]
         return None
 
     def wait_for_replacement(self, iteration: int, stop: threading.Event, timeout: float) -> bool:
@@ -318,3 +320,17 @@ class ScheduleFollower:
 
 def _start(schedule: Schedule) -> int:
     return int(schedule.meta.get("start_iteration", 0))
+
+
+def _bridges(candidates: tuple[Schedule, ...], in_use: Schedule, newer: Schedule | None) -> tuple[Schedule, ...]:
+    """The bridges still to run, oldest first: each after the epoch in use and before `newer`, each starting later
+    than the one before it and earlier than `newer` (a rerun that starts at or before a bridge's start replaced it)."""
+    if newer is None:
+        return ()
+    by_epoch = {b.epoch: b for b in candidates if in_use.epoch < b.epoch < newer.epoch and _start(b) < _start(newer)}
+    kept: list[Schedule] = []
+    for b in sorted(by_epoch.values(), key=lambda b: b.epoch):
+        while kept and _start(kept[-1]) >= _start(b):
+            kept.pop()  # a later epoch from the same iteration or before: that one replaced it
+        kept.append(b)
+    return tuple(kept)

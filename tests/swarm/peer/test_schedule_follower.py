@@ -213,6 +213,36 @@ def test_an_epoch_replaced_in_the_dht_before_this_peer_read_it_is_taken_from_its
     assert f.due(67).epoch == 8 and f.pending == ()
 
 
+def test_a_peer_an_iteration_behind_keeps_every_bridge_it_read_until_each_starts():
+    """Still on epoch 6 in iteration 66, a peer reads epoch 8 (from 67) bridging to 7 (from 66), then epoch 9 (from
+    68) bridging to 8: it runs 66 under 7, 67 under 8 and 68 under 9, as the others did."""
+    dht = OneRecord()
+    f = ScheduleFollower(records=dht, coordinator="coord", heartbeat=1.0)
+    f.schedule = real_epoch(6, start_iteration=55)
+    dht.store(real_epoch(8, start_iteration=67), bridge=real_epoch(7, start_iteration=66))
+    f.on_message("coord", ScheduleNotice(epoch=8))
+    f.poll_newer(wait=5)
+    dht.store(real_epoch(9, start_iteration=68), bridge=real_epoch(8, start_iteration=67))
+    f.on_message("coord", ScheduleNotice(epoch=9))
+    f.poll_newer(wait=5)
+    assert [s.epoch for s in f.pending] == [7, 8, 9] and f.replaced(66)
+    assert [f.due(i).epoch for i in (66, 67, 68)] == [7, 8, 9] and f.pending == ()
+
+
+def test_a_rerun_from_a_bridges_start_replaces_that_bridge():
+    """Epoch 9 reruns iteration 66 (it starts there): the bridge that also started at 66 is not run."""
+    dht = OneRecord()
+    f = ScheduleFollower(records=dht, coordinator="coord", heartbeat=1.0)
+    f.schedule = real_epoch(6, start_iteration=55)
+    dht.store(real_epoch(8, start_iteration=67), bridge=real_epoch(7, start_iteration=66))
+    f.on_message("coord", ScheduleNotice(epoch=8))
+    f.poll_newer(wait=5)
+    dht.store(real_epoch(9, start_iteration=66))
+    f.on_message("coord", ScheduleNotice(epoch=9))
+    f.poll_newer(wait=5)
+    assert [s.epoch for s in f.pending] == [9] and f.due(66).epoch == 9
+
+
 def test_a_peer_that_read_the_bridged_epoch_already_takes_the_newest_where_it_starts():
     """The bridge of a record read again is older than the epoch in use: it is not taken a second time."""
     dht = OneRecord()
