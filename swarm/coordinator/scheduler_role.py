@@ -53,9 +53,10 @@ def records_read_period(heartbeat: float) -> float:
     return max(TICK_WAIT, heartbeat / READS_PER_HEARTBEAT)
 
 
-MAX_STORED_SCHEDULE_BYTES = 4 * 1024 * 1024 - 64 * 1024
-"""The largest schedule message stored with a bridge: hivemind refuses unary calls (a DHT store) over 4 MiB, and
-the signed envelope (key, signature, expiry) and the store request take some room beside it."""
+MAX_STORED_SCHEDULE_BYTES = 2 * 1024 * 1024 - 64 * 1024
+"""The largest schedule message stored with a bridge. hivemind refuses unary messages over 4 MiB, and a DHT find
+answers with every signer's record under the key at once (the coordinator's and a successor's, for an hour after a
+succession): each must stay under half of it, with room for its signed envelope. A 20-peer schedule is ~30 KB."""
 
 
 class SchedulerRole:

@@ -223,7 +223,7 @@ class Peer:
         if wire_shape[0] > data.batch_size:
             self.hops.padding = self.outbox.padding = MessagePadding(data.batch_size, wire_shape[0])
         checks = InboundChecks(self.peer_id, o.run_id, wire_shape,
-                               lambda: (self.schedule, *(self.follower.pending if self.follower else ())))
+                               lambda: self.follower.known.all if self.follower else ())
         self._transport = Transport(node.dht, {"hop": self.hops, "average": self.inbox.consumer("average"),
                                                 "state": self.inbox.consumer("state")}, run_id=o.run_id,
                                     expects=checks.expects, state_gate=checks.state_gate, admitted=self.members.admits,
@@ -338,7 +338,7 @@ class Peer:
 
     # ---- schedules ----------------------------------------------------------------------------------
     def _use(self, schedule: Schedule) -> None:
-        """`schedule` is the epoch in use from now on."""
+        """`schedule` is the epoch in use from now on (it and the epochs before it are pending no more)."""
         self.follower.schedule = schedule
         self.members.follow(schedule.placement)
         self.inbox.adopt(schedule.epoch)
@@ -351,7 +351,6 @@ class Peer:
         while True:
             self.iteration = self.inbox.iteration = int(schedule.meta.get("start_iteration", 0))
             self._use(schedule)  # after the iteration is set: what its senders sent before this peer heard is filed
-            self.follower.drop_pending(through=schedule.epoch)
             self._fresh = True  # until its first iteration commits
             try:
                 self.keeper.start(schedule, self.iteration, revised=self.follower.poll_newer)
@@ -397,6 +396,7 @@ class Peer:
         if moved and not isinstance(source, str) and restart is None:
             logger.error("schedule epoch %d moves this peer to stage %d without a peer to take it over from: refused",
                          schedule.epoch, schedule.placement[self.peer_id])
+            self.follower.drop_pending(through=schedule.epoch)
             return
         start = int(schedule.meta.get("start_iteration", 0))
         if self._fresh and start < self.iteration:

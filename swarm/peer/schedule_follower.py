@@ -24,7 +24,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from scheduler.schedule import Schedule
 from swarm.constants import DHT_TIMEOUT, silent_after
@@ -50,6 +50,20 @@ ANNOUNCED_READ_WAIT = DHT_TIMEOUT
 iteration started under the old epoch is refused by the peers that took the new one (their checks know no older
 epoch), so that holder's attempts all break. This is how long the synchronous read it replaces could block at that
 point."""
+
+
+class Known(NamedTuple):
+    """The epochs a peer knows, replaced whole (never mutated): other threads (the inbound checks, a successor)
+    read one snapshot, so they never see an epoch in use or pending vanish between two reads while it is taken."""
+    in_use: Schedule | None = None
+    bridges: tuple[Schedule, ...] = ()
+    newer: Schedule | None = None
+
+    @property
+    def all(self) -> tuple[Schedule, ...]:
+        """The epoch in use, then those pending, oldest first."""
+        return ((self.in_use,) if self.in_use is not None else ()) + self.bridges + \
+            ((self.newer,) if self.newer is not None else ())
 
 
 Found = tuple[Schedule, Schedule | None]
@@ -91,13 +105,10 @@ class ScheduleFollower:
         self.candidate: str | None = None
         """The scheduler's would-be successor while the scheduler misses heartbeats."""
         self.scheduler_seen = time.monotonic()
-        self.schedule: Schedule | None = None
-        """The epoch in use."""
-        self.newer: Schedule | None = None
-        """A newer epoch read from the DHT, not started yet."""
-        self.bridges: tuple[Schedule, ...] = ()
-        """Epochs between the one in use and `newer`, oldest first, each in force from its start until the next one
-        starts."""
+        self.known = Known()
+        """The epoch in use; epochs between it and `newer` (`bridges`, oldest first, each in force from its start
+        until the next one starts); a newer epoch read from the DHT, not started yet (`newer`). Written by the
+        pipeline's thread only."""
         self.notice = threading.Event()
         """Set by a schedule notice: read the DHT again."""
         self.finished = threading.Event()
@@ -202,6 +213,26 @@ class ScheduleFollower:
         self._left_out = {i: peers for i, peers in self._left_out.items() if i >= iteration}
 
     # ---- epochs ---------------------------------------------------------------------------------------------------
+    @property
+    def schedule(self) -> Schedule | None:
+        """The epoch in use."""
+        return self.known.in_use
+
+    @schedule.setter
+    def schedule(self, schedule: Schedule) -> None:
+        """Use `schedule` from now on: it, and any epoch pending before it, are pending no more."""
+        k = self.known
+        newer = k.newer if k.newer is not None and k.newer.epoch > schedule.epoch else None
+        self.known = Known(schedule, tuple(b for b in k.bridges if b.epoch > schedule.epoch), newer)
+
+    @property
+    def newer(self) -> Schedule | None:
+        return self.known.newer
+
+    @property
+    def bridges(self) -> tuple[Schedule, ...]:
+        return self.known.bridges
+
     def _fetch_with_bridge(self) -> Found | None:
         """The newest schedule in the DHT signed by the coordinator or the current scheduler, and the epoch it
         bridges to (or None)."""
@@ -211,14 +242,18 @@ class ScheduleFollower:
     @property
     def pending(self) -> tuple[Schedule, ...]:
         """The epochs read and not started yet, oldest first (`bridges`, `newer`)."""
-        return self.bridges + ((self.newer,) if self.newer is not None else ())
+        k = self.known
+        return k.bridges + ((k.newer,) if k.newer is not None else ())
 
     def drop_pending(self, through: int | None = None) -> None:
         """Forget the epochs read and not started, up to epoch `through` (all if None): the caller took that one, or
         the newest places this peer no more."""
-        if through is None or (self.newer is not None and self.newer.epoch <= through):
-            self.newer = None
-        self.bridges = () if through is None else tuple(b for b in self.bridges if b.epoch > through)
+        k = self.known
+        if through is None:
+            self.known = Known(k.in_use)
+        else:
+            self.known = Known(k.in_use, tuple(b for b in k.bridges if b.epoch > through),
+                               k.newer if k.newer is not None and k.newer.epoch > through else None)
 
     def poll_newer(self, *, wait: float = 0.0) -> Schedule | None:
         """The newest schedule known if it is newer than the one in use. Starts a read of the DHT when one is due
@@ -262,11 +297,13 @@ class ScheduleFollower:
         if read.result is None:
             return
         schedule, bridge = read.result
-        newer = schedule if schedule.epoch > self.schedule.epoch and \
-            (self.newer is None or schedule.epoch > self.newer.epoch) else self.newer
-        # bridges first, then `newer`: the inbound checks, on another thread, must never see `newer` without them
-        self.bridges = _bridges(self.bridges + ((bridge,) if bridge is not None else ()), self.schedule, newer)
-        self.newer = newer
+        k = self.known
+        newer = schedule if schedule.epoch > k.in_use.epoch and \
+            (k.newer is None or schedule.epoch > k.newer.epoch) else k.newer
+        # the newer epoch this one replaces may be a bridge of it (the record overwritten before this peer read the
+        # one between): it stays a candidate
+        candidates = k.bridges + tuple(s for s in (k.newer, bridge) if s is not None)
+        self.known = Known(k.in_use, _bridges(candidates, k.in_use, newer), newer)
 
     def replaced(self, iteration: int) -> bool:
         """A newer epoch starts at (or before) `iteration`, which is to be abandoned."""
@@ -274,17 +311,11 @@ class ScheduleFollower:
         return any(_start(s) <= iteration for s in self.pending)
 
     def due(self, iteration: int) -> Schedule | None:
-        """The newest epoch read that starts at or before `iteration` (it and the older ones are no longer pending
-        then), else None."""
+        """The newest epoch read that starts at or before `iteration`, else None. It stays pending until the caller
+        uses it (sets `schedule`) or drops it (`drop_pending`): until then the inbound checks must know it."""
         self.poll_newer(wait=ANNOUNCED_READ_WAIT if self._announced_newer() else 0.0)
-        if self.newer is not None and _start(self.newer) <= iteration:
-            newer, self.newer, self.bridges = self.newer, None, ()
-            return newer
-        started = [b for b in self.bridges if _start(b) <= iteration]
-        if started:
-            self.bridges = tuple(b for b in self.bridges if b.epoch > started[-1].epoch)
-            return started[-1]
-        return None
+        started = [s for s in self.pending if _start(s) <= iteration]
+        return started[-1] if started else None
 
     def wait_for_replacement(self, iteration: int, stop: threading.Event, timeout: float) -> bool:
         """Wait up to `timeout` seconds for an epoch that replaces `iteration`; False at once if the run finishes."""
@@ -308,7 +339,8 @@ class ScheduleFollower:
             schedule, bridge = found if found is not None else (None, None)
             if schedule is not None and peer in schedule.placement and schedule.epoch > newer_than:
                 if bridge is not None and peer in bridge.placement and bridge.epoch > newer_than:
-                    self.newer = schedule  # placed by an epoch that runs the iteration in progress: start there
+                    # placed by an epoch that runs the iteration in progress: start there
+                    self.known = Known(self.known.in_use, self.known.bridges, schedule)
                     return bridge
                 return schedule
             if self.notice.wait(LAGGING_POLL_PERIOD if time.monotonic() < follow_up_until else

@@ -78,7 +78,8 @@ class Succession:
     def successor(self, records: dict[str, PeerRecord]) -> str | None:
         """The successor of a dead scheduler: the first live peer of the succession list its newest schedule names
         (signed by it, so nobody else can put itself first); a schedule without one names none."""
-        schedule = self.follower.newer or self.follower.schedule
+        known = self.follower.known  # one snapshot (the pipeline's thread replaces it)
+        schedule = known.newer or known.in_use
         if schedule is None:
             return None
         named = schedule.meta.get("successors")
@@ -120,7 +121,7 @@ class Succession:
             return
         try:
             f = self.follower
-            schedules = [s for s in (f.schedule, *f.pending) if s is not None]
+            schedules = list(f.known.all)  # one snapshot: an epoch being taken is in it
             completed, positions = resume_point(self._iteration(), f.committed_positions)
             self.role = self._make_role(**self._role_kwargs, ends_run_on_stop=False)
             self.role.resume(schedules, completed, positions)

@@ -177,6 +177,7 @@ def test_at_an_iteration_start_a_read_of_an_announced_epoch_is_waited_for_a_mome
     start = time.monotonic()
     due = f.due(7)  # the read ends while `due` waits: the iteration starts under the new epoch
     assert due is not None and due.epoch == 1 and time.monotonic() - start < 1.0
+    f.schedule = due
     assert f.newer is None
 
 
@@ -207,10 +208,12 @@ def test_an_epoch_replaced_in_the_dht_before_this_peer_read_it_is_taken_from_its
     f.schedule = real_epoch(6, start_iteration=55)
     dht.store(real_epoch(8, start_iteration=67), bridge=real_epoch(7, start_iteration=66))
     f.on_message("coord", ScheduleNotice(epoch=8))
-    assert [s.epoch for s in (f.due(66),)] == [7] and [s.epoch for s in f.pending] == [8]
-    f.schedule = real_epoch(7, start_iteration=66)
-    assert not f.replaced(66) and f.due(66) is None
-    assert f.due(67).epoch == 8 and f.pending == ()
+    taken = f.due(66)
+    assert taken.epoch == 7 and [s.epoch for s in f.pending] == [7, 8]  # pending until used: the checks know it
+    f.schedule = taken
+    assert [s.epoch for s in f.pending] == [8] and not f.replaced(66) and f.due(66) is None
+    f.schedule = f.due(67)
+    assert f.schedule.epoch == 8 and f.pending == ()
 
 
 def test_a_peer_an_iteration_behind_keeps_every_bridge_it_read_until_each_starts():
@@ -226,7 +229,40 @@ def test_a_peer_an_iteration_behind_keeps_every_bridge_it_read_until_each_starts
     f.on_message("coord", ScheduleNotice(epoch=9))
     f.poll_newer(wait=5)
     assert [s.epoch for s in f.pending] == [7, 8, 9] and f.replaced(66)
-    assert [f.due(i).epoch for i in (66, 67, 68)] == [7, 8, 9] and f.pending == ()
+    taken = []
+    for i in (66, 67, 68):
+        f.schedule = f.due(i)
+        taken.append(f.schedule.epoch)
+    assert taken == [7, 8, 9] and f.pending == ()
+
+
+def test_a_newer_epoch_read_before_is_kept_as_the_bridge_of_one_that_replaced_it_in_the_dht():
+    """Still in iteration 66 on epoch 6, a peer holds bridge 7 (from 66) and newer 8 (from 67). Epochs 9 (from 68,
+    bridging to 8) and 10 (from 69, bridging to 9) follow; it reads only 10. It still runs 67 under 8."""
+    dht = OneRecord()
+    f = ScheduleFollower(records=dht, coordinator="coord", heartbeat=1.0)
+    f.schedule = real_epoch(6, start_iteration=55)
+    dht.store(real_epoch(8, start_iteration=67), bridge=real_epoch(7, start_iteration=66))
+    f.on_message("coord", ScheduleNotice(epoch=8))
+    f.poll_newer(wait=5)
+    dht.store(real_epoch(10, start_iteration=69), bridge=real_epoch(9, start_iteration=68))
+    f.on_message("coord", ScheduleNotice(epoch=10))
+    f.poll_newer(wait=5)
+    assert [s.epoch for s in f.pending] == [7, 8, 9, 10]
+
+
+def test_the_epoch_being_taken_stays_known_to_other_threads_until_it_is_in_use():
+    """The inbound checks (another thread) read one snapshot of the known epochs: between `due` and the epoch's use
+    it is still there, and once in use the epochs before it are gone."""
+    dht = OneRecord()
+    f = ScheduleFollower(records=dht, coordinator="coord", heartbeat=1.0)
+    f.schedule = real_epoch(6, start_iteration=55)
+    dht.store(real_epoch(8, start_iteration=67), bridge=real_epoch(7, start_iteration=66))
+    f.on_message("coord", ScheduleNotice(epoch=8))
+    taken = f.due(66)
+    assert [s.epoch for s in f.known.all] == [6, 7, 8]
+    f.schedule = taken
+    assert [s.epoch for s in f.known.all] == [7, 8]
 
 
 def test_a_rerun_from_a_bridges_start_replaces_that_bridge():
