@@ -16,8 +16,13 @@ full pipeline gets its own placement (groups sized for its columns, searched on 
 iteration (streams opening) is not counted; the median of the others is compared with the simulation of the
 planned schedule on the measured cost tables it carries: the expected makespan over simulations whose messages
 deviate as the peers measured theirs deviate during the run (`jitter_ms` of the coordinator's metrics), next to
-the on-time simulation and the planner's own prediction. Throughput is reported as tokens/s (of the emulated
-preset's microbatches) and layer-work/s (tokens x stages visited: a skip path does less work per token).
+the on-time simulation and the planner's own prediction. The peers measure a message against its link's recent
+median (what planning needs: how much a link varies), which absorbs a steady offset: on a machine whose cores every
+send shares, messages take longer the more are in flight. So the same schedule is also simulated with the
+deviations of the run's own pipeline messages from the cost table it was planned on (`simulated_table_s`): what
+the simulator, told how long the messages really took (as a distribution, not message by message), predicts.
+Throughput is reported as tokens/s (of the emulated preset's microbatches) and layer-work/s (tokens x stages
+visited: a skip path does less work per token).
 
 Every method runs `--repeats` times (fresh swarms, interleaved), and the summary gives min/median/max of the runs'
 median iterations and the ratio of SkipPipe's to the full pipeline's. `--max-runs N` stops after N new runs and
@@ -51,6 +56,7 @@ from benchmarks.sigterm import unwind_on_sigterm  # noqa: E402
 from benchmarks.wan.footprint import kind_of, swarm_footprint  # noqa: E402
 from peers.emulated_model import message_bytes, stage_time_scale  # noqa: E402
 from peers.model import FLAVORS  # noqa: E402
+from scheduler.costs import CostTables, pooled_jitter  # noqa: E402
 from scheduler.expected_makespan import expected_makespan  # noqa: E402
 from scheduler.profiles import swarm_from  # noqa: E402
 from scheduler.round_trips import schedule_sim_routes  # noqa: E402
@@ -155,6 +161,9 @@ def run_result(args: argparse.Namespace, method: str, rep: int, run_dir: Path, o
     ids = [ensure_identity(str(keys / f"peer-{i:02d}.key")) for i in range(args.peers)]
     labels = {p: f"peer-{i:02d} stage {schedule.placement.get(p, '-')}" for i, p in enumerate(ids)}
     spans = read_spans(run_dir.glob("trace-*.jsonl"))
+    # the metrics number iterations from 1 as they commit, the traces from 0
+    deviations = pooled_jitter(message_deviations(spans, tables, {r["iteration"] - 1 for r in records[1:]}))
+    table_sim = expected_makespan(replace(tables, jitter=deviations), routes).mean if deviations is not None else None
     (out / f"trace-{method}-{rep}.json").write_text(json.dumps(chrome_trace(spans, labels)))
     # how well the peers' probes measured the emulated links (the planner's inputs), for this run's message size
     order = [ids.index(p) for p in tables.ids]
@@ -167,7 +176,9 @@ def run_result(args: argparse.Namespace, method: str, rep: int, run_dir: Path, o
     tokens = len(schedule.routes) * args.microbatch_tokens
     layer_work = sum(len(r.stages) + 1 for r in schedule.routes) * args.microbatch_tokens
     result = {"method": method, "rep": rep, "measured_s": times, "iterations_done": len(records),
-              "median_s": median, "simulated_s": simulated,
+              "median_s": median, "simulated_s": simulated, "simulated_table_s": table_sim,
+              "message_deviation_ms": None if deviations is None else
+              [round(1e3 * float(q), 1) for q in np.quantile(deviations, (0.1, 0.5, 0.9, 0.99))],
               "on_time_s": on_time, "planned_s": schedule.predicted_iteration_seconds,
               "planned_jitter_ms": [round(1e3 * j, 2) for j in (tables.jitter if tables.jitter is not None else [])],
               "run_jitter_ms": run_jitter, "simulated_p90_s": expected.p90, "microbatches": len(schedule.routes),
@@ -181,10 +192,21 @@ def run_result(args: argparse.Namespace, method: str, rep: int, run_dir: Path, o
     print(f"{LABELS[method]:>22} (run {rep + 1}): measured median {median:.2f} s (iterations {each}), "
           f"simulated {simulated:.2f} s with the run's jitter (on time {on_time:.2f}, planned "
           f"{schedule.predicted_iteration_seconds or float('nan'):.2f}), measured/simulated "
-          f"{median / simulated:.2f} (on time {median / on_time:.2f}); {result['tokens_per_s']:.0f} tokens/s, "
+          f"{median / simulated:.2f} (on time {median / on_time:.2f}"
+          + (f", with the messages' deviation from the table {median / table_sim:.2f}" if table_sim else "")
+          + f"); {result['tokens_per_s']:.0f} tokens/s, "
           f"{result['layer_work_per_s']:.0f} layer-tokens/s; groups {groups}"
           f"{f', {columns} columns' if columns else ''}; link model/emulated links {link_ratio:.2f}", flush=True)
     return result
+
+
+def message_deviations(spans: list[dict], tables: CostTables, iterations: set[int]) -> list[float]:
+    """Seconds each pipeline message of `iterations` took beyond its link's time in `tables` (the sender's span,
+    which ends at the receiver's answer, less `tables.message` of that link)."""
+    index = {p: i for i, p in enumerate(tables.ids)}
+    return [float(s["end"] - s["start"] - tables.message[index[s["peer"]], index[s["to"]]]) for s in spans
+            if s["kind"] in ("send_forward", "send_backward") and s.get("iteration") in iterations
+            and s["peer"] in index and s.get("to") in index]
 
 
 def _watch_timeout(args: argparse.Namespace) -> float:
@@ -215,6 +237,8 @@ def summarize(results: list[dict]) -> dict:
             "runs": len(runs), "iteration_s": spread([r["median_s"] for r in runs]),
             "simulated_s": spread([r["simulated_s"] for r in runs]),
             "measured_over_simulated": spread([r["median_s"] / r["simulated_s"] for r in runs]),
+            "measured_over_simulated_table": spread([r["median_s"] / r["simulated_table_s"] for r in runs
+                                                     if r.get("simulated_table_s")] or [float("nan")]),
             "tokens_per_s": spread([r["tokens_per_s"] for r in runs]),
             "layer_work_per_s": spread([r["layer_work_per_s"] for r in runs])}
     if "skippipe" in by and "full-pipeline" in by:
@@ -231,7 +255,8 @@ def report(summary: dict) -> None:
         it, sim, ratio = m["iteration_s"], m["simulated_s"], m["measured_over_simulated"]
         print(f"{LABELS[method]:>22}, {m['runs']} runs: iteration {it['min']:.2f} / {it['median']:.2f} / "
               f"{it['max']:.2f} s (min/median/max), simulated {sim['median']:.2f} s, measured/simulated "
-              f"{ratio['min']:.2f} / {ratio['median']:.2f} / {ratio['max']:.2f}; tokens/s "
+              f"{ratio['min']:.2f} / {ratio['median']:.2f} / {ratio['max']:.2f} (with the messages' deviation from "
+              f"the table {m['measured_over_simulated_table']['median']:.2f}); tokens/s "
               f"{m['tokens_per_s']['median']:.0f}, layer-tokens/s {m['layer_work_per_s']['median']:.0f}", flush=True)
     ratio = summary.get("skippipe_over_full_pipeline")
     if ratio:
