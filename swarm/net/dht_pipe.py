@@ -16,8 +16,8 @@ that pipe break a command that is not small:
 
 from __future__ import annotations
 
+import multiprocessing
 import os
-import threading
 from typing import Any
 
 from hivemind import DHT
@@ -26,11 +26,12 @@ _TIMEOUT = 10.0
 
 
 class _OneSendAtATime:
-    """A connection whose `send` holds a lock: each command goes into the pipe whole before the next one starts."""
+    """A connection whose `send` holds a lock: each command goes into the pipe whole before the next one starts.
+    A process lock, not a thread lock: a hivemind averager forked from this process later sends on the same pipe."""
 
     def __init__(self, connection: Any) -> None:
         self._connection = connection
-        self._lock = threading.Lock()
+        self._lock = multiprocessing.get_context("fork").Lock()
 
     def send(self, obj: Any) -> None:
         with self._lock:
