@@ -216,18 +216,25 @@ def test_an_epoch_replaced_in_the_dht_before_this_peer_read_it_is_taken_from_its
     assert f.schedule.epoch == 8 and f.pending == ()
 
 
-def test_a_peer_an_iteration_behind_keeps_every_bridge_it_read_until_each_starts():
-    """Still on epoch 6 in iteration 66, a peer reads epoch 8 (from 67) bridging to 7 (from 66), then epoch 9 (from
-    68) bridging to 8: it runs 66 under 7, 67 under 8 and 68 under 9, as the others did."""
+def following(*records: tuple[Schedule, Schedule | None]) -> ScheduleFollower:
+    """A follower on epoch 6 (from iteration 55) that read each (newest, bridge) record in turn, as the DHT held it."""
     dht = OneRecord()
     f = ScheduleFollower(records=dht, coordinator="coord", heartbeat=1.0)
     f.schedule = real_epoch(6, start_iteration=55)
-    dht.store(real_epoch(8, start_iteration=67), bridge=real_epoch(7, start_iteration=66))
-    f.on_message("coord", ScheduleNotice(epoch=8))
-    f.poll_newer(wait=5)
-    dht.store(real_epoch(9, start_iteration=68), bridge=real_epoch(8, start_iteration=67))
-    f.on_message("coord", ScheduleNotice(epoch=9))
-    f.poll_newer(wait=5)
+    for newest, bridge in records:
+        dht.store(newest, bridge=bridge)
+        f.on_message("coord", ScheduleNotice(epoch=newest.epoch))
+        f.poll_newer(wait=5)
+    return f
+
+
+EPOCH_8_BRIDGING_7 = (real_epoch(8, start_iteration=67), real_epoch(7, start_iteration=66))
+
+
+def test_a_peer_an_iteration_behind_keeps_every_bridge_it_read_until_each_starts():
+    """Still on epoch 6 in iteration 66, a peer reads epoch 8 (from 67) bridging to 7 (from 66), then epoch 9 (from
+    68) bridging to 8: it runs 66 under 7, 67 under 8 and 68 under 9, as the others did."""
+    f = following(EPOCH_8_BRIDGING_7, (real_epoch(9, start_iteration=68), real_epoch(8, start_iteration=67)))
     assert [s.epoch for s in f.pending] == [7, 8, 9] and f.replaced(66)
     taken = []
     for i in (66, 67, 68):
@@ -239,26 +246,14 @@ def test_a_peer_an_iteration_behind_keeps_every_bridge_it_read_until_each_starts
 def test_a_newer_epoch_read_before_is_kept_as_the_bridge_of_one_that_replaced_it_in_the_dht():
     """Still in iteration 66 on epoch 6, a peer holds bridge 7 (from 66) and newer 8 (from 67). Epochs 9 (from 68,
     bridging to 8) and 10 (from 69, bridging to 9) follow; it reads only 10. It still runs 67 under 8."""
-    dht = OneRecord()
-    f = ScheduleFollower(records=dht, coordinator="coord", heartbeat=1.0)
-    f.schedule = real_epoch(6, start_iteration=55)
-    dht.store(real_epoch(8, start_iteration=67), bridge=real_epoch(7, start_iteration=66))
-    f.on_message("coord", ScheduleNotice(epoch=8))
-    f.poll_newer(wait=5)
-    dht.store(real_epoch(10, start_iteration=69), bridge=real_epoch(9, start_iteration=68))
-    f.on_message("coord", ScheduleNotice(epoch=10))
-    f.poll_newer(wait=5)
+    f = following(EPOCH_8_BRIDGING_7, (real_epoch(10, start_iteration=69), real_epoch(9, start_iteration=68)))
     assert [s.epoch for s in f.pending] == [7, 8, 9, 10]
 
 
 def test_the_epoch_being_taken_stays_known_to_other_threads_until_it_is_in_use():
     """The inbound checks (another thread) read one snapshot of the known epochs: between `due` and the epoch's use
     it is still there, and once in use the epochs before it are gone."""
-    dht = OneRecord()
-    f = ScheduleFollower(records=dht, coordinator="coord", heartbeat=1.0)
-    f.schedule = real_epoch(6, start_iteration=55)
-    dht.store(real_epoch(8, start_iteration=67), bridge=real_epoch(7, start_iteration=66))
-    f.on_message("coord", ScheduleNotice(epoch=8))
+    f = following(EPOCH_8_BRIDGING_7)
     taken = f.due(66)
     assert [s.epoch for s in f.known.all] == [6, 7, 8]
     f.schedule = taken
@@ -267,15 +262,7 @@ def test_the_epoch_being_taken_stays_known_to_other_threads_until_it_is_in_use()
 
 def test_a_rerun_from_a_bridges_start_replaces_that_bridge():
     """Epoch 9 reruns iteration 66 (it starts there): the bridge that also started at 66 is not run."""
-    dht = OneRecord()
-    f = ScheduleFollower(records=dht, coordinator="coord", heartbeat=1.0)
-    f.schedule = real_epoch(6, start_iteration=55)
-    dht.store(real_epoch(8, start_iteration=67), bridge=real_epoch(7, start_iteration=66))
-    f.on_message("coord", ScheduleNotice(epoch=8))
-    f.poll_newer(wait=5)
-    dht.store(real_epoch(9, start_iteration=66))
-    f.on_message("coord", ScheduleNotice(epoch=9))
-    f.poll_newer(wait=5)
+    f = following(EPOCH_8_BRIDGING_7, (real_epoch(9, start_iteration=66), None))
     assert [s.epoch for s in f.pending] == [9] and f.due(66).epoch == 9
 
 
