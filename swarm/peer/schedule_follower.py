@@ -9,9 +9,9 @@ asks (up to hivemind's RPC timeout on a frozen one), which held that loop, and w
 up to seconds at a silent death. An epoch starts at an iteration (`start_iteration`): until then it waits as
 `newer`; one that starts at or before the iteration in progress replaces it (a rerun). The DHT holds only the newest
 epoch: one that started at the iteration in progress and was replaced there by a later-starting one comes along with
-it as its `bridge` (`ScheduleMsg.bridge`), and runs from its start until the newest starts. The follower keeps every
-bridge it read that has not started (`bridges`): a peer an iteration behind may read epoch 8 bridging to 7, then epoch
-9 bridging to 8, and still needs 7 for the iteration it is on.
+it as its `bridge` (`ScheduleMsg.bridge`), and runs from its start until the newest starts. The follower keeps
+every bridge it read that has not started (`known.bridges`): a peer an iteration behind may read epoch 8 bridging
+to 7, then epoch 9 bridging to 8, and still needs 7 for the iteration it is on.
 
 Only the scheduler is trusted: schedules are read from the DHT signed by the coordinator or the current
 scheduler, and notices, 'gone', 'finished' and commits are taken only from the scheduler or, once it has missed a
@@ -64,6 +64,11 @@ class Known(NamedTuple):
         """The epoch in use, then those pending, oldest first."""
         return ((self.in_use,) if self.in_use is not None else ()) + self.bridges + \
             ((self.newer,) if self.newer is not None else ())
+
+    def past(self, epoch: int) -> Known:
+        """The same epoch in use, with only the pending epochs newer than `epoch`."""
+        newer = self.newer if self.newer is not None and self.newer.epoch > epoch else None
+        return Known(self.in_use, tuple(b for b in self.bridges if b.epoch > epoch), newer)
 
 
 Found = tuple[Schedule, Schedule | None]
@@ -219,19 +224,14 @@ class ScheduleFollower:
         return self.known.in_use
 
     @schedule.setter
-    def schedule(self, schedule: Schedule) -> None:
+    def schedule(self, schedule: Schedule | None) -> None:
         """Use `schedule` from now on: it, and any epoch pending before it, are pending no more."""
-        k = self.known
-        newer = k.newer if k.newer is not None and k.newer.epoch > schedule.epoch else None
-        self.known = Known(schedule, tuple(b for b in k.bridges if b.epoch > schedule.epoch), newer)
+        known = self.known if schedule is None else self.known.past(schedule.epoch)
+        self.known = known._replace(in_use=schedule)
 
     @property
     def newer(self) -> Schedule | None:
         return self.known.newer
-
-    @property
-    def bridges(self) -> tuple[Schedule, ...]:
-        return self.known.bridges
 
     def _fetch_with_bridge(self) -> Found | None:
         """The newest schedule in the DHT signed by the coordinator or the current scheduler, and the epoch it
@@ -248,12 +248,7 @@ class ScheduleFollower:
     def drop_pending(self, through: int | None = None) -> None:
         """Forget the epochs read and not started, up to epoch `through` (all if None): the caller took that one, or
         the newest places this peer no more."""
-        k = self.known
-        if through is None:
-            self.known = Known(k.in_use)
-        else:
-            self.known = Known(k.in_use, tuple(b for b in k.bridges if b.epoch > through),
-                               k.newer if k.newer is not None and k.newer.epoch > through else None)
+        self.known = Known(self.known.in_use) if through is None else self.known.past(through)
 
     def poll_newer(self, *, wait: float = 0.0) -> Schedule | None:
         """The newest schedule known if it is newer than the one in use. Starts a read of the DHT when one is due
@@ -340,7 +335,7 @@ class ScheduleFollower:
             if schedule is not None and peer in schedule.placement and schedule.epoch > newer_than:
                 if bridge is not None and peer in bridge.placement and bridge.epoch > newer_than:
                     # placed by an epoch that runs the iteration in progress: start there
-                    self.known = Known(self.known.in_use, self.known.bridges, schedule)
+                    self.known = self.known._replace(newer=schedule)
                     return bridge
                 return schedule
             if self.notice.wait(LAGGING_POLL_PERIOD if time.monotonic() < follow_up_until else
