@@ -538,6 +538,11 @@ class SignedRecord:
     public_key: bytes
     """The author's RSA public key, OpenSSH form (its peer id is derived from it)."""
     signature: bytes
+    proof: bytes = b""
+    """The author's proof of the run's join token (`swarm.control.membership.token_proof`), so that a DHT node
+    can refuse the records of strangers before storing them (`swarm.control.record_writers`). Outside the signed
+    bytes: the proof is bound to the author's peer id already, so it is worth nothing on another author's record.
+    Optional on the wire."""
     version: int = WIRE_VERSION
 
     @staticmethod
@@ -546,7 +551,7 @@ class SignedRecord:
 
     def to_msgpack(self) -> bytes:
         return pack({"version": self.version, "kind": self.kind, "body": self.body, "expires": self.expires,
-                     "key": self.public_key, "sig": self.signature})
+                     "key": self.public_key, "sig": self.signature, **({"proof": self.proof} if self.proof else {})})
 
     @classmethod
     def from_msgpack(cls, data: bytes, *, max_bytes: int = MAX_RECORD_BYTES) -> SignedRecord:
@@ -560,4 +565,5 @@ class SignedRecord:
             fields[name] = value
         return cls(kind=read_str(d.get("kind"), "record.kind", 32), body=fields["body"],
                    expires=read_float(d.get("expires"), "record.expires", 0.0), public_key=fields["key"],
-                   signature=fields["sig"], version=version)
+                   signature=fields["sig"], proof=read_bytes(d.get("proof", b""), "record.proof", MAX_PROOF_BYTES),
+                   version=version)

@@ -20,6 +20,7 @@ from swarm.constants import (
     MAX_ERROR_CHARS,
     MAX_ID_CHARS,
     MAX_MICROBATCH_ATTEMPTS,
+    MAX_PROOF_BYTES,
     MAX_SHARDS,
     WIRE_VERSION,
 )
@@ -87,14 +88,18 @@ def read_positions(value: Any, name: str) -> dict[str, dict[str, int]]:
 
 @dataclass(frozen=True)
 class Join:
-    """A peer announces itself on the control plane (its placement waits for its DHT record)."""
+    """A peer announces itself on the control plane (its placement waits for its DHT record), with its proof of the
+    join token (`admission`, b"" without one): a joiner the run does not admit hears why, although the DHT refuses
+    its record (`swarm.control.record_writers`)."""
 
     TOPIC: ClassVar[Topic] = "membership"
     peer: str
+    admission: bytes = b""
 
     @classmethod
     def _decode(cls, d: dict, name: str) -> Join:
-        return cls(peer=_peer(d, name))
+        return cls(peer=_peer(d, name), admission=read_bytes(d.get("admission", b""), f"{name}.admission",
+                                                             MAX_PROOF_BYTES))
 
 
 @dataclass(frozen=True)

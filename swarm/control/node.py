@@ -13,6 +13,7 @@ import glob
 import logging
 import time
 from collections.abc import Callable, Iterable
+from functools import partial
 
 import hivemind
 from hivemind.p2p import P2PDaemonError
@@ -20,6 +21,7 @@ from hivemind.p2p import P2PDaemonError
 from swarm.constants import (
     DHT_START_ATTEMPTS,
     DHT_START_BACKOFF,
+    DHT_TIMEOUT,
     LOOPBACK_HOST,
     MAX_ERROR_CHARS,
     P2PD_STARTUP_TIMEOUT,
@@ -33,7 +35,8 @@ from swarm.control.gossip import (
     progress_topic,
     schedule_topic,
 )
-from swarm.control.record_validator import RunRecordValidator
+from swarm.control.record_validator import RunRecordValidator, restrict_writers
+from swarm.control.record_writers import RecordWriters
 from swarm.control.records import Heartbeat, SwarmRecords
 from swarm.events import event
 from swarm.net.dht_pipe import make_commands_safe
@@ -83,10 +86,13 @@ class Node:
 
     def start_dht(self, initial_peers: Iterable[str] = (), *, client: bool = False,
                   reachability: Reachability | None = None, relays: Iterable[str] = (),
-                  announce: Iterable[str] = ()) -> SwarmRecords:
+                  announce: Iterable[str] = (), writers: RecordWriters | None = None,
+                  proof: bytes = b"") -> SwarmRecords:
         """Join (or, without `initial_peers`, bootstrap) the DHT; returns the run's signed records over it.
 
-        The DHT validates the run's records as it stores and relays them (`RunRecordValidator`). A `client` node
+        The DHT validates the run's records as it stores and relays them (`RunRecordValidator`), and keeps only
+        those of `writers` where they are known (a node that learns them later calls `restrict_writers`); this
+        node's records carry `proof`, its proof of the run's join token (b"" where it has none). A `client` node
         (an onlooker) reads and writes through others and stores nothing for them. A "public" node relays for
         others (within `RelayLimits`); a "relayed" one (it cannot be dialled) keeps a reservation on `relays`
         (default: `initial_peers`) and announces its circuit addresses through them (`swarm.net.reachability`);
@@ -105,7 +111,7 @@ class Node:
             try:
                 self.dht = hivemind.DHT(initial_peers=initial_peers, host_maddrs=[f"/ip4/{self.host}/tcp/{self.port}"],
                                         identity_path=self.identity_path, start=True, client_mode=client,
-                                        record_validators=[RunRecordValidator(self.run_id)],
+                                        record_validators=[RunRecordValidator(self.run_id, writers)],
                                         check_if_identity_free=not created_here(self.identity_path),
                                         startup_timeout=P2PD_STARTUP_TIMEOUT, **DHT_CACHING, **options)
                 break
@@ -123,8 +129,15 @@ class Node:
                 time.sleep(max(0.0, wait - (time.monotonic() - began)))
         self.reaper.watch()  # the DHT process and its p2pd are on the reaper's list from here
         make_commands_safe(self.dht)  # a schedule of tens of KiB must not kill the DHT process
-        self.records = SwarmRecords(self.dht, self.identity, self.run_id)
+        self.records = SwarmRecords(self.dht, self.identity, self.run_id, proof=proof)
         return self.records
+
+    def restrict_writers(self, writers: RecordWriters, timeout: float = DHT_TIMEOUT) -> int:
+        """From now on the DHT stores and relays only the run's records that `writers` admits, and drops those it
+        holds that they do not (what a stranger stored before this node knew the run); how many it dropped."""
+        if self.dht is None:
+            raise RuntimeError("the DHT is not started")
+        return self.dht.run_coroutine(partial(restrict_writers, writers=writers), return_future=True).result(timeout)
 
     def watch_helpers(self) -> None:
         """The node started something more (a p2p client of its own, say): the reaper looks again at once."""

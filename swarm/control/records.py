@@ -47,10 +47,12 @@ class SwarmRecords:
       is the one that signs)
     :param identity: this peer's key, used to sign what it publishes
     :param run_id: the run these records belong to
+    :param proof: this peer's proof of the run's join token, carried by every record it stores so that nodes that
+      know the run store them (`swarm.control.record_writers`); b"" where it has none
     """
 
-    def __init__(self, dht: DHT, identity: Identity, run_id: str):
-        self.dht, self.identity, self.run_id = dht, identity, run_id
+    def __init__(self, dht: DHT, identity: Identity, run_id: str, *, proof: bytes = b""):
+        self.dht, self.identity, self.run_id, self.proof = dht, identity, run_id, proof
         self._last_expiry: dict[str, float] = {}
         self._lock = threading.Lock()
         self._opened = OpenedRecords()  # a record read again is not verified again
@@ -136,7 +138,7 @@ class SwarmRecords:
         subkey = self.identity.peer_id
         signature = self.identity.sign(SignedRecord.signed_bytes(kind, self.run_id, subkey, expires, body))
         record = SignedRecord(kind=kind, body=body, expires=expires, public_key=self.identity.public_key,
-                              signature=signature)
+                              signature=signature, proof=self.proof)
         return record.to_msgpack(), expires
 
     def _store(self, kind: str, body: bytes, ttl: float, timeout: float) -> bool:

@@ -78,6 +78,19 @@ class AdmissionDesk:
                 out.append(Refused(peer=peer, why=refusal))
         return members, out
 
+    def answer_join(self, peer: str, proof: bytes, now: float) -> Refused | None:
+        """What to gossip to `peer`, who announced itself with `proof` (the gossip layer checked that it is the
+        sender): the refusal, when the policy refuses it, so that a joiner whose record the DHT refuses (no proof of
+        the token, or a wrong one: `swarm.control.record_writers`) still hears why instead of waiting out its join
+        timeout; None when it may be admitted (its record brings it a certificate) or was answered lately."""
+        if peer in self.exempt:
+            return None
+        why = "it was evicted from the run" if peer in self.banned else self.policy.refusal(peer, self.run_id, proof)
+        if why is None or not self._due(peer, now):
+            return None
+        logger.warning("refused %s: %s", peer, why, extra=event("refused_peer", peer=peer, why=why))
+        return Refused(peer=peer, why=why)
+
     def _admit(self, peer: str, now: float) -> Admitted:
         cert = MembershipCert.issue(self.identity, peer, self.run_id, now + self.lifetime)
         return Admitted(peer=peer, cert=cert.to_msgpack())

@@ -22,9 +22,10 @@ from pathlib import Path
 from peers.data import Corpus
 from scheduler.schedule import Schedule
 from swarm.constants import LOOPBACK_HOST, RUN_SPEC_TTL
-from swarm.control.membership import TOKEN_BYTES, check_token
+from swarm.control.membership import TOKEN_BYTES, check_token, token_proof
 from swarm.control.messages import publish
 from swarm.control.node import Node
+from swarm.control.record_writers import RecordWriters
 from swarm.coordinator.dial_back import DialBack
 from swarm.coordinator.run_members import RunMembers
 from swarm.coordinator.scheduler_role import SchedulerRole
@@ -100,7 +101,12 @@ class Coordinator:
         o, node = self.options, self.node
         if self.run_dir:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-        records = node.start_dht(reachability="public" if o.relay else None)
+        self.join_token = self._join_token()
+        run_id = self.config.run_id  # the DHT keeps the records of those the run admits only, from the start
+        records = node.start_dht(reachability="public" if o.relay else None,
+                                 writers=RecordWriters(run_id, self.peer_id, o.admission, frozenset(o.allowed),
+                                                       self.join_token),
+                                 proof=token_proof(self.join_token, self.peer_id, run_id) if self.join_token else b"")
         members = RunMembers(records.fetch_peers, self.config.run_id, {self.peer_id})
         if o.relay:
             node.start_forwarder(members)
@@ -109,7 +115,6 @@ class Coordinator:
         self.spec = dataclasses.replace(
             self.config.to_spec(coordinator=self.peer_id, vocab_size=corpus.vocab_size,
                                 control_addrs=tuple(info.maddrs)), admission=o.admission, allowed=o.allowed)
-        self.join_token = self._join_token()
         if not records.publish_run_spec(self.spec):
             raise RuntimeError("could not store the run spec in the DHT")
         metrics = o.metrics_path or (str(self.run_dir / "metrics.jsonl") if self.run_dir else None)

@@ -25,7 +25,7 @@ from scheduler.schedule import Schedule
 from swarm.constants import record_lifetime
 from swarm.control.gossip import GossipClient, GossipMessage
 from swarm.control.membership import AdmissionPolicy
-from swarm.control.messages import ControlMessage, ScheduleNotice, as_gossip, publish, received
+from swarm.control.messages import ControlMessage, Join, ScheduleNotice, as_gossip, publish, received
 from swarm.control.records import SwarmRecords
 from swarm.coordinator.admission_desk import AdmissionDesk
 from swarm.coordinator.records_poller import Records, RecordsPoller
@@ -177,6 +177,10 @@ class SchedulerRole:
                 logger.warning("ignored a control message from %s: %s", msg.sender, e,
                                extra=event("ignored_control", sender=msg.sender, kind="malformed", why=str(e)))
             else:
+                if isinstance(message, Join) and message.peer == msg.sender:
+                    refusal = self.desk.answer_join(msg.sender, message.admission, get_dht_time())
+                    if refusal is not None:
+                        self._announce(refusal)
                 try:
                     self._carry_out(self.scheduler.handle(msg.sender, message, time.monotonic()))
                 except Exception:  # one message must never take the scheduler down: logged and dropped

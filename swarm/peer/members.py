@@ -26,6 +26,8 @@ logger = logging.getLogger(__name__)
 
 MAX_MEMBERS = 1 << 16
 """Certificates remembered (each a peer id and an expiry)."""
+ASK_AGAIN = 5.0
+"""Seconds between a waiting joiner's announcements."""
 
 
 class NotAdmitted(RuntimeError):
@@ -85,12 +87,18 @@ class Members:
             if record.cert:
                 self._take(peer, record.cert)
 
-    def wait(self, stop: threading.Event, timeout: float, *, over: threading.Event | None = None) -> None:
+    def wait(self, stop: threading.Event, timeout: float, *, over: threading.Event | None = None,
+             ask: Callable[[], None] | None = None) -> None:
         """Until the scheduler admits this peer; raises `NotAdmitted` when it refuses or says nothing in time.
-        Returns at once when `stop` or `over` (the run finished) is set."""
+        Returns at once when `stop` or `over` (the run finished) is set. `ask` (announce this joiner to the
+        scheduler) is called at once and every `ASK_AGAIN` seconds meanwhile: gossip may lose an announcement."""
         end = time.monotonic() + timeout
+        asked = float("-inf")
         while not self._decided.is_set() and not stop.is_set() and not (over is not None and over.is_set()) \
                 and time.monotonic() < end:
+            if ask is not None and time.monotonic() - asked >= ASK_AGAIN:
+                asked = time.monotonic()
+                ask()
             self._decided.wait(0.2)
         if over is not None and over.is_set() and self.refused is None:
             return

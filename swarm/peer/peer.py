@@ -24,6 +24,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import torch
@@ -32,12 +33,14 @@ from peers.device_speed import announced_speed
 from scheduler.schedule import Schedule
 from swarm.constants import MAX_PROBE_BYTES, PROBE_GOODPUT_BYTES
 from swarm.control.gossip import GossipMessage
+from swarm.control.membership import token_proof
 from swarm.control.messages import (
     Join,
     Leave,
     publish,
 )
 from swarm.control.node import Node
+from swarm.control.record_writers import RecordWriters
 from swarm.events import event
 from swarm.net.identity import ensure_identity
 from swarm.net.link_probe import LinkProber
@@ -204,11 +207,13 @@ class Peer:
         """Join the run and take up the first placement; False if the run ended or this peer was asked to stop
         first (or it left to restart relayed)."""
         o, node = self.options, self.node
-        records = node.start_dht(o.initial_peers, **join_reachability(o))
+        proof = token_proof(o.token, self.peer_id, o.run_id) if o.token else b""
+        records = node.start_dht(o.initial_peers, proof=proof, **join_reachability(o))
         deadline = time.monotonic() + o.join_timeout
         spec = await_run_spec(records, trusted_coordinator(o.initial_peers, o.coordinator), stop, o.join_timeout)
         if spec is None:
             return False
+        node.restrict_writers(RecordWriters.of(spec, o.token))  # its DHT now keeps the run's members' records only
         (self.config, self.model_config), self.spec = RunConfig.from_spec(spec), spec
         self.inbox.assembly.max_bytes = largest_stage_message(self.model_config, self.config.stages)
         self.outbox.chunk_bytes = self.config.chunk_bytes
@@ -259,7 +264,9 @@ class Peer:
         # gossip links to members' sidecars before the admission comes: it must not hang on the one to the
         # coordinator, whose mesh prunes most peers from ~13 on (it then only arrives by lazy gossip)
         self.succession.connect_control_plane(records.fetch_peers())
-        self.members.wait(stop, o.join_timeout, over=self.follower.finished)  # then: links, placement
+        join = Join(peer=self.peer_id, admission=self.members.proof)  # refused, it hears why on gossip
+        self.members.wait(stop, o.join_timeout, over=self.follower.finished,
+                          ask=partial(publish, node.gossip, o.run_id, join, wait=False))  # then: links, placement
         self.members.observe(records.fetch_peers())  # the members' certificates, before they probe this joiner
         self.departure = Departure(self.peer_id, stop, node, self.follower, self.succession, self.keeper)
         self.release = PlacementRelease(self.peer_id, self.follower, set_state=lambda s: setattr(self, "state", s),
@@ -277,7 +284,6 @@ class Peer:
         self.succession.start(self._halt, dict(config=self.config, spec=spec, peer_id=self.peer_id, records=records,
                                                gossip=node.gossip, metrics_path=o.metrics_path,
                                                local=self._on_gossip, token=o.token))
-        publish(node.gossip, o.run_id, Join(peer=self.peer_id), wait=False)
         logger.info("peer %s joined run %s (%.4f s/layer); waiting to be placed", self.peer_id, o.run_id,
                     self.seconds_per_layer)
         warm_up_optimizers()  # while the scheduler plans, not once placed, when the whole stage group waits

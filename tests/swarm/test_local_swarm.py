@@ -124,7 +124,7 @@ def test_local_swarm_trains_refuses_hostile_input_and_keeps_stages_identical(run
         intruder.records._store("peer", forged.to_msgpack(), ttl=60, timeout=10)  # honest nodes refuse to store
         intruder.dht.store(record_key(RUN, "peer"), b"\xc1garbage", expiration_time=get_dht_time() + 60,
                            subkey="QmGarbage")
-        # 5. a schedule signed by someone who is not the run's scheduler, announced on gossip too
+        # 5. a schedule signed by a stranger (not the run's scheduler, not even a member), announced on gossip too
         bogus = dict(schedule, epoch=99)
         intruder.records.publish_schedule(ScheduleMsg(epoch=99, schedule=bogus))
         coordinator = json.loads((run.run_dir / "coordinator.json").read_text())
@@ -166,11 +166,10 @@ def test_local_swarm_trains_refuses_hostile_input_and_keeps_stages_identical(run
     ignored = {(e["kind"], e["why"][:12]) for e in run.events("ignored_control", who="peer-*")
                if e["sender"] == intruder_id}
     assert ("ScheduleNotice", "not the run'") in ignored and ("malformed", "control.type") in ignored, ignored
-    # the forged peer record and the garbage never reach a reader: honest DHT nodes neither store nor relay them
+    # the forged peer record, the garbage and the intruder's validly signed schedule never reach a reader: honest DHT
+    # nodes neither store nor relay the records of someone the run did not admit (`RecordWriters`)
     records_ignored = [(e["signer"], e["kind"]) for e in run.events("ignored_record")]
-    assert not any(kind == "peer" and signer in (intruder_id, "QmGarbage") for signer, kind in records_ignored)
-    # the intruder's validly signed schedule is stored, and dropped by every reader before it is parsed
-    assert (intruder_id, "schedule") in records_ignored, records_ignored
+    assert not any(signer in (intruder_id, "QmGarbage") for signer, _ in records_ignored), records_ignored
 
     # same-stage peers hold bit-identical weights after every averaging
     digests: dict[tuple[int, int], set[str]] = defaultdict(set)

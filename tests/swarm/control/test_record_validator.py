@@ -7,8 +7,13 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from hivemind.dht.routing import DHTID
+from hivemind.dht.validation import DHTRecord
+from hivemind.utils import MSGPackSerializer, get_dht_time
 
-from swarm.control.record_validator import OpenedRecords, open_record
+from swarm.control.membership import token_proof
+from swarm.control.record_validator import OpenedRecords, RunRecordValidator, open_record, record_key
+from swarm.control.record_writers import RecordWriters
 from swarm.net.identity import ensure_identity, load_identity
 from swarm.wire import PeerRecord, PeerState, SignedRecord, WireError
 
@@ -23,12 +28,18 @@ def alice(tmp_path_factory):
     return load_identity(path)
 
 
-def signed_peer_record(identity, *, expires: float = NOW + 30, slots: int = 3) -> bytes:
+def signed_peer_record(identity, *, expires: float = NOW + 30, slots: int = 3, proof: bytes = b"") -> bytes:
     body = PeerRecord(peer_id=identity.peer_id, stage=1, seconds_per_layer=0.01, memory_slots=slots,
                       state=PeerState.ONLINE).to_msgpack()
     signature = identity.sign(SignedRecord.signed_bytes("peer", RUN, identity.peer_id, expires, body))
     return SignedRecord(kind="peer", body=body, expires=expires, public_key=identity.public_key,
-                        signature=signature).to_msgpack()
+                        signature=signature, proof=proof).to_msgpack()
+
+
+def stored(identity, value: bytes, expires: float) -> DHTRecord:
+    """`value` as a DHT node's storage hands it to its validator: under the run's peer key and its author's subkey."""
+    return DHTRecord(DHTID.generate(source=record_key(RUN, "peer")).to_bytes(),
+                     MSGPackSerializer.dumps(identity.peer_id), MSGPackSerializer.dumps(value), expires)
 
 
 def test_a_record_read_again_is_served_from_the_memo_with_the_same_body(alice):
@@ -93,3 +104,24 @@ def test_the_memo_keeps_the_newest_records_within_its_bounds(alice):
     assert len(small) == 0
     with pytest.raises(ValueError):
         OpenedRecords(max_entries=0)
+
+
+def test_a_node_that_learns_the_runs_writers_refuses_strangers_even_those_it_let_in_before(alice, tmp_path):
+    """A peer's DHT starts before it has read who the run admits: from then on (`merge_with`, which
+    `restrict_writers` goes through) a stranger's record is refused, also one the memo had opened."""
+    token = "the-runs-join-token-0123456789"
+    ensure_identity(str(tmp_path / "mallory.key"))
+    mallory = load_identity(str(tmp_path / "mallory.key"))
+    expires = get_dht_time() + 30
+    member = stored(alice, signed_peer_record(alice, expires=expires, proof=token_proof(token, alice.peer_id, RUN)),
+                    expires)
+    stranger = stored(mallory, signed_peer_record(mallory, expires=expires), expires)
+    validator = RunRecordValidator(RUN)
+    assert validator.validate(member) and validator.validate(stranger)  # not knowing the run, a signature will do
+    assert validator.merge_with(RunRecordValidator(RUN, RecordWriters(RUN, "QmCoordinator", token=token)))
+    assert validator.validate(member) and not validator.validate(stranger)
+    assert validator.opened.misses == 2  # both answered from the memo, which applies the writers too
+    assert validator.merge_with(RunRecordValidator(RUN)) and not validator.validate(stranger)  # learnt nothing new
+    assert not validator.merge_with(RunRecordValidator("another-run"))
+    with pytest.raises(ValueError, match="cannot guard"):
+        RunRecordValidator(RUN, RecordWriters("another-run", "QmCoordinator"))

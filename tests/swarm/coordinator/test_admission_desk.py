@@ -76,3 +76,16 @@ def test_an_evicted_peer_is_never_a_member_again(scheduler_key):
     banned.add("QmPeer")  # the scheduler evicted it
     members, said = desk.sort({"QmPeer": record("QmPeer", cert=cert)}, now=1020.0)
     assert members == {} and [m.why for m in said if isinstance(m, Refused)] == ["it was evicted from the run"]
+
+
+def test_a_joiner_the_policy_refuses_hears_why_from_its_join_alone(scheduler_key):
+    """The DHT refuses the record of a joiner without a valid proof (`RecordWriters`), so its `Join` is where the
+    desk answers it; an admissible joiner's `Join` is left to its record, which brings the certificate."""
+    desk = AdmissionDesk(AdmissionPolicy("token", TOKEN), scheduler_key, RUN, exempt={"QmCoordinator"})
+    refused = desk.answer_join("QmWrong", token_proof("another-runs-token-0123456789", "QmWrong", RUN), 1000.0)
+    assert refused == Refused(peer="QmWrong", why="its join token is not this run's")
+    assert "--token" in desk.answer_join("QmNoToken", b"", 1000.0).why
+    assert desk.answer_join("QmWrong", b"", 1001.0) is None  # answered lately: not again at every Join
+    assert desk.answer_join("QmWrong", b"", 1000.0 + ANNOUNCE_AGAIN) is not None
+    assert desk.answer_join("QmHonest", token_proof(TOKEN, "QmHonest", RUN), 1000.0) is None
+    assert desk.answer_join("QmCoordinator", b"", 1000.0) is None

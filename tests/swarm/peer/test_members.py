@@ -3,11 +3,16 @@ peers of the schedule it follows (signed by its scheduler); never a peer the sch
 
 from __future__ import annotations
 
+import threading
+import time
+
+import pytest
 from hivemind.utils import get_dht_time
 
 from swarm.control.membership import MembershipCert
 from swarm.control.messages import Admitted, Refused
-from swarm.peer.members import Members
+from swarm.peer import members as members_module
+from swarm.peer.members import Members, NotAdmitted
 
 RUN = "r"
 
@@ -38,3 +43,19 @@ def test_the_peers_of_the_followed_schedule_are_members_until_evicted(scheduler)
     assert not m.admits("b")  # evicted: refused even though the schedule still names it
     m.follow({"me", "c"})
     assert m.admits("c") and not m.admits("a")  # only the schedule followed now
+
+
+def test_a_waiting_joiner_asks_again_until_the_scheduler_answers(scheduler, monkeypatch):
+    """Gossip may lose a `Join`: the joiner repeats it while it waits, and a refusal ends the wait with its reason."""
+    monkeypatch.setattr(members_module, "ASK_AGAIN", 0.1)
+    m = members(scheduler)
+    asked = []
+
+    def ask():
+        asked.append(time.monotonic())
+        if len(asked) == 3:
+            m.on_control(scheduler.peer_id, Refused(peer="me", why="its join token is not this run's"))
+
+    with pytest.raises(NotAdmitted, match="its join token is not this run's"):
+        m.wait(threading.Event(), 10.0, ask=ask)
+    assert len(asked) == 3 and asked[2] - asked[0] >= 0.2

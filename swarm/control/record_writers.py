@@ -1,0 +1,69 @@
+"""`RecordWriters`: who may store a run's records in the DHT, so that strangers' records are refused by every
+honest node before they are stored.
+
+Every DHT read of a run's key returns the whole dictionary of records under it (one per signer), and hivemind
+refuses a reply over 4 MiB. A stranger who could store a self-signed record under a run's key could therefore make
+every read of it fail with a few dozen throw-away identities (~40 peer records of ~100 KiB emptied every read of
+the peers' key: the scheduler saw nobody, and would have taken every peer for gone). So a node that knows the run
+stores and relays only the records of those the run admits:
+
+- the coordinator (the run spec's signer);
+- in a token run, the holders of the join token: a record's envelope carries its author's proof
+  (`token_proof`, an HMAC bound to the author's peer id), checked by every node that holds the token; a node
+  without it (an onlooker) can only check the proof's shape;
+- in an allow-listed run, the listed peer ids (and, on a node that holds a token, that token's holders: a successor
+  given a token admits them too);
+- in an open run, anyone: an open run reachable from the internet stays exposed to such a flood.
+
+A member who holds the token can still make identities of its own: the token admits whoever holds it.
+"""
+
+from __future__ import annotations
+
+import hmac
+import re
+from dataclasses import dataclass
+
+from swarm.control.membership import token_proof
+from swarm.wire import ADMISSION_MODES, RunSpec
+
+PROOF_SHAPE = re.compile(rb"[0-9a-f]{64}")
+"""What a proof looks like (hex HMAC-SHA256): all a node without the token can check."""
+
+
+@dataclass(frozen=True)
+class RecordWriters:
+    """Whose records of run `run` a DHT node stores: its `coordinator`, and those its admission `mode` admits
+    ("token": holders of the join token, checked against `token` where this node has it; "allow": the peer ids in
+    `allowed`; "open": anyone)."""
+
+    run: str
+    coordinator: str
+    mode: str = "token"
+    allowed: frozenset[str] = frozenset()
+    token: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.mode not in ADMISSION_MODES:
+            raise ValueError(f"admission mode must be one of {', '.join(ADMISSION_MODES)}, got {self.mode!r}")
+
+    @classmethod
+    def of(cls, spec: RunSpec, token: str | None) -> RecordWriters:
+        """The writers of the run `spec` describes, as seen by a node holding `token` (None: no token)."""
+        return cls(spec.run_id, spec.coordinator, spec.admission, frozenset(spec.allowed), token)
+
+    def refusal(self, signer: str, proof: bytes) -> str | None:
+        """Why a record signed by `signer` carrying `proof` is not stored (None: it is)."""
+        if self.mode == "open" or signer == self.coordinator:
+            return None
+        if self.mode == "allow" and signer in self.allowed:
+            return None
+        if self.mode == "allow" and not self.token:
+            return "its author is not on the run's allow list"
+        if not proof:
+            return "its author shows no proof of the run's join token"
+        if self.token is None:
+            return None if PROOF_SHAPE.fullmatch(proof) else "its proof of the join token is malformed"
+        if hmac.compare_digest(proof, token_proof(self.token, signer, self.run)):
+            return None
+        return "its proof of the join token is not this run's"
