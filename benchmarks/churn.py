@@ -16,7 +16,9 @@ their size on average). Deaths alternate between the kinds of `--deaths` (seeded
 Throughput is the tokens of the iterations committed within the window over its length. The churn run starts from
 the plan its churn-free run drew (`--first-schedule`): each run plans on the links it measures, and two plans of
 one method can differ by more than the churn costs. The data holders' ledgers are checked as well: every sample
-handed out must have been processed exactly once.
+handed out must have been processed exactly once. Each run also records how fast the machine computed in each
+iteration (`benchmarks/compute_speed.py`); "kept at equal machine speed" corrects the kept share for a machine that
+computed slower (or faster) in the churn run than in the steady one before its first death.
 
 Convergence (`--checkpoint-every K`, 0 = off): the peers checkpoint every K iterations, the checkpoints are copied
 out as they appear, and afterwards each saved iteration's whole model is gathered and its validation loss measured
@@ -57,6 +59,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.compute_speed import compute_ms, speed_ratio  # noqa: E402
 from benchmarks.sigterm import unwind_on_sigterm  # noqa: E402
 from benchmarks.stdlib_corpus import write_stdlib_corpus  # noqa: E402
 from benchmarks.validation_curve import CheckpointSnapshots, time_to_loss, validation_curve  # noqa: E402
@@ -92,6 +95,8 @@ class Played:
     start: float
     died: Counter = field(default_factory=Counter)
     joined: int = 0
+    first_death: float | None = None
+    """When the first peer died (wall clock); None while none has."""
     frozen: list = field(default_factory=list)
     """The Popen of each frozen peer: still stopped; `kill_frozen` kills them."""
 
@@ -131,6 +136,7 @@ def play_trace(swarm: LocalSwarm, failures: list[float], window: float, rejoin: 
                 else:
                     swarm.kill(victim)
                 played.died[kind] += 1
+                played.first_death = played.first_death or time.time()
         else:
             index = len(swarm.peers)
             swarm.add_peer(index, joiner_args(index))
@@ -169,14 +175,18 @@ def first_plan(run_dir: Path) -> Path:
 
 
 def kept(steady: dict, churned: dict) -> tuple[float, float]:
-    """The fraction of its churn-free throughput a method kept under churn, and the same at equal plans (each
-    throughput times its window's mean planned iteration): the first is what a user sees; the second leaves out
-    how the re-plans' placements drifted from the first plan (slower for the epochs a death shrank, sometimes
-    faster when a forced move happened to suit the method), so that it shows what the deaths cost the runtime."""
+    """The fraction of its churn-free throughput a method kept under churn, and the same at equal machine speed:
+    times how much slower the churn run's machine computed than the steady run's before the first death
+    (`compute_speed.speed_ratio`), when nothing but the machine differed between them. The first is what a user
+    sees; the second leaves out a machine loaded by something else during one of the two runs (another job, a busy
+    neighbour VM). It scales the whole iteration by the compute's slow-down, so it over-corrects a little where the
+    iterations are not all compute. (Comparing the runs' planned iterations instead misleads: a re-plan is costed on
+    the compute the peers measured while training, the first plan on their start-up profile.)"""
     nan = float("nan")
     raw = churned["tokens_per_s"] / steady["tokens_per_s"] if steady["tokens_per_s"] else nan
-    plans = steady.get("planned_s"), churned.get("planned_s")
-    return raw, raw * plans[1] / plans[0] if all(plans) else nan
+    first = churned.get("first_death_iteration")
+    ratio = speed_ratio(steady.get("compute_ms", []), churned.get("compute_ms", []), first) if first else None
+    return raw, raw * ratio if ratio else nan
 
 
 def window_summary(run_dir: Path, records: list[dict], start: float, window: float) -> dict:
@@ -254,9 +264,13 @@ def run(args: argparse.Namespace, method: str, seed: int, failures: list[float],
                                         tuple(args.deaths.split(",")))
     finally:
         snapshots.stop()
+    compute = compute_ms(run_dir)
     result = {"method": method, "churn": bool(failures), "seed": seed,
               **window_summary(run_dir, records, played.start, args.minutes * 60),
-              "died": dict(played.died), "joined": played.joined}
+              "died": dict(played.died), "joined": played.joined,
+              "compute_ms": [round(compute.get(r["iteration"], 0.0), 2) for r in records],
+              "first_death_iteration": sum(r["time"] < played.first_death for r in records)
+              if played.first_death else None}
     if args.checkpoint_every:
         result["validation"] = validation_curve(run_dir / "snapshots", records, played.start, args.val_batches)
         result["snapshots_missed"] = snapshots.missed
@@ -287,7 +301,7 @@ def summarize(results: list[dict], methods: list[str], target: float | None) -> 
         pairs = [kept(s, c) for s, c in zip(steady, churned, strict=True)]
         line = (f"{method:>14}: tokens/s without churn {spread([r['tokens_per_s'] for r in steady])}, with churn "
                 f"{spread([r['tokens_per_s'] for r in churned])}; kept {spread([p[0] for p in pairs])} "
-                f"(at equal plans {spread([p[1] for p in pairs])})")
+                f"(at equal machine speed {spread([p[1] for p in pairs])})")
         if target is not None:
             for r in mine:
                 r["time_to_target_s"] = time_to_loss(r.get("validation", []), target)
@@ -381,11 +395,12 @@ def main() -> None:
                 steady = run(args, method, seed, [], root / f"{method}-steady")
                 churned = run(args, method, seed, trace, root / f"{method}-churn",
                               first_plan(root / f"{method}-steady"))
-                share, at_plan = kept(steady, churned)
+                share, at_speed = kept(steady, churned)
                 results += [steady, churned]
                 print(f"  {method:>14}: {steady['tokens_per_s']:.0f} tokens/s without churn, "
                       f"{churned['tokens_per_s']:.0f} with churn ({dict(churned['died'])} died, {churned['joined']} "
-                      f"joined, {churned['epochs']} epochs): keeps {share:.0%} ({at_plan:.0%} at equal plans); "
+                      f"joined, {churned['epochs']} epochs): keeps {share:.0%} ({at_speed:.0%} at equal machine "
+                      f"speed); "
                       f"samples processed (times: count) steady {steady['samples_processed_times']}, churn "
                       f"{churned['samples_processed_times']}", flush=True)
                 if args.out:  # an interrupted benchmark keeps the runs it finished
