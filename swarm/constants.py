@@ -8,8 +8,9 @@ from scheduler.constants import MAX_PEERS, MAX_STAGES
 
 SEND_CONCURRENCY = 4
 """Messages a peer sends at once (its sender threads); the transport keeps as many idle streams per receiver."""
-WIRE_VERSION = 4
-"""Version of every wire record; decoders refuse records of another version."""
+WIRE_VERSION = 5
+"""Version of every wire record; decoders refuse records of another version. 5: records carry their author's proof
+of the join token, and nodes store members' records only (a node of version 4 would be refused, not split off)."""
 
 # ---- sizes checked before anything is allocated ---------------------------------------------------------------
 MAX_HEADER_BYTES = 64 * 1024

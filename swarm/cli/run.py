@@ -115,7 +115,7 @@ def start(config_path, run_id, iterations, min_peers, stages, skip, seed, microb
     from peers.data import Corpus
     from scheduler.schedule import Schedule, ScheduleError, validate
     from swarm.control.membership import read_allow_file
-    from swarm.coordinator.coordinator import Coordinator, CoordinatorOptions
+    from swarm.coordinator.coordinator import Coordinator, CoordinatorOptions, RunDirError
     from swarm.coordinator.replanner import saved_plan_mismatch
     from swarm.run_config import RunConfig
 
@@ -161,7 +161,10 @@ def start(config_path, run_id, iterations, min_peers, stages, skip, seed, microb
     node = Coordinator(CoordinatorOptions(config=config, identity_path=identity, host=host, port=port,
                                           run_dir=run_dir, metrics_path=metrics, first_schedule=saved,
                                           admission=admission, allowed=allowed, relay=relay))
-    node.run(_stop_event())
+    try:
+        node.run(_stop_event())
+    except RunDirError as e:
+        _fail(str(e))
 
 
 @click.command("join")

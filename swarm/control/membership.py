@@ -70,8 +70,9 @@ def check_token(token: str) -> str:
 
 @dataclass(frozen=True)
 class AdmissionPolicy:
-    """Whom a scheduler admits. `mode` is "token" (holders of `token`), "allow" (the peer ids in `allowed`, and
-    holders of `token` if there is one) or "open" (anyone: say so loudly)."""
+    """Whom a scheduler admits. `mode` is "token" (holders of `token`), "allow" (the peer ids in `allowed` only:
+    every node of the run must agree on whose records it stores, and an allow-listed peer has no token to check a
+    proof with) or "open" (anyone: say so loudly)."""
 
     mode: str = "token"
     token: str | None = None
@@ -85,13 +86,14 @@ class AdmissionPolicy:
         """Why `peer` is not admitted to `run` with `proof` (None when it is)."""
         if self.mode == "open" or (self.mode == "allow" and peer in self.allowed):
             return None
+        if self.mode == "allow":
+            return "it is not on the run's allow list"
         if self.token and proof and hmac.compare_digest(proof, token_proof(self.token, peer, run)):
             return None
         if not proof:
             return "it presented no join token (start it with --token)"
         if not self.token:
-            return "it is not on the run's allow list" if self.mode == "allow" else \
-                "this scheduler does not hold the run's join token"
+            return "this scheduler does not hold the run's join token"
         return "its join token is not this run's"
 
 

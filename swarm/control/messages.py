@@ -89,17 +89,20 @@ def read_positions(value: Any, name: str) -> dict[str, dict[str, int]]:
 @dataclass(frozen=True)
 class Join:
     """A peer announces itself on the control plane (its placement waits for its DHT record), with its proof of the
-    join token (`admission`, b"" without one): a joiner the run does not admit hears why, although the DHT refuses
-    its record (`swarm.control.record_writers`)."""
+    join token (`admission`, b"" without one) and when it said so (`sent`, DHT clock; 0 = not said): a joiner the
+    run does not admit hears why, although the DHT refuses its record (`swarm.control.record_writers`), and a Join
+    replayed later is too old to be answered."""
 
     TOPIC: ClassVar[Topic] = "membership"
     peer: str
     admission: bytes = b""
+    sent: float = 0.0
 
     @classmethod
     def _decode(cls, d: dict, name: str) -> Join:
         return cls(peer=_peer(d, name), admission=read_bytes(d.get("admission", b""), f"{name}.admission",
-                                                             MAX_PROOF_BYTES))
+                                                             MAX_PROOF_BYTES),
+                   sent=read_float(d.get("sent", 0.0), f"{name}.sent", 0.0))
 
 
 @dataclass(frozen=True)
@@ -322,15 +325,18 @@ class Admitted:
 
 @dataclass(frozen=True)
 class Refused:
-    """The scheduler refuses to admit `peer`, saying why: the joiner stops (it would never be placed)."""
+    """The scheduler refuses to admit `peer`, saying why: the joiner stops (it would never be placed). `evicted`:
+    the run threw a member out, and every peer takes nothing from it again; a joiner's refusal bans nobody (the
+    peer may come back with the right token)."""
 
     TOPIC: ClassVar[Topic] = "membership"
     peer: str
     why: str
+    evicted: bool = False
 
     @classmethod
     def _decode(cls, d: dict, name: str) -> Refused:
-        return cls(peer=_peer(d, name), why=_why(d, name))
+        return cls(peer=_peer(d, name), why=_why(d, name), evicted=_flag(d, "evicted", name))
 
 
 @dataclass(frozen=True)

@@ -132,11 +132,19 @@ class Node:
         self.records = SwarmRecords(self.dht, self.identity, self.run_id, proof=proof)
         return self.records
 
-    def restrict_writers(self, writers: RecordWriters, timeout: float = DHT_TIMEOUT) -> int:
+    def restrict_writers(self, writers: RecordWriters, timeout: float = DHT_TIMEOUT, attempts: int = 3) -> int:
         """From now on the DHT stores and relays only the run's records that `writers` admits, and drops those it
-        holds that they do not (what a stranger stored before this node knew the run); how many it dropped."""
+        holds that they do not (what a stranger stored before this node knew the run); how many it dropped. Tries
+        `attempts` times (a loaded host's DHT process may answer late; a second try changes nothing the first did),
+        then raises what the last one did."""
         if self.dht is None:
             raise RuntimeError("the DHT is not started")
+        for attempt in range(1, attempts):
+            try:
+                return self.dht.run_coroutine(partial(restrict_writers, writers=writers), return_future=True
+                                              ).result(timeout)
+            except TimeoutError:
+                logger.info("the DHT did not answer within %.0f s (try %d of %d)", timeout, attempt, attempts)
         return self.dht.run_coroutine(partial(restrict_writers, writers=writers), return_future=True).result(timeout)
 
     def watch_helpers(self) -> None:

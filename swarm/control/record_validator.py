@@ -66,8 +66,8 @@ def open_record(kind: str, run_id: str, subkey: Any, value: Any, now: float, *,
 
     :param signers: if given, only these subkeys are opened: anyone else's record is refused before it is parsed
     :param dht_expiry: the expiry the DHT stores the value with, which must be the signed one
-    :param writers: if given, a record whose author the run does not admit is refused (before its signature is
-      checked: a flood of strangers' records costs an HMAC each)
+    :param writers: if given, a record whose author the run does not admit is refused before its signature is
+      checked (the costliest check: a flood of strangers' records costs a parse and an HMAC each)
     """
     body, record = _open(kind, run_id, subkey, value, now, signers=signers, dht_expiry=dht_expiry, writers=writers)
     return body, record.expires

@@ -2,17 +2,17 @@
 honest node before they are stored.
 
 Every DHT read of a run's key returns the whole dictionary of records under it (one per signer), and hivemind
-refuses a reply over 4 MiB. A stranger who could store a self-signed record under a run's key could therefore make
-every read of it fail with a few dozen throw-away identities (~40 peer records of ~100 KiB emptied every read of
-the peers' key: the scheduler saw nobody, and would have taken every peer for gone). So a node that knows the run
-stores and relays only the records of those the run admits:
+refuses a reply over 4 MiB. A stranger who could store a self-signed record under a run's key could therefore spoil
+every read of it with throw-away identities: 48 peer records of ~100 KiB (the largest the schema allows) cut a
+read to 42 records of 49, and 120 emptied every read of the peers' key (the scheduler would have seen nobody and
+taken every peer for gone). So a node that knows the run stores and relays only the records of those the run
+admits:
 
 - the coordinator (the run spec's signer);
 - in a token run, the holders of the join token: a record's envelope carries its author's proof
   (`token_proof`, an HMAC bound to the author's peer id), checked by every node that holds the token; a node
   without it (an onlooker) can only check the proof's shape;
-- in an allow-listed run, the listed peer ids (and, on a node that holds a token, that token's holders: a successor
-  given a token admits them too);
+- in an allow-listed run, the listed peer ids (a token is no use there: the listed peers have none to check it);
 - in an open run, anyone: an open run reachable from the internet stays exposed to such a flood.
 
 A member who holds the token can still make identities of its own: the token admits whoever holds it.
@@ -35,7 +35,7 @@ PROOF_SHAPE = re.compile(rb"[0-9a-f]{64}")
 class RecordWriters:
     """Whose records of run `run` a DHT node stores: its `coordinator`, and those its admission `mode` admits
     ("token": holders of the join token, checked against `token` where this node has it; "allow": the peer ids in
-    `allowed`; "open": anyone)."""
+    `allowed`; "open": anyone), as `AdmissionPolicy` admits them."""
 
     run: str
     coordinator: str
@@ -56,10 +56,8 @@ class RecordWriters:
         """Why a record signed by `signer` carrying `proof` is not stored (None: it is)."""
         if self.mode == "open" or signer == self.coordinator:
             return None
-        if self.mode == "allow" and signer in self.allowed:
-            return None
-        if self.mode == "allow" and not self.token:
-            return "its author is not on the run's allow list"
+        if self.mode == "allow":
+            return None if signer in self.allowed else "its author is not on the run's allow list"
         if not proof:
             return "its author shows no proof of the run's join token"
         if self.token is None:

@@ -36,6 +36,10 @@ from swarm.wire import PeerRecord, PeerState
 logger = logging.getLogger(__name__)
 
 
+class RunDirError(ValueError):
+    """The coordinator's run directory holds something it cannot use (and must not silently replace)."""
+
+
 @dataclass(frozen=True)
 class CoordinatorOptions:
     config: RunConfig
@@ -140,17 +144,24 @@ class Coordinator:
 
     def _join_token(self) -> str | None:
         """The run's join token: the one this run directory already has (peers holding it stay admitted across a
-        restart of the coordinator), else a new random one; none for an allow-listed or open run."""
+        restart of the coordinator: with another token, the DHT would refuse their records), else a new random one;
+        none for an allow-listed or open run. Raises `RunDirError` if the run directory's token cannot be read."""
         if self.options.admission != "token":
             return None
         saved = self.run_dir / "coordinator.json" if self.run_dir else None
         if saved is not None and saved.is_file():
             try:
-                token = json.loads(saved.read_text()).get("join_token")
-                if isinstance(token, str):
-                    return check_token(token)
+                data = json.loads(saved.read_text())
+                token = data.get("join_token") if isinstance(data, dict) else None
+                if token is None and isinstance(data, dict):  # the run was not a token run before
+                    return secrets.token_urlsafe(TOKEN_BYTES)
+                if not isinstance(token, str):
+                    raise ValueError("its join_token is not a string")
+                return check_token(token)
             except (OSError, ValueError) as e:
-                logger.warning("%s: not reusing its join token (%s): a new one is made", saved, e)
+                raise RunDirError(f"{saved}: cannot read the run's join token ({e}); its peers hold that token, and "
+                                  f"with a new one the DHT would refuse their records: restore the file, or remove "
+                                  f"it to start the run afresh with a new token") from None
         return secrets.token_urlsafe(TOKEN_BYTES)
 
 

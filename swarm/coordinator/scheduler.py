@@ -302,7 +302,7 @@ class Scheduler:
             return []
         self.evicted.add(report.suspect)
         self.liveness.declare_gone(report.suspect, f"evicted: {why}", witness="faulty")
-        return [Announce(Refused(peer=report.suspect, why=f"evicted: {why}"))]
+        return [Announce(Refused(peer=report.suspect, why=f"evicted: {why}", evicted=True))]
 
     def _note_unreachable(self, sender: str, target: str, now: float) -> list[Action]:
         """A peer of the schedule could not open a stream to another one."""

@@ -178,7 +178,7 @@ class SchedulerRole:
                                extra=event("ignored_control", sender=msg.sender, kind="malformed", why=str(e)))
             else:
                 if isinstance(message, Join) and message.peer == msg.sender:
-                    refusal = self.desk.answer_join(msg.sender, message.admission, get_dht_time())
+                    refusal = self.desk.answer_join(message, get_dht_time())
                     if refusal is not None:
                         self._announce(refusal)
                 try:

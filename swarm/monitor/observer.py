@@ -26,6 +26,7 @@ from swarm.constants import DHT_TIMEOUT, HEARTBEAT_PERIOD, LOOPBACK_HOST, record
 from swarm.control.gossip import GossipMessage
 from swarm.control.messages import Commit, Done, Finished, Gone, ScheduleNotice, received
 from swarm.control.node import Node
+from swarm.control.record_writers import RecordWriters
 from swarm.monitor.progress import ProgressLog
 from swarm.monitor.snapshot import PeerSighting, swarm_snapshot
 from swarm.net.identity import ensure_identity
@@ -89,6 +90,10 @@ class SwarmObserver:
             self.heartbeat = RunConfig.from_spec(self.spec)[0].heartbeat
         except ValueError as e:  # a spec peers would refuse too; the default period still gives a view
             self._note(f"run spec unreadable: {e}")
+        try:  # no token: in a token run it checks the proofs' shape only
+            self.node.restrict_writers(RecordWriters.of(self.spec, None))
+        except Exception as e:  # strangers' records then show too
+            self._note(f"could not tell the DHT who the run admits: {e}")
         self.refresh()
         if self.spec.control_addrs:
             try:

@@ -72,7 +72,7 @@ class Members:
             if message.peer == self.me:
                 self.refused = message.why or "no reason given"
                 self._decided.set()
-            else:  # evicted: no more input from it, whatever certificate it still holds
+            elif message.evicted:  # no more input from it, whatever certificate it still holds
                 with self._lock:
                     self._banned.add(message.peer)
                     self._expiry.pop(message.peer, None)

@@ -24,10 +24,10 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from functools import partial
 from typing import Any
 
 import torch
+from hivemind.utils import get_dht_time
 
 from peers.device_speed import announced_speed
 from scheduler.schedule import Schedule
@@ -213,7 +213,11 @@ class Peer:
         spec = await_run_spec(records, trusted_coordinator(o.initial_peers, o.coordinator), stop, o.join_timeout)
         if spec is None:
             return False
-        node.restrict_writers(RecordWriters.of(spec, o.token))  # its DHT now keeps the run's members' records only
+        try:  # its DHT keeps the run's members' records only from now on: a protection, not a condition to join
+            node.restrict_writers(RecordWriters.of(spec, o.token))
+        except Exception as e:  # a DHT process too loaded to answer in time: it stores strangers' records too
+            logger.warning("could not tell this peer's DHT who run %s admits (%s: %s): it keeps strangers' records "
+                           "too", o.run_id, type(e).__name__, e)
         (self.config, self.model_config), self.spec = RunConfig.from_spec(spec), spec
         self.inbox.assembly.max_bytes = largest_stage_message(self.model_config, self.config.stages)
         self.outbox.chunk_bytes = self.config.chunk_bytes
@@ -264,9 +268,7 @@ class Peer:
         # gossip links to members' sidecars before the admission comes: it must not hang on the one to the
         # coordinator, whose mesh prunes most peers from ~13 on (it then only arrives by lazy gossip)
         self.succession.connect_control_plane(records.fetch_peers())
-        join = Join(peer=self.peer_id, admission=self.members.proof)  # refused, it hears why on gossip
-        self.members.wait(stop, o.join_timeout, over=self.follower.finished,
-                          ask=partial(publish, node.gossip, o.run_id, join, wait=False))  # then: links, placement
+        self.members.wait(stop, o.join_timeout, over=self.follower.finished, ask=self._ask_to_join)  # then: links...
         self.members.observe(records.fetch_peers())  # the members' certificates, before they probe this joiner
         self.departure = Departure(self.peer_id, stop, node, self.follower, self.succession, self.keeper)
         self.release = PlacementRelease(self.peer_id, self.follower, set_state=lambda s: setattr(self, "state", s),
@@ -293,6 +295,12 @@ class Peer:
         if not stop.is_set() and not self.follower.finished.is_set():
             raise TimeoutError("no schedule placed this peer in time")
         return False
+
+    def _ask_to_join(self) -> None:
+        """Announce this joiner with its proof of the token: refused, it hears why on gossip (its record, without a
+        valid proof, is refused by the DHT and never reaches the scheduler)."""
+        join = Join(peer=self.peer_id, admission=self.members.proof, sent=get_dht_time())
+        publish(self.node.gossip, self.options.run_id, join, wait=False)
 
     def _rejoin(self, stop: threading.Event) -> bool:
         """Dropped by the scheduler (taken for dead): announce again and wait to be placed, then load the stage's

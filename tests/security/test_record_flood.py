@@ -103,3 +103,15 @@ def test_a_flood_of_strangers_records_leaves_the_runs_reads_whole(run, tmp_path)
     for node in (coordinator, member):
         assert set(node.records.fetch_peers()) == {coordinator.peer_id, member.peer_id}
     assert len(largest_record("QmX").to_msgpack()) > 100_000
+
+
+def test_an_open_run_stores_anyones_records(run, tmp_path):
+    """The known limit (docs/security.md): in an open run there is nobody to refuse, so a flood would land."""
+    coordinator, member, attacker = run
+    for node in (coordinator, member):
+        node.restrict_writers(RecordWriters(RUN, coordinator.peer_id, "open"))
+    strangers = [SwarmRecords(attacker, identity(tmp_path / f"stranger-{i}.key"), RUN) for i in range(3)]
+    for stranger in strangers:
+        heartbeat(stranger)
+    for node in (coordinator, member):
+        assert {s.identity.peer_id for s in strangers} <= set(node.records.fetch_peers())

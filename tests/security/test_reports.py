@@ -88,7 +88,7 @@ def test_two_members_evict_a_faulty_peer_and_one_liar_evicts_nobody():
     assert faulty(elsewhere, suspect) == []  # not a member of the suspect's group: no vote
     assert faulty(b, suspect, iteration=0) == []  # two votes: one strike (honest members agree on an honest spike)
     (announce,) = faulty(b, suspect, iteration=3)  # a second iteration with two votes: evicted
-    assert announce.message == Refused(peer=suspect, why=announce.message.why)
+    assert announce.message == Refused(peer=suspect, why=announce.message.why, evicted=True)
     assert "evicted" in announce.message.why and suspect in s.evicted
     assert suspect not in s.liveness.live(61.0) and a in s.liveness.live(61.0) and b in s.liveness.live(61.0)
     # the next commit tells every member of the group to leave its input out, all the same way

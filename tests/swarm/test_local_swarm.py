@@ -95,8 +95,8 @@ class Intruder:
 
 
 def test_local_swarm_trains_refuses_hostile_input_and_keeps_stages_identical(run, tmp_path):
-    from swarm.control.gossip import GossipClient, schedule_topic
-    from swarm.control.messages import ScheduleNotice, publish
+    from swarm.control.gossip import GossipClient, membership_topic, schedule_topic
+    from swarm.control.messages import Join, ScheduleNotice, publish
 
     schedule = wait_for(run.schedule, 120, "no schedule was planned")
     wait_for(lambda: len(run.metrics()) >= 2, 120, "training did not start")
@@ -136,6 +136,12 @@ def test_local_swarm_trains_refuses_hostile_input_and_keeps_stages_identical(run
         gossip.wait_for_mesh(schedule_topic(RUN), 1, timeout=30)
         publish(gossip, RUN, ScheduleNotice(epoch=99))  # well-formed, but not from the scheduler
         gossip.publish(schedule_topic(RUN), {"epoch": 99})  # not a control message at all
+        # 6. a Join in its own name without a token (its record is refused: it hears why from its Join), and one in
+        # a member's name (ignored: the gossip layer names the sender)
+        gossip.subscribe(membership_topic(RUN))
+        gossip.wait_for_mesh(membership_topic(RUN), 1, timeout=30)
+        publish(gossip, RUN, Join(peer=intruder.peer_id, sent=get_dht_time()))
+        publish(gossip, RUN, Join(peer=relay, admission=b"0" * 64, sent=get_dht_time()))
         assert coordinator["coordinator"] != intruder.peer_id
 
         # the volunteer with the wrong token was refused admission, said so and exited: it is no peer of the run
@@ -160,8 +166,10 @@ def test_local_swarm_trains_refuses_hostile_input_and_keeps_stages_identical(run
     intruder_id = intruder.peer_id
     refused = [e["why"] for e in run.events("refused_message", who="peer-*") if e["sender"] == intruder_id]
     assert len(refused) >= 3 and all(why == "stream: sender not admitted" for why in refused), refused
-    (refusal,) = {e["why"] for e in run.events("refused_peer", who="coordinator")}
-    assert refusal == "its join token is not this run's"
+    refusals = {(e["peer"], e["why"]) for e in run.events("refused_peer", who="coordinator")}
+    no_token = "it presented no join token (start it with --token)"
+    assert {why for _, why in refusals} == {"its join token is not this run's", no_token}, refusals
+    assert (intruder_id, no_token) in refusals and not any(peer == relay for peer, _ in refusals), refusals
     assert not run.events("placed", who=f"peer-{PEERS:02d}")
     ignored = {(e["kind"], e["why"][:12]) for e in run.events("ignored_control", who="peer-*")
                if e["sender"] == intruder_id}

@@ -96,3 +96,15 @@ def test_an_identity_another_process_holds_is_refused_in_one_line(tmp_path):
                                        "(one key is one peer): pass a different --identity FILE"
     finally:
         lock.release()
+
+
+@pytest.mark.parametrize("content", ["{not json", '["a list"]', '{"join_token": 7}', '{"join_token": "short"}'])
+def test_a_coordinator_will_not_replace_a_join_token_it_cannot_read(tmp_path, content):
+    """Its peers hold the run's token: with a new one the DHT would refuse their records, so a run directory whose
+    token cannot be read is a one-line error, before anything starts, not a silent new token."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "coordinator.json").write_text(content)
+    r = CliRunner().invoke(main, ["coordinator", "start", "--run-dir", str(run_dir),
+                                  "--identity", str(tmp_path / "identity.key")])
+    assert r.exit_code == 2 and "cannot read the run's join token" in r.output and "Traceback" not in r.output

@@ -42,6 +42,8 @@ def test_allow_lists_and_open_runs():
     allow = AdmissionPolicy("allow", None, frozenset({"QmFriend"}))
     assert allow.refusal("QmFriend", "run", b"") is None
     assert "allow list" in allow.refusal("QmStranger", "run", token_proof(TOKEN, "QmStranger", "run"))
+    with_token = AdmissionPolicy("allow", TOKEN, frozenset({"QmFriend"}))  # a successor given a token by hand
+    assert "allow list" in with_token.refusal("QmHolder", "run", token_proof(TOKEN, "QmHolder", "run"))
     assert AdmissionPolicy("open").refusal("QmAnyone", "run", b"") is None
     assert "does not hold" in AdmissionPolicy("token", None).refusal("QmPeer", "run", b"proof")
     with pytest.raises(ValueError):

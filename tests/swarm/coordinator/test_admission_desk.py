@@ -7,8 +7,14 @@ import dataclasses
 import pytest
 
 from swarm.control.membership import AdmissionPolicy, MembershipCert, token_proof
-from swarm.control.messages import Admitted, Refused
-from swarm.coordinator.admission_desk import ANNOUNCE_AGAIN, AdmissionDesk
+from swarm.control.messages import Admitted, Join, Refused
+from swarm.coordinator.admission_desk import (
+    ANNOUNCE_AGAIN,
+    JOIN_FRESH,
+    JOIN_REFUSAL_BURST,
+    JOIN_REFUSALS_PER_SECOND,
+    AdmissionDesk,
+)
 from swarm.net.identity import ensure_identity, load_identity
 from swarm.wire import PeerRecord, PeerState
 
@@ -82,10 +88,29 @@ def test_a_joiner_the_policy_refuses_hears_why_from_its_join_alone(scheduler_key
     """The DHT refuses the record of a joiner without a valid proof (`RecordWriters`), so its `Join` is where the
     desk answers it; an admissible joiner's `Join` is left to its record, which brings the certificate."""
     desk = AdmissionDesk(AdmissionPolicy("token", TOKEN), scheduler_key, RUN, exempt={"QmCoordinator"})
-    refused = desk.answer_join("QmWrong", token_proof("another-runs-token-0123456789", "QmWrong", RUN), 1000.0)
-    assert refused == Refused(peer="QmWrong", why="its join token is not this run's")
-    assert "--token" in desk.answer_join("QmNoToken", b"", 1000.0).why
-    assert desk.answer_join("QmWrong", b"", 1001.0) is None  # answered lately: not again at every Join
-    assert desk.answer_join("QmWrong", b"", 1000.0 + ANNOUNCE_AGAIN) is not None
-    assert desk.answer_join("QmHonest", token_proof(TOKEN, "QmHonest", RUN), 1000.0) is None
-    assert desk.answer_join("QmCoordinator", b"", 1000.0) is None
+    wrong = token_proof("another-runs-token-0123456789", "QmWrong", RUN)
+    refused = desk.answer_join(Join(peer="QmWrong", admission=wrong, sent=999.0), 1000.0)
+    assert refused == Refused(peer="QmWrong", why="its join token is not this run's") and not refused.evicted
+    assert "--token" in desk.answer_join(Join(peer="QmNoToken", sent=1000.0), 1000.0).why
+    assert desk.answer_join(Join(peer="QmWrong", sent=1001.0), 1001.0) is None  # answered lately: not at every Join
+    assert desk.answer_join(Join(peer="QmWrong", sent=1010.0), 1000.0 + ANNOUNCE_AGAIN) is not None
+    assert desk.answer_join(Join(peer="QmHonest", admission=token_proof(TOKEN, "QmHonest", RUN), sent=1000.0),
+                            1000.0) is None
+    assert desk.answer_join(Join(peer="QmCoordinator", sent=1000.0), 1000.0) is None
+
+
+def test_join_refusals_cannot_be_replayed_turned_on_members_or_flooded(scheduler_key):
+    desk = AdmissionDesk(AdmissionPolicy("token", TOKEN), scheduler_key, RUN, lifetime=100.0)
+    old = Join(peer="QmLate", sent=1000.0)  # a volunteer's first try, without its token
+    assert desk.answer_join(dataclasses.replace(old, sent=1000.0 - JOIN_FRESH - 1), 1000.0) is None  # replayed
+    assert desk.answer_join(dataclasses.replace(old, sent=1000.0 + 3600), 1000.0) is None  # from the future
+    assert desk.answer_join(Join(peer="QmNoSent"), 1000.0) is None  # a Join that does not say when
+    members, said = desk.sort({"QmLate": record("QmLate", admission=token_proof(TOKEN, "QmLate", RUN))}, 1000.0)
+    assert [type(m) for m in said] == [Admitted]  # it came back with the token and was admitted...
+    assert desk.answer_join(dataclasses.replace(old, sent=1020.0), 1020.0) is None  # ...and its certificate holds
+
+    burst = int(JOIN_REFUSAL_BURST)
+    sybils = [desk.answer_join(Join(peer=f"QmSybil{i}", sent=2000.0), 2000.0) for i in range(3 * burst)]
+    assert sum(r is not None for r in sybils) == JOIN_REFUSAL_BURST  # a burst, then...
+    later = [desk.answer_join(Join(peer=f"QmLater{i}", sent=2005.0), 2005.0) for i in range(20)]
+    assert sum(r is not None for r in later) == 5 * JOIN_REFUSALS_PER_SECOND  # ...the steady rate

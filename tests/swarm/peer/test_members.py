@@ -39,7 +39,9 @@ def test_the_peers_of_the_followed_schedule_are_members_until_evicted(scheduler)
     m = members(scheduler)
     m.follow({"me", "a", "b"})
     assert m.admits("a") and m.admits("b") and not m.admits("c")
-    m.on_control(scheduler.peer_id, Refused(peer="b", why="evicted: faulty"))
+    m.on_control(scheduler.peer_id, Refused(peer="a", why="its join token is not this run's"))
+    assert m.admits("a")  # a joiner's refusal bans nobody: it may come back with the right token
+    m.on_control(scheduler.peer_id, Refused(peer="b", why="evicted: faulty", evicted=True))
     assert not m.admits("b")  # evicted: refused even though the schedule still names it
     m.follow({"me", "c"})
     assert m.admits("c") and not m.admits("a")  # only the schedule followed now
