@@ -115,3 +115,27 @@ def test_an_open_run_stores_anyones_records(run, tmp_path):
         heartbeat(stranger)
     for node in (coordinator, member):
         assert {s.identity.peer_id for s in strangers} <= set(node.records.fetch_peers())
+
+
+def test_an_allow_listed_run_stores_the_listed_peers_records_only(run, tmp_path):
+    coordinator, member, attacker = run
+    allow = RecordWriters(RUN, coordinator.peer_id, "allow", frozenset({member.peer_id}))
+    for node in (coordinator, member):
+        node.restrict_writers(allow)
+    stranger = SwarmRecords(attacker, identity(tmp_path / "stranger.key"), RUN,
+                            proof=token_proof(TOKEN, "unused", RUN))  # a token is no key to an allow-listed run
+    heartbeat(stranger)
+    heartbeat(member.records)
+    for node in (coordinator, member):
+        assert set(node.records.fetch_peers()) == {coordinator.peer_id, member.peer_id}
+
+
+def test_a_node_without_the_token_still_reads_the_members_records(run, tmp_path):
+    """An onlooker (the monitor) has no token: it checks the proofs' shape, so members' records pass and a
+    stranger's without a proof does not."""
+    coordinator, member, attacker = run
+    member.restrict_writers(RecordWriters(RUN, coordinator.peer_id, "token"))  # as if it held no token
+    stranger = SwarmRecords(attacker, identity(tmp_path / "stranger.key"), RUN)
+    heartbeat(stranger)
+    heartbeat(member.records)
+    assert set(member.records.fetch_peers()) == {coordinator.peer_id, member.peer_id}
