@@ -19,7 +19,7 @@ from collections.abc import Callable, Collection, Mapping
 from hivemind.utils import get_dht_time
 
 from swarm.control.membership import MembershipCert, cert_problem, token_proof
-from swarm.control.messages import Admitted, Refused
+from swarm.control.messages import Admitted, Join, Refused
 from swarm.wire import PeerRecord
 
 logger = logging.getLogger(__name__)
@@ -61,6 +61,11 @@ class Members:
         if peer in self._banned:
             return False
         return peer in self._planned or self._expiry.get(peer, 0.0) > get_dht_time()
+
+    def join_message(self) -> Join:
+        """This joiner's announcement, with its proof of the token: refused, it hears why on gossip (its record,
+        without a valid proof, is refused by the DHT and never reaches the scheduler)."""
+        return Join(peer=self.me, admission=self.proof, sent=get_dht_time())
 
     def follow(self, placement: Collection[str]) -> None:
         """The peers of the schedule this peer now follows (signed by its scheduler) are members."""

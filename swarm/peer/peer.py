@@ -27,7 +27,6 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from hivemind.utils import get_dht_time
 
 from peers.device_speed import announced_speed
 from scheduler.schedule import Schedule
@@ -35,12 +34,10 @@ from swarm.constants import MAX_PROBE_BYTES, PROBE_GOODPUT_BYTES
 from swarm.control.gossip import GossipMessage
 from swarm.control.membership import token_proof
 from swarm.control.messages import (
-    Join,
     Leave,
     publish,
 )
 from swarm.control.node import Node
-from swarm.control.record_writers import RecordWriters
 from swarm.events import event
 from swarm.net.identity import ensure_identity
 from swarm.net.link_probe import LinkProber
@@ -67,7 +64,7 @@ from swarm.peer.pipeline import IterationAborted, IterationTimeout
 from swarm.peer.placement_release import PlacementRelease
 from swarm.peer.reachability_notice import DialVerdict, announced_addresses, join_reachability
 from swarm.peer.reports import Reports
-from swarm.peer.run_spec import UnsuitedRun, await_run_spec
+from swarm.peer.run_spec import UnsuitedRun, await_run_spec, keep_members_records
 from swarm.peer.schedule_follower import ScheduleFollower
 from swarm.peer.stage_keeper import JoinAbandoned, StageKeeper
 from swarm.peer.stage_session import restore_source
@@ -213,11 +210,7 @@ class Peer:
         spec = await_run_spec(records, trusted_coordinator(o.initial_peers, o.coordinator), stop, o.join_timeout)
         if spec is None:
             return False
-        try:  # its DHT keeps the run's members' records only from now on: a protection, not a condition to join
-            node.restrict_writers(RecordWriters.of(spec, o.token))
-        except Exception as e:  # a DHT process too loaded to answer in time: it stores strangers' records too
-            logger.warning("could not tell this peer's DHT who run %s admits (%s: %s): it keeps strangers' records "
-                           "too", o.run_id, type(e).__name__, e)
+        keep_members_records(node, spec, o.token)
         (self.config, self.model_config), self.spec = RunConfig.from_spec(spec), spec
         self.inbox.assembly.max_bytes = largest_stage_message(self.model_config, self.config.stages)
         self.outbox.chunk_bytes = self.config.chunk_bytes
@@ -268,7 +261,8 @@ class Peer:
         # gossip links to members' sidecars before the admission comes: it must not hang on the one to the
         # coordinator, whose mesh prunes most peers from ~13 on (it then only arrives by lazy gossip)
         self.succession.connect_control_plane(records.fetch_peers())
-        self.members.wait(stop, o.join_timeout, over=self.follower.finished, ask=self._ask_to_join)  # then: links...
+        self.members.wait(stop, o.join_timeout, over=self.follower.finished,  # then: links, placement
+                          ask=lambda: publish(node.gossip, o.run_id, self.members.join_message(), wait=False))
         self.members.observe(records.fetch_peers())  # the members' certificates, before they probe this joiner
         self.departure = Departure(self.peer_id, stop, node, self.follower, self.succession, self.keeper)
         self.release = PlacementRelease(self.peer_id, self.follower, set_state=lambda s: setattr(self, "state", s),
@@ -295,12 +289,6 @@ class Peer:
         if not stop.is_set() and not self.follower.finished.is_set():
             raise TimeoutError("no schedule placed this peer in time")
         return False
-
-    def _ask_to_join(self) -> None:
-        """Announce this joiner with its proof of the token: refused, it hears why on gossip (its record, without a
-        valid proof, is refused by the DHT and never reaches the scheduler)."""
-        join = Join(peer=self.peer_id, admission=self.members.proof, sent=get_dht_time())
-        publish(self.node.gossip, self.options.run_id, join, wait=False)
 
     def _rejoin(self, stop: threading.Event) -> bool:
         """Dropped by the scheduler (taken for dead): announce again and wait to be placed, then load the stage's

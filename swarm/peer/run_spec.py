@@ -1,14 +1,19 @@
-"""`await_run_spec`: a joiner's wait for the run spec of the one coordinator it trusts; `UnsuitedRun`, a run this
-peer cannot serve."""
+"""`await_run_spec`: a joiner's wait for the run spec of the one coordinator it trusts; `keep_members_records`,
+what its DHT learns from the spec; `UnsuitedRun`, a run this peer cannot serve."""
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 
 from swarm.constants import DHT_TIMEOUT
+from swarm.control.node import Node
+from swarm.control.record_writers import RecordWriters
 from swarm.control.records import SwarmRecords
 from swarm.wire import RunSpec
+
+logger = logging.getLogger(__name__)
 
 
 class UnsuitedRun(RuntimeError):
@@ -30,3 +35,14 @@ def await_run_spec(records: SwarmRecords, coordinator: str, stop: threading.Even
                                "is not the run's coordinator, pass --coordinator)")
         stop.wait(poll)
     return None
+
+
+def keep_members_records(node: Node, spec: RunSpec, token: str | None) -> None:
+    """From now on `node`'s DHT stores and relays only the records of those run `spec` admits (as a holder of
+    `token` sees them: `RecordWriters`). A protection, not a condition to join: a DHT process too loaded to answer
+    in time is warned of, and the peer joins all the same (its DHT then keeps strangers' records too)."""
+    try:
+        node.restrict_writers(RecordWriters.of(spec, token))
+    except Exception as e:
+        logger.warning("could not tell this peer's DHT who run %s admits (%s: %s): it keeps strangers' records too",
+                       spec.run_id, type(e).__name__, e)

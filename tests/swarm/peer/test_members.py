@@ -61,3 +61,6 @@ def test_a_waiting_joiner_asks_again_until_the_scheduler_answers(scheduler, monk
     with pytest.raises(NotAdmitted, match="its join token is not this run's"):
         m.wait(threading.Event(), 10.0, ask=ask)
     assert len(asked) == 3 and asked[2] - asked[0] >= 0.2
+    joiner = Members("me", RUN, token="a-token-0123456789abcdef", issuers=lambda: ())
+    join = joiner.join_message()  # what `ask` gossips: the proof, and when (a replay later is too old to answer)
+    assert join.peer == "me" and join.admission == joiner.proof != b"" and abs(join.sent - get_dht_time()) < 5
