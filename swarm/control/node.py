@@ -139,13 +139,15 @@ class Node:
         then raises what the last one did."""
         if self.dht is None:
             raise RuntimeError("the DHT is not started")
-        for attempt in range(1, attempts):
+        for attempt in range(1, attempts + 1):
+            future = self.dht.run_coroutine(partial(restrict_writers, writers=writers), return_future=True)
             try:
-                return self.dht.run_coroutine(partial(restrict_writers, writers=writers), return_future=True
-                                              ).result(timeout)
+                return future.result(timeout)
             except TimeoutError:
+                if attempt == attempts:
+                    raise
                 logger.info("the DHT did not answer within %.0f s (try %d of %d)", timeout, attempt, attempts)
-        return self.dht.run_coroutine(partial(restrict_writers, writers=writers), return_future=True).result(timeout)
+        raise ValueError(f"attempts must be at least 1, got {attempts}")
 
     def watch_helpers(self) -> None:
         """The node started something more (a p2p client of its own, say): the reaper looks again at once."""
