@@ -6,4 +6,5 @@
 - demo.py: `skippipe demo`, the README's main job
 - train.py: `skippipe swarm inprocess` and `skippipe eval`
 - run.py: `skippipe coordinator start`, `skippipe-peer join` and `skippipe swarm local`
+- stop_signal.py: stop_event, the SIGINT / SIGTERM handler long-running commands stop on (not inherited by forks)
 """

@@ -8,7 +8,8 @@ import sys
 
 import click
 
-from swarm.cli.run import _fail, _stop_event
+from swarm.cli.run import _fail
+from swarm.cli.stop_signal import stop_event
 
 
 @click.command("monitor")
@@ -44,7 +45,7 @@ def monitor(initial_peers, run_id, coordinator, once, as_json, listen, interval,
         coordinator = trusted_coordinator(tuple(initial_peers), coordinator)
     except ValueError as e:
         _fail(str(e))
-    stop = _stop_event()
+    stop = stop_event()
     observer = SwarmObserver(initial_peers, run_id, coordinator=coordinator, interval=interval, host=host)
     server = None
     try:

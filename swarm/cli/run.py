@@ -1,7 +1,7 @@
 """`skippipe coordinator start`, `skippipe-peer join` and `skippipe swarm local`: the networked runtime's commands.
 
 Thin, like Petals' run_server: parse flags, build the options, call one function, and in `finally` leave
-the swarm. SIGINT / SIGTERM set an event the loops check, so a peer finishes its iteration and leaves.
+the swarm. SIGINT / SIGTERM set an event the loops check (`stop_signal`), so a peer finishes its iteration and leaves.
 """
 
 from __future__ import annotations
@@ -9,13 +9,12 @@ from __future__ import annotations
 import logging
 import math
 import os
-import signal
 import sys
-import threading
 from pathlib import Path
 
 import click
 
+from swarm.cli.stop_signal import stop_event
 from swarm.cli.train import swarm as swarm_group
 from swarm.constants import FAULTS
 
@@ -36,19 +35,6 @@ def _logging(log_file: str | None, level: str, *, events: str | None = None, ide
 
 
 EVENTS_HELP = "append this process's typed events here (JSON lines, swarm.events)"
-
-
-def _stop_event() -> threading.Event:
-    stop = threading.Event()
-
-    def handler(signum, frame) -> None:  # noqa: ARG001
-        if stop.is_set():
-            raise KeyboardInterrupt
-        stop.set()
-
-    signal.signal(signal.SIGINT, handler)
-    signal.signal(signal.SIGTERM, handler)
-    return stop
 
 
 def _fail(message: str) -> None:
@@ -162,7 +148,7 @@ def start(config_path, run_id, iterations, min_peers, stages, skip, seed, microb
                                           run_dir=run_dir, metrics_path=metrics, first_schedule=saved,
                                           admission=admission, allowed=allowed, relay=relay))
     try:
-        node.run(_stop_event())
+        node.run(stop_event())
     except RunDirError as e:
         _fail(str(e))
 
@@ -294,7 +280,7 @@ def join(initial_peers, coordinator, run_id, token, device, precision, threads, 
                           link_latency=latency, probe_sample=probe_sample, fault=fault, threads=threads,
                           host_registry=str(registry) if registry else None)
     try:
-        restart_as = Peer(options, scheduler_role=SchedulerRole).run(_stop_event())
+        restart_as = Peer(options, scheduler_role=SchedulerRole).run(stop_event())
     except (NotAdmitted, TimeoutError, UnsuitedRun) as e:  # refused, unanswered, or cannot serve: say why
         said = str(e)  # ours always say why; a library's bare timeout does not: its traceback goes to the log
         logging.getLogger("swarm").error("%s", said or f"{type(e).__name__} while joining", exc_info=not said)

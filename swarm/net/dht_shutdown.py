@@ -3,7 +3,9 @@
 When a DHT does not finish its shutdown within its grace period (a request from a process that already exited can
 wedge its loop), hivemind terminates it; its p2pd then dies without unlinking its unix socket, and the files pile up
 in the temp dir. :func:`stop_dht` asks the DHT for its daemon's socket first and, once the DHT is gone, removes that
-file if nothing listens on it any more. It only ever touches the socket of the DHT it is given.
+file if nothing listens on it any more. It only ever touches the socket of the DHT it is given. A DHT that outlives
+hivemind's hard terminate too (a SIGTERM handler it inherited, a wedged process) is killed with its helpers: the
+caller started it, so the caller stops it.
 """
 
 from __future__ import annotations
@@ -13,9 +15,10 @@ import logging
 import os
 import time
 
+import psutil
 from hivemind import DHT
 
-from swarm.net.reaper import is_listened_on  # lives there (no hivemind) and is imported from here too
+from swarm.net.reaper import is_listened_on, unix_socket_paths  # is_listened_on is imported from here too
 
 logger = logging.getLogger(__name__)
 
@@ -48,11 +51,46 @@ def daemon_socket_path(dht: DHT) -> str | None:
     return socket_paths(dht)[0]
 
 
-def stop_dht(dht: DHT) -> None:
-    """Shut ``dht`` down; if its daemon or its client left a socket file behind, unlink it."""
-    paths = [p for p in socket_paths(dht) if p]
-    dht.shutdown()
+def _helpers(dht: DHT) -> list[psutil.Process]:
+    """The DHT process's descendants (its p2pd), collected while it lives: a killed DHT cannot name them."""
+    try:
+        return psutil.Process(dht.pid).children(recursive=True) if dht.is_alive() else []
+    except psutil.Error:
+        return []
+
+
+def _listened_sockets(dht: DHT, helpers: list[psutil.Process]) -> set[str]:
+    """hivemind's sockets the DHT and its helpers are bound to, read from /proc: a wedged DHT cannot name them."""
+    pids = ([dht.pid] if dht.is_alive() else []) + [p.pid for p in helpers]
+    return {path for pid in pids for path in unix_socket_paths(pid) if os.path.basename(path).startswith("hivemind-")}
+
+
+def _end(dht: DHT, helpers: list[psutil.Process]) -> None:
+    """Wait for the DHT to end, SIGKILL it if it outlived hivemind's terminate, and then its helpers that are still
+    there (p2pd does not die with its parent when that parent is terminated or killed)."""
     dht.join(_UNLINK_GRACE)  # after a hard terminate, hivemind does not wait for the process to end
+    if dht.is_alive():
+        logger.warning("DHT process %s outlived its shutdown; killing it", dht.pid)
+        dht.kill()
+        dht.join(_UNLINK_GRACE)
+    _, alive = psutil.wait_procs(helpers, timeout=_UNLINK_GRACE)
+    for helper in alive:
+        logger.warning("the DHT's helper %s outlived it; killing it", helper.pid)
+        with contextlib.suppress(psutil.Error):  # gone already, or its pid reused: psutil then refuses
+            helper.kill()
+    psutil.wait_procs(alive, timeout=_UNLINK_GRACE)
+
+
+def stop_dht(dht: DHT) -> None:
+    """Shut ``dht`` down, killing it and its helpers where they outlive hivemind's terminate; if its daemon or its
+    client left a socket file behind, unlink it. Safe to call again on a DHT it stopped."""
+    helpers = _helpers(dht)
+    paths = {p for p in socket_paths(dht) if p} | _listened_sockets(dht, helpers)
+    try:
+        dht.shutdown()
+    except OSError as e:  # asked to shut down before (its pipe is closed) but still alive: killed below
+        logger.debug("DHT shutdown request failed: %s", e)
+    _end(dht, helpers)
     if not paths or dht.is_alive():
         return
     deadline = time.monotonic() + _UNLINK_GRACE
