@@ -20,12 +20,11 @@ A member who holds the token can still make identities of its own: the token adm
 
 from __future__ import annotations
 
-import hmac
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from swarm.control.membership import token_proof
-from swarm.wire import ADMISSION_MODES, RunSpec
+from swarm.control.membership import AdmissionPolicy
+from swarm.wire import RunSpec
 
 PROOF_SHAPE = re.compile(rb"[0-9a-f]{64}")
 """What a proof looks like (hex HMAC-SHA256): all a node without the token can check."""
@@ -35,17 +34,18 @@ PROOF_SHAPE = re.compile(rb"[0-9a-f]{64}")
 class RecordWriters:
     """Whose records of run `run` a DHT node stores: its `coordinator`, and those its admission `mode` admits
     ("token": holders of the join token, checked against `token` where this node has it; "allow": the peer ids in
-    `allowed`; "open": anyone), as `AdmissionPolicy` admits them."""
+    `allowed`; "open": anyone). The rules are `AdmissionPolicy`'s, plus two: the coordinator is always a writer,
+    and a node without the token checks only the proof's shape."""
 
     run: str
     coordinator: str
     mode: str = "token"
     allowed: frozenset[str] = frozenset()
     token: str | None = None
+    policy: AdmissionPolicy = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if self.mode not in ADMISSION_MODES:
-            raise ValueError(f"admission mode must be one of {', '.join(ADMISSION_MODES)}, got {self.mode!r}")
+        object.__setattr__(self, "policy", AdmissionPolicy(self.mode, self.token, self.allowed))  # checks the mode
 
     @classmethod
     def of(cls, spec: RunSpec, token: str | None) -> RecordWriters:
@@ -54,14 +54,8 @@ class RecordWriters:
 
     def refusal(self, signer: str, proof: bytes) -> str | None:
         """Why a record signed by `signer` carrying `proof` is not stored (None: it is)."""
-        if self.mode == "open" or signer == self.coordinator:
+        if signer == self.coordinator:
             return None
-        if self.mode == "allow":
-            return None if signer in self.allowed else "its author is not on the run's allow list"
-        if not proof:
-            return "its author shows no proof of the run's join token"
-        if self.token is None:
+        if self.mode == "token" and self.token is None and proof:
             return None if PROOF_SHAPE.fullmatch(proof) else "its proof of the join token is malformed"
-        if hmac.compare_digest(proof, token_proof(self.token, signer, self.run)):
-            return None
-        return "its proof of the join token is not this run's"
+        return self.policy.refusal(signer, self.run, proof)

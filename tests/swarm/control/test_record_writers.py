@@ -17,7 +17,7 @@ def test_a_token_run_stores_the_coordinator_and_holders_of_the_token_only():
     writers = RecordWriters(RUN, "QmCoordinator", "token", token=TOKEN)
     assert writers.refusal("QmCoordinator", b"") is None
     assert writers.refusal("QmMember", token_proof(TOKEN, "QmMember", RUN)) is None
-    assert "no proof" in writers.refusal("QmStranger", b"")
+    assert "no join token" in writers.refusal("QmStranger", b"")
     assert "not this run's" in writers.refusal("QmStranger", token_proof("other-token-0123456789", "QmStranger", RUN))
     assert "not this run's" in writers.refusal("QmThief", token_proof(TOKEN, "QmMember", RUN))  # bound to its peer
     assert "not this run's" in writers.refusal("QmMember", token_proof(TOKEN, "QmMember", "another-run"))
@@ -27,7 +27,7 @@ def test_a_node_without_the_token_checks_the_proofs_shape_only():
     writers = RecordWriters(RUN, "QmCoordinator", "token")
     assert writers.refusal("QmMember", token_proof(TOKEN, "QmMember", RUN)) is None
     assert "malformed" in writers.refusal("QmStranger", b"x" * 64)
-    assert "no proof" in writers.refusal("QmStranger", b"")
+    assert "no join token" in writers.refusal("QmStranger", b"")
 
 
 def test_allow_lists_and_open_runs():
