@@ -29,6 +29,15 @@ def test_it_plans_once_no_new_peer_came_for_the_settling_time(records):
     validate(schedule)
 
 
+def test_a_known_peer_missing_from_a_read_does_not_restart_the_settling_clock(records):
+    f = first_plan()
+    assert f.plan(records, 0.0) is None
+    flicker = dict(sorted(records.items())[1:])  # one record read just past its expiry, on a loaded machine
+    assert f.plan(flicker, SETTLE_SECONDS / 2) is None
+    schedule = f.plan(records, SETTLE_SECONDS)  # no peer is new: settled since 0.0
+    assert schedule is not None and set(schedule.placement) == set(records)
+
+
 def test_unmeasured_links_are_waited_for_then_planned_around(records):
     unprobed = sorted(records)[3]
     partial = {p: dataclasses.replace(r, links={} if p == unprobed else {q: v for q, v in r.links.items()
