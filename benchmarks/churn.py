@@ -235,7 +235,7 @@ checkpoint_every = {args.checkpoint_every}
 
 [swarm]
 planner = "{method}"
-heartbeat = 1.0
+heartbeat = {args.heartbeat}
 {data}"""
 
 
@@ -341,6 +341,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--peers", type=int, default=8)
     parser.add_argument("--stages", type=int, default=3)
+    parser.add_argument("--heartbeat", type=float, default=1.0,
+                        help="seconds between peer records (a peer is taken for gone ~3 heartbeats after its last); "
+                             "on 2 shared cores 20 peers cannot keep 1 s")
     parser.add_argument("--minutes", type=float, default=3.0, help="length of the measured window")
     parser.add_argument("--rate", type=float, default=0.1, help="failures per peer per minute")
     parser.add_argument("--rejoin", type=float, default=20.0, help="seconds until a dead peer is replaced")
@@ -371,8 +374,10 @@ def main() -> None:
         sys.exit(f"error: methods must be among {', '.join(METHODS)}")
     if set(args.deaths.split(",")) - set(DEATHS) or not args.deaths:
         sys.exit(f"error: --deaths must be among {', '.join(DEATHS)}")
-    if args.runs < 1 or args.peers < 3 or args.minutes <= 0 or args.checkpoint_every < 0 or args.val_batches < 1:
-        sys.exit("error: need --runs >= 1, --peers >= 3, --minutes > 0, --checkpoint-every >= 0, --val-batches >= 1")
+    if args.runs < 1 or args.peers < 3 or args.minutes <= 0 or args.checkpoint_every < 0 or args.val_batches < 1 \
+            or not args.heartbeat > 0:
+        sys.exit("error: need --runs >= 1, --peers >= 3, --minutes > 0, --checkpoint-every >= 0, --val-batches >= 1, "
+                 "--heartbeat > 0")
     results, corpus = [], None
     with tempfile.TemporaryDirectory() as tmp:
         tmp = args.work_dir or tmp
@@ -414,7 +419,8 @@ def main() -> None:
 
 
 SETTING = ("peers", "stages", "minutes", "rate", "rejoin", "deaths", "corpus", "checkpoint_every", "val_batches")
-"""The arguments that make two results files one benchmark (the seeds aside)."""
+"""The arguments that make two results files one benchmark (the seeds aside); and `--heartbeat` (1 s in files
+written before it had an option)."""
 
 
 def merge(args: argparse.Namespace) -> None:
@@ -423,7 +429,7 @@ def merge(args: argparse.Namespace) -> None:
     for name in args.merge:
         try:
             data = json.loads(Path(name).read_text())
-            mine = {k: data["args"][k] for k in SETTING}
+            mine = {k: data["args"][k] for k in SETTING} | {"heartbeat": data["args"].get("heartbeat", 1.0)}
             runs = list(data["results"])
         except (OSError, ValueError, KeyError, TypeError) as e:
             sys.exit(f"error: {name} is not a results file of this benchmark: {e}")
