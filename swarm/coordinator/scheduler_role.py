@@ -208,7 +208,7 @@ class SchedulerRole:
                            "without it", schedule.epoch, bridge.epoch)
             msg = ScheduleMsg.from_schedule(schedule)
         if not self.records.publish_schedule(msg):
-            logger.error("could not store schedule epoch %d in the DHT: trying again at the next change",
+            logger.error("could not store schedule epoch %d in the DHT: re-planning at the next read of the records",
                          schedule.epoch)
             self.scheduler.withdraw(schedule)
             return
