@@ -55,7 +55,7 @@ from swarm.coordinator.shard_assignment import assign_shards, shard_drawers, sha
 from swarm.events import event
 from swarm.net.link_probe import link_matrices
 from swarm.run_config import RunConfig
-from swarm.wire import PeerRecord
+from swarm.wire import PeerRecord, PeerState
 
 logger = logging.getLogger(__name__)
 
@@ -378,8 +378,12 @@ class Replanner:
         # joiners load their stage's state from its peers: newcomers, a peer taken for gone and placed again on
         # another stage than it held (it has none of that stage's weights, and nobody hands them over), and a peer
         # that holds no state at all
+        # and a joiner of the epoch in force whose record still says it is joining: that epoch placing it does not
+        # mean its stage's state came (listed as a veteran, it would give its join up at every such epoch)
+        loading = set(before.meta.get("joiners", ())) if before is not None else set()
         joiners = [p for p in schedule.placement if before is None or p not in before.placement or p in stateless
-                   or (before.placement[p] != schedule.placement[p] and p not in handover)]
+                   or (before.placement[p] != schedule.placement[p] and p not in handover)
+                   or (p in loading and peers[p].state == PeerState.JOINING)]
         schedule.meta.update(start_iteration=start_iteration, num_shards=num_shards, shards=shards,
                              shard_positions=dict(shard_positions), joiners=joiners,
                              restore=restore_sources(schedule, before, joiners), handover=handover)

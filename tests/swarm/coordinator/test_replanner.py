@@ -13,6 +13,7 @@ from scheduler.schedule import Schedule, validate
 from swarm.coordinator.epochs import EpochHistory
 from swarm.coordinator.replanner import restore_sources, saved_plan_mismatch
 from swarm.run_config import FULL_PATH_PLANNERS, PLANNERS, RunConfig
+from swarm.stage_group.state_transfer import state_senders
 from swarm.wire import PeerState
 from tests.swarm.coordinator.conftest import STAGES, make_config, make_records, make_replanner
 
@@ -178,6 +179,26 @@ def test_a_newcomer_that_asks_for_a_stage_is_placed_there_the_first_time_only():
     first_zero = {**records, newcomer: dataclasses.replace(records[newcomer], stage=0, state=PeerState.JOINING)}
     placed = r.replan(first_zero, EpochHistory([first]), start_iteration=3, shard_positions={})
     assert placed.placement[newcomer] != 0 and all(placed.meta["shards"][h] for h in placed.data_holders)
+
+
+def test_a_joiner_still_loading_its_stage_stays_a_joiner_in_the_next_epochs():
+    """An epoch that places a joiner does not give it its stage's state: while its record says it is joining, the
+    epochs after it (from the next iteration, as a join elsewhere or a death makes them) list it as a joiner still,
+    so that its stage's veterans equip it and it does not give its join up; once online it is a veteran."""
+    r = make_replanner("skippipe")
+    records = make_records()
+    newcomer = "peer-11"
+    first = r.plan(records_without(records, newcomer), epoch=0, start_iteration=0)
+    history = EpochHistory([first])
+    joining = {**records, newcomer: dataclasses.replace(records[newcomer], state=PeerState.JOINING)}
+    placed = r.replan(joining, history, start_iteration=3, shard_positions={})
+    assert newcomer in placed.meta["joiners"]
+    history.add(placed)
+    later = r.replan(joining, history, start_iteration=4, shard_positions={})
+    assert later.placement[newcomer] == placed.placement[newcomer] and newcomer in later.meta["joiners"]
+    assert newcomer not in state_senders(later, later.placement[newcomer])
+    online = {**records, newcomer: dataclasses.replace(records[newcomer], state=PeerState.ONLINE)}
+    assert newcomer not in r.replan(online, history, start_iteration=4, shard_positions={}).meta["joiners"]
 
 
 def records_without(records: dict, peer: str) -> dict:
