@@ -42,9 +42,9 @@ logger = logging.getLogger(__name__)
 
 STORE_OPTIONS = {"await_all_replicas": False}
 """A store returns at the first replica that took the record; hivemind goes on storing it on the other nearest
-nodes in the background. Awaiting all five (hivemind's default) put every lost replica's 3 s RPC timeout on the
-caller's path: in a 20-peer swarm on 2 loaded cores, with a killed peer among the nearest nodes, a re-plan's
-schedule took 6-23 s to store (a store timing out at 10 s, then the read-back) and heartbeats timed out."""
+nodes in the background. Awaiting all five (hivemind's default) puts every lost replica's 3 s RPC timeout on the
+caller's path: in a 20-peer swarm on 2 loaded cores, with killed peers among the nearest nodes, the peers'
+heartbeats timed out about twice as often as with this (BENCHMARKS.md, "20 peers, one repetition")."""
 
 
 class SwarmRecords:
