@@ -3,8 +3,8 @@
 A swarm's first plan is made once it has settled: enough peers, none new for `SETTLE_SECONDS` (a newcomer probes
 its links first), and every link measured, or `LINK_WAIT_SECONDS` without that (a large swarm probes a sample of
 its links only, and plans with the gaps filled). Only a peer never seen before restarts the clock: on a loaded
-machine a record read just past its expiry drops a live peer from one read, and a clock restarted by every such
-flicker kept a 20-peer swarm from ever planning. A saved plan is used once every peer it places is live and none
+machine a live peer's record can miss a few reads (its heartbeat's store timed out), and a clock restarted by
+every such dip kept a 20-peer swarm from ever planning. A saved plan is used once every peer it places is live and none
 pins another stage; it is given up for a fresh plan when a peer pins another stage, or when its peers are still
 missing after `LINK_WAIT_SECONDS`.
 """
