@@ -40,13 +40,6 @@ from swarm.wire import PeerRecord, PeerState, RunSpec, ScheduleMsg, SignedRecord
 
 logger = logging.getLogger(__name__)
 
-STORE_OPTIONS = {"await_all_replicas": False}
-"""A store returns at the first replica that took the record; hivemind goes on storing it on the other nearest
-nodes in the background. Awaiting all five (hivemind's default) puts every lost replica's 3 s RPC timeout on the
-caller's path: in a 20-peer swarm on 2 loaded cores, with killed peers among the nearest nodes, the peers'
-heartbeats timed out about twice as often as with this (BENCHMARKS.md, "20 peers, one repetition")."""
-
-
 class SwarmRecords:
     """Publish and read one run's signed records through a running :class:`hivemind.DHT`.
 
@@ -156,7 +149,7 @@ class SwarmRecords:
         value, expires = self._envelope(kind, body, ttl)
         key = record_key(self.run_id, kind)
         future = self.dht.store(key, value, expiration_time=expires, subkey=self.identity.peer_id,
-                                return_future=True, **STORE_OPTIONS)
+                                return_future=True)
         try:
             if future.result(timeout=timeout):
                 return True
@@ -173,7 +166,7 @@ class SwarmRecords:
     async def _store_async(self, kind: str, body: bytes, ttl: float, timeout: float) -> bool:
         value, expires = self._envelope(kind, body, ttl)
         future = self.dht.store(record_key(self.run_id, kind), value, expiration_time=expires,
-                                subkey=self.identity.peer_id, return_future=True, **STORE_OPTIONS)
+                                subkey=self.identity.peer_id, return_future=True)
         return bool(await asyncio.wait_for(future, timeout))
 
     def _fetch(self, kind: str, timeout: float, *, signers: Collection[str] | None = None
