@@ -64,7 +64,7 @@ from benchmarks.sigterm import unwind_on_sigterm  # noqa: E402
 from benchmarks.stdlib_corpus import write_stdlib_corpus  # noqa: E402
 from benchmarks.validation_curve import CheckpointSnapshots, time_to_loss, validation_curve  # noqa: E402
 from peers.data import Corpus, DataConfig  # noqa: E402
-from peers.data_ledger import read_ledger, sample_status  # noqa: E402
+from peers.data_ledger import committed, read_ledger, sample_status  # noqa: E402
 from swarm.local.local_swarm import LocalSwarm  # noqa: E402
 
 METHODS = {"skippipe": 0.33, "full-pipeline": 0.0, "swarm": 0.0}
@@ -198,7 +198,7 @@ def window_summary(run_dir: Path, records: list[dict], start: float, window: flo
                  for f in run_dir.glob("schedule-*.json")}
     planned = [predicted[r["epoch"]] for r in inside if predicted.get(r["epoch"])]
     entries = [e for f in sorted(run_dir.glob("ledger-*.jsonl")) for e in read_ledger(f)]
-    status = sample_status(entries, {(r["iteration"] - 1, r["epoch"]) for r in records})
+    status = sample_status(entries, committed(records))
     processed = Counter(c["processed"] for c in status.values())
     return {"tokens_per_s": tokens / window, "iterations": len(inside),
             "planned_s": sum(planned) / len(planned) if planned else None,

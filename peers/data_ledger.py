@@ -1,10 +1,10 @@
 """`DataLedger`: a data holder's record of every sample it handed out, so none is lost or trained twice.
 
 Each draw is one line of a JSON-lines file: the iteration, the schedule epoch, the shard and the training
-windows of one microbatch, with a status: `pending` when drawn, then `processed` once the iteration
-commits, or `requeued` when the iteration is abandoned (a data holder died) and its samples are drawn again. A
-microbatch its holder ran again within the iteration (a relay holding its activations died) is noted `retried`:
-its samples are not drawn again, and still count as processed once, at the commit.
+windows of one microbatch, with a status: `pending` when drawn, then `processed` once the iteration commits, or
+`requeued` when the iteration is abandoned (run again, or committed without this holder) and its samples are drawn
+again. A microbatch its holder ran again within the iteration (a relay holding its activations died) is noted
+`retried`: its samples are not drawn again, and still count as processed once, at the commit.
 The file is appended and flushed as it goes, so a restarted holder (or an auditor) can read it back; the
 `processed` and `requeued` lines, the ones that settle a draw's fate, are fsynced too. A crash can tear only the
 last line: `read_ledger` skips it with a warning, and a ledger reopened for appending cuts it off first.
@@ -16,6 +16,7 @@ import json
 import logging
 import os
 from collections import Counter
+from collections.abc import Collection, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -121,14 +122,21 @@ def _cut_torn_tail(path: Path) -> None:
         os.fsync(f.fileno())
 
 
-def sample_status(entries: list[dict[str, Any]], commits: set[tuple[int, int]] | None = None
+def committed(records: Iterable[Mapping[str, Any]]) -> dict[tuple[int, int], frozenset[str]]:
+    """The scheduler's commits from its metrics lines (1-based `iteration`, `epoch`, `left_out`): (iteration,
+    epoch) -> the holders whose draws the commit did not count (taken for gone while it ran)."""
+    return {(int(r["iteration"]) - 1, int(r["epoch"])): frozenset(r.get("left_out", ())) for r in records}
+
+
+def sample_status(entries: list[dict[str, Any]], commits: Mapping[tuple[int, int], Collection[str]] | None = None
                   ) -> dict[tuple[int, int, int], Counter]:
     """(shard, data epoch, window) -> how often it was processed / requeued / left pending (and retried within
     an iteration), over ledgers.
 
     A draw's fate is the first `processed` or `requeued` event of its holder for its iteration after it. With
-    `commits` (the scheduler's committed (iteration, epoch) pairs, the ground truth), a draw whose iteration was
-    committed in its epoch counts as processed even if its holder died before writing so.
+    `commits` (the scheduler's committed (iteration, epoch) pairs, the ground truth, each with the holders it left
+    out: `committed`), a draw whose iteration was committed in its epoch, its holder not left out, counts as
+    processed even if its holder died before writing so.
     """
     status: dict[tuple[int, int, int], Counter] = {}
     open_draws: dict[tuple[str, int], list[dict[str, Any]]] = {}
@@ -147,7 +155,8 @@ def sample_status(entries: list[dict[str, Any]], commits: set[tuple[int, int]] |
                     status.setdefault((d["shard"], d["data_epoch"], w), Counter())[e["event"]] += 1
     for draws in open_draws.values():
         for d in draws:
-            fate = "processed" if commits is not None and (d["iteration"], d["epoch"]) in commits else "pending"
+            left_out = commits.get((d["iteration"], d["epoch"])) if commits is not None else None
+            fate = "processed" if left_out is not None and d["holder"] not in left_out else "pending"
             for w in d["windows"]:
                 status.setdefault((d["shard"], d["data_epoch"], w), Counter())[fate] += 1
     return status

@@ -8,9 +8,11 @@ from scheduler.constants import MAX_PEERS, MAX_STAGES
 
 SEND_CONCURRENCY = 4
 """Messages a peer sends at once (its sender threads); the transport keeps as many idle streams per receiver."""
-WIRE_VERSION = 5
+WIRE_VERSION = 6
 """Version of every wire record; decoders refuse records of another version. 5: records carry their author's proof
-of the join token, and nodes store members' records only (a node of version 4 would be refused, not split off)."""
+of the join token, and nodes store members' records only (a node of version 4 would be refused, not split off).
+6: a data holder named in a commit's `left_out` puts its draws back (a holder of version 5 would count them as
+processed while the commit does not)."""
 
 # ---- sizes checked before anything is allocated ---------------------------------------------------------------
 MAX_HEADER_BYTES = 64 * 1024

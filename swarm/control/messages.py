@@ -270,7 +270,9 @@ class Commit:
     """The scheduler commits `iteration` under `epoch` (peers average and step); `shards` are the run's shard
     positions after it, where a shard that changes holder next starts; `left_out` are the peers of the epoch whose
     averaging input no member takes (declared gone or evicted by then): one set for the whole group, so that no
-    two members average over different contributions (they would no longer hold the same weights)."""
+    two members average over different contributions (they would no longer hold the same weights). A data holder
+    among them was not counted either: the commit went on without its microbatches, and if it is alive it puts
+    its draws back."""
 
     TOPIC: ClassVar[Topic] = "progress"
     iteration: int

@@ -9,8 +9,11 @@ of a stage that report each other unreachable sit out a while (`estrangements`),
 every data holder has reported it.
 
 A re-planned epoch starts at the next iteration: the one in progress goes on, its forwards detoured around gone
-peers (peers are told who is gone), unless a data holder is among them (its microbatches cannot finish) or a
-joiner is to take over a shard another holder carries: then that iteration runs again under the new epoch. With the
+peers (peers are told who is gone). A gone data holder's microbatches cannot finish: the iteration commits without
+them (its draws go back to its shard, which a surviving holder takes over at the last commit's position), rather
+than running again for the sake of one holder's share. It runs again under the new epoch only when no holder of it
+is left, a holder is leaving (it hands its stage over first), or a joiner is to take over a shard another holder
+carries. With the
 SWARM-style planner a stable swarm is also re-planned every `SWARM_REPLAN_ITERATIONS` iterations (rebalanced and
 rewired), from the next iteration.
 """
@@ -195,18 +198,22 @@ class Scheduler:
             return []  # the same change could not be planned a moment ago (no data holder left): not every tick
         actions: list[Action] = [Announce(Gone(peers=tuple(gone), iteration=self.completed,
                                                           epoch=self.schedule.epoch))] if gone else []
-        # a holder's draws of the iteration in progress are ledgered against the positions of the last commit:
-        # without it, or when a joiner is to take over a shard another holder carries, that iteration runs again
-        # (a draining holder is not announced gone: nothing is detoured)
+        # a holder's draws of the iteration in progress are ledgered against the positions of the last commit: a
+        # gone holder's are left out of its commit (the others' go on); the iteration runs again when no holder is
+        # left, a holder is leaving, or a joiner is to take over a shard another holder carries (a draining holder
+        # is not announced gone: nothing is detoured)
         in_force = self.epochs.in_force(self.completed)
         holders = set(in_force.data_holders)
-        staying = len(shard_drawers(holders - {*gone, *draining}, peers))
+        survivors = (holders & set(peers)) - {*gone, *draining}  # an excused holder is not in the newest epoch
         shard_moves = bool(shard_drawers(joining, peers)) and \
-            staying < int(in_force.meta.get("num_shards", len(holders)))
+            len(shard_drawers(survivors, peers)) < int(in_force.meta.get("num_shards", len(holders)))
         # a peer reported the iteration in progress unable to finish, too early to believe alone; a peer of its epoch
         # now gone corroborates it (as in `_restart_iteration`): it runs again, rather than waiting for its deadline
         unfinishable = bool(gone) and self._restart_reports.reported(self.completed, in_force.epoch)
-        start = self.completed if holders & {*gone, *draining} or shard_moves or unfinishable else self.completed + 1
+        rerun = not survivors or bool(holders & set(draining)) or shard_moves or unfinishable
+        start = self.completed if rerun else self.completed + 1
+        if not rerun:
+            self.commits.excuse(self.completed, in_force.epoch, holders & set(gone))
         if unfinishable:
             self._restarted.add((self.completed, in_force.epoch))
             self._restart_reports.progress(now)
@@ -216,7 +223,7 @@ class Scheduler:
         live = {p: r for p, r in peers.items() if (p in placement or p in joining) and p not in draining}
         published = self._replan(live, start=start, now=now, handing_over=draining)
         self._failed_replan = None if published else (change, now)
-        return actions + published
+        return actions + published + self._commit_if_reported(now)  # every other holder may have reported it
 
     def _swarm_periodic_replan(self, peers: dict[str, PeerRecord], now: float) -> list[Action]:
         """The SWARM-style planner's periodic re-plan of a stable swarm, from the next iteration (as for a joiner):
@@ -406,7 +413,6 @@ class Scheduler:
         if not self.epochs.ever_held(sender):
             logger.warning("ignored a progress report from %s: not a data holder of the schedule", sender)
             return []
-        running = self.epochs.in_force(self.completed)
         holder = self.liveness.records.get(sender)
         own = self.epochs.shards_of(sender, report.epoch)
         if holder is not None and holder.data_holder:  # it draws from its own documents: no shard of the run moves
@@ -418,15 +424,19 @@ class Scheduler:
                                                             why=f"shards {foreign[:5]} are not its own"))
             return []
         self.commits.add(sender, report)
-        committed = self.commits.try_commit(self.completed, running)
+        return self._commit_if_reported(now)
+
+    def _commit_if_reported(self, now: float) -> list[Action]:
+        """Commit the iteration in progress if every holder of its epoch not left out of it has reported it."""
+        running = self.epochs.in_force(self.completed)
+        committed = self.commits.try_commit(self.completed, running, left_out=[
+            p for p in running.placement if p in self.evicted or p in self.liveness.declared_gone])
         if committed is None:
             return []
         commit, reports = committed
-        commit = replace(commit, left_out=tuple(sorted(p for p in running.placement if p in self.evicted
-                                                       or p in self.liveness.declared_gone)))
         records = {p: r for p, r in self.liveness.records.items() if p in running.placement}
         record = iteration_metrics(self.completed, reports, epoch=running.epoch, peers_online=self.peers_online,
-                                   records=records)
+                                   records=records, left_out=commit.left_out)
         self.completed += 1
         self._broken_at.clear()  # witnesses count within one iteration
         self._restart_reports.progress(now, record["iteration_seconds"])

@@ -11,7 +11,7 @@ schedule's rules.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import torch
@@ -71,3 +71,18 @@ class DataHolder:
         own = sorted((r for r in schedule.routes if r.origin == self.peer_id),
                      key=lambda r: (r.inject_after, r.microbatch))
         return self.shards.draw([r.microbatch for r in own], iteration=iteration, epoch=schedule.epoch)
+
+    def settle(self, iteration: int, left_out: Collection[str], retried: Sequence[tuple[int, int]] = ()) -> bool:
+        """The scheduler committed `iteration`: its draws are processed (`retried`: (microbatch, attempt) that ran
+        again within it), unless the commit left this holder out (it was taken for gone while it ran, and its
+        microbatches were not counted): then they go back, and the shard is drawn on from where it stood before
+        them, by whichever holder carries it next. True if this holder's draws were counted."""
+        if self.peer_id in left_out:
+            logger.warning("iteration %d committed without this holder's microbatches (it was taken for gone): its "
+                           "draws go back", iteration)
+            self.shards.rewind(iteration)
+            return False
+        for microbatch, attempt in retried:
+            self.shards.retried(iteration, microbatch, attempt)
+        self.shards.commit(iteration)
+        return True

@@ -149,9 +149,7 @@ class IterationRunner:
             logger.info("microbatch %d's stashed forward is dropped: it was re-queued around this peer", mb)
             worker.drop(mb)
         if stage == 0 and data is not None:
-            for mb, attempt in result.requeued:
-                data.shards.retried(iteration, mb, attempt)
-            data.shards.commit(iteration)
+            data.settle(iteration, self.follower.left_out(iteration), result.requeued)
         t1 = time.perf_counter()
         group = schedule.stage_peers(stage)
         self._averaging = (time.monotonic(), self.clock.averaging_overdue(schedule))

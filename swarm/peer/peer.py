@@ -7,9 +7,10 @@ weights and optimizer state when it joins mid-run. Then it loops over iterations
 each new schedule epoch as it becomes due (`ScheduleFollower`); a move to another stage builds a new session.
 
 Iterations are atomic: a microbatch that lost a peer on its path is re-queued by its holder within the iteration;
-when that cannot work (a data holder died, no detour, a joiner takes a shard over), the scheduler publishes an
-epoch that starts at the uncommitted iteration; every peer abandons it (gradients dropped, data holders requeue
-their draws and rewind), adopts the new epoch and runs the iteration again, so no sample is lost or trained twice.
+a data holder that died is left out of the commit (a holder that sees itself left out puts its draws back); when
+that cannot work (no holder left, no detour, a joiner takes a shard over), the scheduler publishes an epoch that
+starts at the uncommitted iteration; every peer abandons it (gradients dropped, data holders requeue their draws
+and rewind), adopts the new epoch and runs the iteration again, so no sample is lost or trained twice.
 Asked to stop, a placed peer drains: it serves until the scheduler plans without it (handing its stage's state to
 a peer moved there if it was the stage's last), then announces that it leaves and shuts down.
 

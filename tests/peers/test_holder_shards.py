@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from peers.data import Corpus, DataConfig
-from peers.data_ledger import DataLedger, sample_status
+from peers.data_ledger import DataLedger, committed, sample_status
 from peers.holder_shards import HolderShards
 
 
@@ -60,3 +60,28 @@ def test_a_shard_handed_over_at_its_committed_position_loses_and_repeats_nothing
     status = sample_status(carrier.ledger.entries + joiner.ledger.entries)
     assert set(Counter(c["processed"] for c in status.values())) == {1}
     assert {e["shard"] for e in joiner.ledger.entries if e["event"] == "draw"} == {1}
+
+
+def test_a_holder_left_out_of_a_commit_has_its_shard_drawn_again_and_nothing_doubles(corpus):
+    """A holder dies mid-iteration; the others' draws commit without its own, which stay pending in its ledger;
+    a survivor takes its shard over at the position before them. Against the scheduler's commits (each with the
+    holders it left out), every sample is processed once: none lost, none doubled."""
+    dead, survivor = HolderShards(corpus, DataLedger(holder="a")), HolderShards(corpus, DataLedger(holder="b"))
+    dead.assign([0], 2, {})
+    survivor.assign([1], 2, {})
+    committed_positions = {**dead.positions(), **survivor.positions()}
+    dead.draw([0], iteration=0, epoch=0)  # then it dies: no report, nothing more in its ledger
+    survivor.draw([1], iteration=0, epoch=0)
+    survivor.commit(0)
+    committed_positions.update(survivor.positions())  # the commit of iteration 0 counts the survivor's draws only
+    survivor.assign([0, 1], 2, committed_positions)  # from iteration 1 it carries the dead holder's shard too
+    survivor.draw([0, 1], iteration=1, epoch=1)
+    survivor.commit(1)
+    entries = dead.ledger.entries + survivor.ledger.entries
+    records = [{"iteration": 1, "epoch": 0, "left_out": ["a"]}, {"iteration": 2, "epoch": 1, "left_out": []}]
+    status = sample_status(entries, committed(records))
+    assert set(Counter(c["processed"] for c in status.values())) == {1}
+    assert any(c["pending"] for c in status.values())  # the dead holder's draws, left pending
+    # read as if the commit had counted the dead holder's draws, its shard's first samples would count twice
+    doubled = sample_status(entries, {(0, 0): (), (1, 1): ()})
+    assert set(Counter(c["processed"] for c in doubled.values())) == {1, 2}

@@ -14,7 +14,7 @@ from collections import Counter
 
 import pytest
 
-from peers.data_ledger import read_ledger, sample_status
+from peers.data_ledger import committed, read_ledger, sample_status
 from swarm.local.local_swarm import LocalSwarm
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -101,8 +101,7 @@ def test_run_survives_deaths_and_joins_without_losing_or_doubling_samples(tmp_pa
     entries = []
     for f in sorted(run_dir.glob("ledger-*.jsonl")):
         entries += read_ledger(f)
-    commits = {(r["iteration"] - 1, r["epoch"]) for r in records}  # the scheduler's commits: the ground truth
-    status = sample_status(entries, commits)
+    status = sample_status(entries, committed(records))  # the scheduler's commits: the ground truth
     assert status, "no data holder kept a ledger"
     processed = Counter(c["processed"] for c in status.values())
     assert set(processed) == {1}, f"samples processed {dict(processed)} times"  # none lost, none doubled

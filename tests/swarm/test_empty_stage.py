@@ -12,7 +12,7 @@ from collections import Counter
 import pytest
 
 from peers.checkpoint import PEER_MANIFEST, has_checkpoint
-from peers.data_ledger import read_ledger, sample_status
+from peers.data_ledger import committed, read_ledger, sample_status
 from swarm.local.local_swarm import LocalSwarm
 from swarm.net.identity import ensure_identity
 
@@ -104,6 +104,6 @@ def test_a_stage_without_peers_is_skipped_then_restored(tmp_path):
     # the samples of every committed iteration (not those of the one the stop caught) were processed once each
     last = records[-1]["iteration"] - 1
     entries = [e for f in sorted(run_dir.glob("ledger-*.jsonl")) for e in read_ledger(f) if e["iteration"] <= last]
-    status = sample_status(entries, {(r["iteration"] - 1, r["epoch"]) for r in records})
+    status = sample_status(entries, committed(records))
     processed = Counter(c["processed"] for c in status.values())
     assert status and set(processed) == {1}, f"samples processed {dict(processed)} times"

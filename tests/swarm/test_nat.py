@@ -9,7 +9,7 @@ from collections import defaultdict
 
 import pytest
 
-from peers.data_ledger import read_ledger, sample_status
+from peers.data_ledger import committed, read_ledger, sample_status
 from swarm.local.local_swarm import LocalSwarm
 from swarm.local.nat_network import NatNetwork, unavailable_reason
 from tests.utils.waiting import wait_for
@@ -60,7 +60,7 @@ def test_home_peers_behind_nat_train_through_the_relay(tmp_path):
         assert len(set(group.values())) == 1, (it, stage, group)
     # every sample handed out was processed exactly once (the holders' ledgers against the scheduler's commits)
     entries = [e for f in sorted(tmp_path.glob("ledger-*.jsonl")) for e in read_ledger(f)]
-    status = sample_status(entries, {(r["iteration"] - 1, r["epoch"]) for r in records})
+    status = sample_status(entries, committed(records))
     assert status and {c["processed"] for c in status.values()} == {1}, status
     went_ahead = [line for i in (1, 2) for line in (tmp_path / f"peer-{i:02d}.log").read_text().splitlines()
                   if "went ahead without" in line]

@@ -12,7 +12,7 @@ from collections import Counter
 
 import pytest
 
-from peers.data_ledger import read_ledger, sample_status
+from peers.data_ledger import committed, read_ledger, sample_status
 from swarm.local.local_swarm import LocalSwarm
 from swarm.net.identity import ensure_identity
 from swarm.report.write import write_report
@@ -46,7 +46,7 @@ def run_and_kill(tmp_path, planner: str, victim: int) -> tuple[LocalSwarm, list[
     assert [r["iteration"] for r in records] == list(range(1, ITERATIONS + 1))
     assert records[-1]["loss"] < records[0]["loss"]
     entries = [e for f in sorted(run_dir.glob("ledger-*.jsonl")) for e in read_ledger(f)]
-    status = sample_status(entries, {(r["iteration"] - 1, r["epoch"]) for r in records})
+    status = sample_status(entries, committed(records))
     processed = Counter(c["processed"] for c in status.values())
     assert status and set(processed) == {1}, f"samples processed {dict(processed)} times"
     return swarm, records

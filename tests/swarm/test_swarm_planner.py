@@ -9,7 +9,7 @@ from collections import Counter
 
 import pytest
 
-from peers.data_ledger import read_ledger, sample_status
+from peers.data_ledger import committed, read_ledger, sample_status
 from swarm.coordinator.scheduler import SWARM_REPLAN_ITERATIONS
 from swarm.local.local_swarm import LocalSwarm
 
@@ -47,6 +47,6 @@ def test_a_swarm_planned_run_completes_and_processes_every_sample_once(tmp_path)
         assert {tuple(r["stages"]) for r in plan["routes"]} == {tuple(range(1, STAGES))}
         assert all(plan["placement"][p] == s for r in plan["routes"] for s, p in zip(r["stages"], r["peers"]))
     entries = [e for f in sorted(run_dir.glob("ledger-*.jsonl")) for e in read_ledger(f)]
-    status = sample_status(entries, {(r["iteration"] - 1, r["epoch"]) for r in records})
+    status = sample_status(entries, committed(records))
     processed = Counter(c["processed"] for c in status.values())
     assert status and set(processed) == {1}, f"samples processed {dict(processed)} times"

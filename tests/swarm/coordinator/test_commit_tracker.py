@@ -1,4 +1,5 @@
-"""An iteration commits once every holder of its epoch reported it; reports of another epoch do not count; the
+"""An iteration commits once every holder of its epoch reported it, those left out of it aside (neither waited for
+nor counted); reports of another epoch do not count; the
 commit carries the shard positions; the metrics line adds the holders' reports up."""
 
 from __future__ import annotations
@@ -40,3 +41,20 @@ def test_the_metrics_line_adds_the_holders_reports_up():
     assert line["iteration"] == 4 and line["loss"] == pytest.approx(0.5) and line["iteration_seconds"] == 2.0
     assert line["tokens_per_s"] == 200.0 and line["peers_online"] == 5 and line["epoch"] == 1
     assert len(line["jitter_ms"]) == 16
+
+
+def test_a_holder_left_out_is_neither_waited_for_nor_counted_and_the_commit_names_it():
+    schedule = SimpleNamespace(epoch=1, data_holders=["a", "b", "c"], placement={"a": 0, "b": 0, "c": 0, "r": 1})
+    start = {"holder": 1, "num_holders": 3, "epoch": 0, "cursor": 4}
+    tracker = CommitTracker({"1": start})
+    tracker.add("a", done("a"))
+    tracker.add("b", done("b", shards={"1": {**start, "cursor": 8}}))  # reported, then taken for gone
+    assert tracker.try_commit(3, schedule) is None  # c has not reported
+    tracker.excuse(3, 1, ["c"])
+    tracker.excuse(4, 1, ["a"])  # another iteration's excuse does not count for this one
+    commit, reports = tracker.try_commit(3, schedule, left_out=["b", "r"])
+    assert {r.peer for r in reports} == {"a"} and commit.left_out == ("b", "c", "r")
+    assert commit.shards == {"1": start}  # b's draws are not counted: its shard is drawn again from where it was
+    # with every holder left out, nothing commits (the iteration has to run again)
+    tracker.add("a", done("a", iteration=4))
+    assert tracker.try_commit(4, schedule, left_out=["b", "c"]) is None

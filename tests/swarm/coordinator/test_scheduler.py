@@ -101,7 +101,7 @@ def test_an_iteration_commits_once_every_holder_of_its_epoch_reported_it(records
     assert s.completed == 1
 
 
-def test_a_gone_relay_replans_from_the_next_iteration_and_a_gone_holder_from_this_one(records):
+def test_a_gone_relay_or_holder_replans_from_the_next_iteration_and_an_unrecoverable_one_from_this(records):
     s = make_scheduler("skippipe")
     first = planned(s, records)
     commit(s, 3)
@@ -122,7 +122,40 @@ def test_a_gone_relay_replans_from_the_next_iteration_and_a_gone_holder_from_thi
     holder = rerun.data_holders[0]
     live = {p: r for p, r in live.items() if p != holder}
     (again,) = published(s.observe(fresh(live), 2 * LATER))
-    assert again.meta["start_iteration"] == 3  # a holder's microbatches cannot finish without it
+    # the other holders' microbatches finish without it: the iteration in progress commits without its share
+    assert again.meta["start_iteration"] == 4 and holder not in again.placement
+    (commit_msg,) = [m for m in notices(commit(s, 1, 2 * LATER)) if isinstance(m, Commit)]
+    assert (commit_msg.iteration, commit_msg.epoch) == (3, 2) and holder in commit_msg.left_out
+
+
+def test_a_gone_holder_is_left_out_of_the_commit_of_the_iteration_in_progress(records):
+    """A holder dies while the others finish: the iteration commits without its draws, at once if every other
+    holder has reported it already, and its shard is drawn on from where the last commit left it. A report it
+    sends after it was taken for gone (it was alive after all) is not counted."""
+    s = make_scheduler("skippipe")
+    first = planned(s, records)
+    commit(s, 3)
+    dead, *others = first.data_holders
+    shard = str(first.meta["shards"][dead][0])
+    before = s.commits.shard_positions.get(shard)
+    for h in others:
+        assert s.handle(h, Done(peer=h, iteration=3, epoch=0, loss_sum=2.0, losses=4, tokens=256, started=100.0,
+                                finished=101.0), 5.0) == []
+    actions = s.observe(fresh({p: r for p, r in records.items() if p != dead}), LATER)
+    (new,) = published(actions)
+    assert new.meta["start_iteration"] == 4 and dead not in new.placement
+    assert any(shard in map(str, new.meta["shards"][h]) for h in new.data_holders)  # taken over
+    (commit_msg,) = [m for m in notices(actions) if isinstance(m, Commit)]
+    assert (commit_msg.iteration, commit_msg.epoch) == (3, 0) and commit_msg.left_out == (dead,)
+    assert commit_msg.shards.get(shard) == before and s.completed == 4
+    (line,) = [a.record for a in actions if isinstance(a, RecordIteration)]
+    assert line["tokens_per_s"] == pytest.approx(256 * len(others) / 1.0)  # the counted holders' tokens only
+    assert line["left_out"] == [dead]  # the ground truth a ledger audit reads (`peers.data_ledger.committed`)
+    # its late report of the committed iteration is not counted, nor does it commit the next one
+    moved = {"holder": 0, "num_holders": 3, "epoch": 0, "cursor": 99}
+    assert s.handle(dead, Done(peer=dead, iteration=3, epoch=0, loss_sum=2.0, losses=4, tokens=256, started=100.0,
+                               finished=101.0, shards={shard: moved}), LATER) == []
+    assert s.completed == 4 and s.commits.shard_positions.get(shard) == before
 
 
 def test_an_epoch_that_only_started_at_the_iteration_in_progress_goes_along_with_the_one_replacing_it(records):
@@ -142,10 +175,15 @@ def test_an_epoch_that_only_started_at_the_iteration_in_progress_goes_along_with
     assert publish.schedule.meta["start_iteration"] == 5 and publish.bridge.epoch == 1
     back = ScheduleMsg.from_msgpack(ScheduleMsg.from_schedule(publish.schedule, publish.bridge).to_msgpack())
     assert back.to_bridge() == publish.bridge and back.epoch == 2
-    # a rerun of the iteration in progress replaces the epoch running it outright: nothing to bridge
+    # a holder's death during iteration 4 too: epoch 1 still runs it, and goes along with the newest again
     holder = publish.schedule.data_holders[0]
-    (rerun,) = [x for x in s.observe(fresh({p: r for p, r in records.items() if p not in (a, b, holder)}),
-                                     3 * LATER) if isinstance(x, PublishSchedule)]
+    (publish,) = [x for x in s.observe(fresh({p: r for p, r in records.items() if p not in (a, b, holder)}),
+                                       3 * LATER) if isinstance(x, PublishSchedule)]
+    assert publish.schedule.meta["start_iteration"] == 5 and publish.bridge.epoch == 1
+    # a rerun of the iteration in progress replaces the epoch running it outright: nothing to bridge
+    member = publish.schedule.data_holders[0]
+    (rerun,) = [x for x in s.handle(member, Unrecoverable(peer=member, iteration=4, epoch=1, microbatch=1),
+                                    3 * LATER) if isinstance(x, PublishSchedule)]
     assert rerun.schedule.meta["start_iteration"] == 4 and rerun.bridge is None
 
 
@@ -375,7 +413,8 @@ def test_a_lost_data_holder_is_refilled_by_a_survivor_that_takes_the_carried_sha
     assert all(moved.placement[p] == st for p, st in first.placement.items() if p not in (gone, mover))
     assert sorted(k for ks in moved.meta["shards"].values() for k in ks) == [0, 1, 2]
     assert {h: len(moved.routes_from(h)) for h in moved.data_holders} == dict.fromkeys(moved.data_holders, 4)
-    assert moved.meta["start_iteration"] == 3  # the shard changes hands at the last commit's position
+    # the mover draws the shard from the next iteration on, where the commit of this one leaves it (unmoved)
+    assert moved.meta["start_iteration"] == 4
     assert moved.predicted_iteration_seconds < 0.9 * carried.predicted_iteration_seconds
     validate(moved, balance_tolerance=None)
 
@@ -402,8 +441,9 @@ def test_a_stage_that_lost_every_peer_is_skipped_by_skippipe_and_refilled_for_th
 
 
 def test_a_joiner_whose_epoch_has_not_started_is_neither_moved_nor_a_source_of_state(records):
-    """A holder dies while a joiner's first epoch waits for the next iteration: the rerun of the iteration in
-    progress must not move the joiner (it does not hold its stage yet, and waits for that stage's state)."""
+    """A holder dies while a joiner's first epoch waits for the next iteration, and the iteration in progress
+    cannot finish: its rerun must not move the joiner (it does not hold its stage yet, and waits for that stage's
+    state)."""
     s = make_scheduler("skippipe")
     newcomer = "peer-11"
     first_peers = {p: r for p, r in records.items() if p != newcomer}
@@ -412,9 +452,11 @@ def test_a_joiner_whose_epoch_has_not_started_is_neither_moved_nor_a_source_of_s
     live = {**first_peers, newcomer: dataclasses.replace(records[newcomer], state=PeerState.JOINING)}
     epoch = joined(s, live, 5.0)
     assert epoch.meta["start_iteration"] == 4 and newcomer in epoch.meta["joiners"]
-    holder = epoch.data_holders[0]
+    holder, other = epoch.data_holders[:2]
     live = {p: r for p, r in live.items() if p != holder}
-    (rerun,) = published(s.observe(fresh(live), LATER))
+    (after,) = published(s.observe(fresh(live), LATER))
+    assert after.meta["start_iteration"] == 4 and after.placement[newcomer] == epoch.placement[newcomer]
+    (rerun,) = published(s.handle(other, Unrecoverable(peer=other, iteration=3, epoch=0, microbatch=1), LATER))
     assert rerun.meta["start_iteration"] == 3 and rerun.placement[newcomer] == epoch.placement[newcomer]
     assert newcomer not in rerun.meta["handover"] and newcomer not in rerun.meta["handover"].values()
     # a mover's state comes from a peer that held the stage when the iteration in progress began
@@ -493,7 +535,7 @@ def test_the_last_data_holder_declared_gone_while_it_still_beats_is_taken_back_a
     *others, last = first.data_holders
     live = {p: r for p, r in records.items() if p not in others}
     (survivors,) = published(s.observe(fresh(live), LATER))
-    assert list(survivors.data_holders) == [last] and survivors.meta["start_iteration"] == 2
+    assert list(survivors.data_holders) == [last] and survivors.meta["start_iteration"] == 3  # `last` finishes 2
     reporter = next(p for p, st in survivors.placement.items() if st == 1)
     s.handle(reporter, Unreachable(peer=last), LATER + 1)
     late = {p: (r, 5.5 if p == last else 0.5) for p, r in live.items()}  # past 2.5 heartbeats of 2 s

@@ -62,3 +62,29 @@ def test_a_holder_with_its_own_documents_draws_from_them_whatever_the_schedule_a
     schedule = SimpleNamespace(data_holders=["a", "own"], meta={"shards": {"a": [0, 1], "own": []}, "num_shards": 2})
     own.follow(schedule, 0, (-1, {}))
     assert list(own.shards.shards) == [0] and own.shards.shards[0].num_holders == 1
+
+
+def test_a_holder_the_commit_left_out_puts_its_draws_back_and_one_counted_keeps_them(corpus):
+    """Taken for gone while it ran (a frozen host that thawed), a holder sees itself in the commit's `left_out`:
+    the commit did not count its microbatches, so its draws are requeued and its shard stands where it did."""
+    follower = ScheduleFollower(records=None, coordinator="scheduler", heartbeat=2.0)
+    schedule = SimpleNamespace(data_holders=["a", "b"], meta={"shards": {"a": [0], "b": [1]}, "num_shards": 2},
+                               routes=[])
+    holders = {p: DataHolder(HolderShards(corpus, DataLedger(holder=p)), p) for p in ("a", "b")}
+    for h in holders.values():
+        h.follow(schedule, 0, follower.committed_positions)
+    before = holders["a"].shards.positions()
+    for h in holders.values():
+        h.shards.draw([0, 1], iteration=0, epoch=0)
+    assert follower.on_message("scheduler", Commit(iteration=0, epoch=0, shards={}, left_out=("a",)))
+    assert not holders["a"].settle(0, follower.left_out(0))
+    assert holders["b"].settle(0, follower.left_out(0), retried=[(1, 1)])
+    assert holders["a"].shards.positions() == before
+    assert [e["event"] for e in holders["a"].shards.ledger.entries[-1:]] == ["requeued"]
+    assert [e["event"] for e in holders["b"].shards.ledger.entries[-2:]] == ["retried", "processed"]
+    # the same samples are drawn again, and once counted each is processed once
+    holders["a"].shards.draw([0, 1], iteration=1, epoch=1)
+    assert holders["a"].settle(1, frozenset())
+    status = sample_status(holders["a"].shards.ledger.entries)
+    assert set(Counter(c["processed"] for c in status.values())) == {1}
+    assert all(c["requeued"] == 1 for c in status.values())
