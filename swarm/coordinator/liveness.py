@@ -1,8 +1,14 @@
 """`Liveness`: which peers the scheduler takes for alive, from their heartbeat records and the peers' reports.
 
-A peer is live while its signed record was seen within its lifetime (three heartbeats and a grace), it has not
-announced that it leaves, and corroborated reports do not show it dead (`UnreachableReports`). One DHT read can
-miss a record on a busy swarm, so a record absent from one read does not make a peer gone.
+A peer is live while its signed record was seen within its lifetime (three heartbeats and a grace), or it answered
+the scheduler's ping that recently, it has not announced that it leaves, and corroborated reports do not show it
+dead (`UnreachableReports`). One DHT read can miss a record on a busy swarm, so a record absent from one read does
+not make a peer gone; and on a loaded 20-peer swarm the reads missed most live peers' records for minutes at a
+time (their stores had not reached the replicas read). So a peer missing from the reads for over
+`UNREAD_HEARTBEATS` is pinged over gossip (`unread`), and its answer keeps it live; and its heartbeat's age, which
+corroborates a lone report, is known only while the newest read shows its record: one that read missed has no known
+age, and the scheduler's ping decides instead (a frozen peer's record is still read, with its true age, until it
+expires).
 
 A peer declared gone that turns out alive and asks to be placed again (a joining record written after it was
 declared gone) is taken back only after a cool-down
@@ -31,6 +37,9 @@ scheduler to publish an epoch without it (a joiner wrongly taken for gone once, 
 REJOIN_COOLDOWN = 30.0
 """Seconds it waits the second time; doubled each time after."""
 MAX_REJOIN_COOLDOWN = 600.0
+UNREAD_HEARTBEATS = 1.5
+"""Heartbeat periods a placed peer may be missing from the scheduler's reads before it is pinged: early enough for
+its answer (a ping waits one period) to come before its record's lifetime (three periods and a grace) is out."""
 
 
 def rejoin_after(times_declared: int) -> float:
@@ -53,6 +62,11 @@ class Liveness:
         """Every peer's newest record seen (live or not)."""
         self._first_seen: dict[str, float] = {}
         self._last_seen: dict[str, float] = {}
+        """When each peer's record was last in a read."""
+        self._last_read = float("-inf")
+        """When the newest read was taken in."""
+        self._answered_at: dict[str, float] = {}
+        """When each peer last answered the scheduler's ping (as good as a read of a fresh record)."""
         self._heartbeat_age: dict[str, float] = {}
         self._leaving: set[str] = set()
         self._left_at: dict[str, float] = {}
@@ -86,6 +100,7 @@ class Liveness:
             self._first_seen.setdefault(p, now)
             self._last_seen[p] = now
             self.records[p], self._heartbeat_age[p] = record, age
+        self._last_read = now
         self._judge(now)
         return self.live(now)
 
@@ -94,7 +109,17 @@ class Liveness:
         grace = silent_after(self.heartbeat)
         return {p: r for p, r in self.records.items()
                 if p not in self._leaving and p not in self.declared_gone and p != self.exclude
-                and now - self._last_seen[p] <= grace}
+                and now - self._heard(p) <= grace}
+
+    def unread(self, peers: Collection[str], now: float) -> list[str]:
+        """Those of `peers` (the placed ones) live but neither in a read nor heard from for `UNREAD_HEARTBEATS`:
+        to ping, so that a DHT whose reads miss their records does not make them gone."""
+        live = self.live(now)
+        return [p for p in peers if p in live and now - self._heard(p) > UNREAD_HEARTBEATS * self.heartbeat]
+
+    def _heard(self, peer: str) -> float:
+        """When `peer`'s record was last read, or it last answered a ping, whichever is later."""
+        return max(self._last_seen[peer], self._answered_at.get(peer, float("-inf")))
 
     def first_seen(self, peer: str) -> float:
         """When `peer`'s record was first seen (infinity if never)."""
@@ -113,8 +138,9 @@ class Liveness:
         self._judge(now)
 
     def answered(self, peer: str, now: float) -> None:
-        """`peer` answered the scheduler's ping (see `UnreachableReports`)."""
+        """`peer` answered the scheduler's ping: alive now, whatever the reads say (see `UnreachableReports`)."""
         self._reports.answered(peer, now)
+        self._answered_at[peer] = now
 
     def unanswered(self, peer: str, now: float) -> None:
         """The scheduler's ping to `peer` went unanswered: with a report about it, it is declared gone."""
@@ -192,7 +218,9 @@ class Liveness:
                             now - self._declared_at[p])
                 self.declared_gone.discard(p)
                 self._reports.forget(p)
-        # a heartbeat's age as of now: what the last read said, plus the time since (a silent peer's grows)
-        ages = {p: age + max(0.0, now - self._last_seen[p]) for p, age in self._heartbeat_age.items()}
+        # a heartbeat's age as of now: what the newest read said, plus the time since (a silent peer's grows, also
+        # while reads are slow); a record the newest read missed has no known age (that read, not the peer, failed)
+        ages = {p: age + max(0.0, now - self._last_seen[p]) for p, age in self._heartbeat_age.items()
+                if self._last_seen[p] >= self._last_read}
         for p, (witness, why) in self._reports.gone(ages, now).items():
             self.declare_gone(p, why, now, witness=witness)

@@ -157,7 +157,8 @@ class Scheduler:
         peers = self.liveness.update(records, now)
         self.peers_online = len(peers)
         if self.schedule is not None:
-            return self._follow_membership(peers, now)
+            unread = self.liveness.unread(self.schedule.placement, now)  # alive? asked over gossip
+            return [a for p in unread for a in self._ping(p, now)] + self._follow_membership(peers, now)
         first = self.first_plan.plan(peers, now)
         if first is None:
             return []

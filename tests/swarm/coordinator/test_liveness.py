@@ -10,6 +10,7 @@ from swarm.coordinator.liveness import (
     FIRST_REJOIN_COOLDOWN,
     MAX_REJOIN_COOLDOWN,
     REJOIN_COOLDOWN,
+    UNREAD_HEARTBEATS,
     Liveness,
     rejoin_after,
 )
@@ -102,6 +103,29 @@ def test_a_heartbeat_ages_between_reads_so_a_silent_peer_reported_once_is_gone()
     live.report_unreachable("a", "c", OVERDUE_HEARTBEATS * HEARTBEAT)  # no newer read since: overdue
     assert "c" in live.declared_gone
     assert "b" not in live.declared_gone
+
+
+def test_a_peer_the_reads_miss_is_pinged_and_kept_while_it_answers_and_one_report_alone_does_not_convict_it():
+    """A loaded DHT's reads missed live peers' records for minutes while other records came (a 20-peer churn run):
+    the missing peer is pinged instead of timed out, its answers keep it live, and its heartbeat's age is unknown
+    rather than counted on since it was last read (one report alone then convicted live peers by the dozen). A
+    peer that does not answer expires with its record as before."""
+    live = Liveness(HEARTBEAT, exclude="coordinator")
+    live.update({p: (record(p), 0.5) for p in "abcd"}, 0.0)
+    late = UNREAD_HEARTBEATS * HEARTBEAT + 0.1
+    only = lambda *peers: {p: (record(p), 0.5) for p in peers}  # noqa: E731
+    assert live.unread("abcd", 1.0) == [] and live.update(only("a", "b"), late)
+    assert live.unread("abc", late) == ["c"]  # d is not placed: not asked
+    live.report_unreachable("a", "c", OVERDUE_HEARTBEATS * HEARTBEAT + 0.5)  # its last-read age would be overdue
+    assert "c" not in live.declared_gone  # but the reads, not c, may have failed: the scheduler's ping decides
+    end = silent_after(HEARTBEAT) + 1.0
+    live.answered("c", late + 0.5)
+    live.answered("c", end - 1.0)  # asked again, answered again
+    assert set(live.update(only("a", "b"), end)) == {"a", "b", "c"}  # live past its record's lifetime
+    assert live.unread("abc", end) == [] and live.unread("abc", end - 1.0 + late) == ["c"]
+    # a ping unanswered after a report convicts it; d, neither read nor heard from, expired with its record
+    live.unanswered("c", end + 0.5)
+    assert "c" in live.declared_gone and "d" not in live.live(end)
 
 
 def test_a_peer_declared_gone_again_and_again_waits_longer_each_time():

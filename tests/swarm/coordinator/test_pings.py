@@ -80,3 +80,30 @@ def test_a_peer_that_answers_is_kept_even_when_its_heartbeat_is_overdue(records)
     s.observe({**{p: (r, 0.5) for p, r in records.items()}, target: (records[target], overdue + 12.0)}, 20.0)
     assert pings(s.handle(reporter, Unreachable(peer=target), 20.0)) == []  # it stopped answering, and beating:
     assert target in s.liveness.declared_gone  # its last answer is as old as an overdue heartbeat by now
+
+
+def test_a_placed_peer_the_reads_miss_is_pinged_and_kept_while_it_answers(records):
+    """The scheduler's reads stop showing a live peer's record (a loaded DHT): it is pinged before its record's
+    lifetime is out, and while it answers it stays placed; one that does not answer is re-planned without."""
+    from swarm.constants import silent_after
+
+    s = make_scheduler()
+    first = first_plan(s, records)
+    quiet, silent = [p for p, st in first.placement.items() if st != 0][:2]
+    read = {p: (r, 0.5) for p, r in records.items() if p not in (quiet, silent)}
+    heartbeat = s.config.heartbeat
+    t = 5.0
+    asked: list[Ping] = []
+    while t < 5.0 + 2 * silent_after(heartbeat):
+        t += heartbeat / 2
+        actions = s.observe(read, t)
+        for ping in pings(actions):
+            asked.append(ping)
+            if ping.peer == quiet:
+                s.handle(quiet, Pong(nonce=ping.nonce), t + 0.2)
+        s.check_pings(t)
+        if t < 5.0 + silent_after(heartbeat) - 0.5:
+            assert not [a for a in actions if isinstance(a, PublishSchedule)]  # nobody dropped yet
+    assert {p.peer for p in asked} == {quiet, silent} and sum(p.peer == quiet for p in asked) >= 2
+    newest = s.schedule
+    assert quiet in newest.placement and silent not in newest.placement
