@@ -3,9 +3,11 @@
 A peer is live while its signed record was seen within its lifetime (three heartbeats and a grace), or it answered
 the scheduler's ping that recently, it has not announced that it leaves, and corroborated reports do not show it
 dead (`UnreachableReports`). One DHT read can miss a record on a busy swarm, so a record absent from one read does
-not make a peer gone; and on a loaded 20-peer swarm the reads missed most live peers' records for minutes at a
-time (their stores had not reached the replicas read). So a peer missing from the reads for over
-`UNREAD_HEARTBEATS` is pinged over gossip (`unread`), and its answer keeps it live; and its heartbeat's age, which
+not make a peer gone; and on a loaded 20-peer swarm the DHT stalled for everyone at once (15 s without a read,
+then reads that missed half the live peers). So a placed peer missing from the reads for over `UNREAD_HEARTBEATS`
+is pinged over gossip (`unread`, `asked`), and its answer keeps it live; where a read shows many placed peers'
+records run out at once, each is taken for gone only once a ping sent since has gone unanswered (if they all died
+together, that costs one ping's wait); and its heartbeat's age, which
 corroborates a lone report, is known only while the newest read shows its record: one that read missed has no known
 age, and the scheduler's ping decides instead (a frozen peer's record is still read, with its true age, until it
 expires).
@@ -25,6 +27,7 @@ import logging
 from collections.abc import Collection, Mapping
 
 from swarm.constants import silent_after
+from swarm.coordinator.pings import ping_timeout
 from swarm.coordinator.unreachable_reports import UnreachableReports
 from swarm.events import event
 from swarm.wire import PeerRecord, PeerState
@@ -37,6 +40,9 @@ scheduler to publish an epoch without it (a joiner wrongly taken for gone once, 
 REJOIN_COOLDOWN = 30.0
 """Seconds it waits the second time; doubled each time after."""
 MAX_REJOIN_COOLDOWN = 600.0
+SUSPECT_READ_SHARE = 0.25
+"""A read after which this share of the placed peers' records ran out at once is taken for the DHT's failure, not
+theirs: each is pinged before it is taken for gone (on a loaded 20-peer swarm 8-11 of 19 live peers at once)."""
 UNREAD_HEARTBEATS = 1.5
 """Heartbeat periods a placed peer may be missing from the scheduler's reads before it is pinged: early enough for
 its answer (a ping waits one period) to come before its record's lifetime (three periods and a grace) is out."""
@@ -66,6 +72,11 @@ class Liveness:
         self._last_read = float("-inf")
         """When the newest read was taken in."""
         self._answered_at: dict[str, float] = {}
+        self._asked: dict[str, float] = {}
+        self._unanswered: dict[str, float] = {}
+        """When a ping to each peer last went unanswered."""
+        """When the scheduler last pinged each peer the reads missed (`asked`)."""
+        self._ping_wait = ping_timeout(heartbeat)
         """When each peer last answered the scheduler's ping (as good as a read of a fresh record)."""
         self._heartbeat_age: dict[str, float] = {}
         self._leaving: set[str] = set()
@@ -106,16 +117,38 @@ class Liveness:
 
     def live(self, now: float) -> dict[str, PeerRecord]:
         """The live peers as of the last read and the reports since."""
-        grace = silent_after(self.heartbeat)
-        return {p: r for p, r in self.records.items()
-                if p not in self._leaving and p not in self.declared_gone and p != self.exclude
-                and now - self._heard(p) <= grace}
+        return {p: r for p, r in self.records.items() if self._standing(p) and self._fresh(p, now)}
 
     def unread(self, peers: Collection[str], now: float) -> list[str]:
-        """Those of `peers` (the placed ones) live but neither in a read nor heard from for `UNREAD_HEARTBEATS`:
-        to ping, so that a DHT whose reads miss their records does not make them gone."""
-        live = self.live(now)
-        return [p for p in peers if p in live and now - self._heard(p) > UNREAD_HEARTBEATS * self.heartbeat]
+        """Those of `peers` (the placed ones), neither leaving nor declared gone, that were neither in a read nor
+        heard from for `UNREAD_HEARTBEATS`: to ping (and note it, `asked`), so that a DHT whose reads miss their
+        records does not make them gone. Those whose record's lifetime ran out meanwhile are among them only when
+        at least `SUSPECT_READ_SHARE` of `peers` did at once (the reads stalled, or missed them together; one
+        peer's record running out alone is its death)."""
+        missed = [p for p in peers if p in self.records and self._standing(p)
+                  and now - self._heard(p) > UNREAD_HEARTBEATS * self.heartbeat
+                  and self._unanswered.get(p, float("-inf")) < self._heard(p)]  # not again once silent
+        ran_out = [p for p in missed if not self._fresh(p, now)]
+        if len(ran_out) < max(2, SUSPECT_READ_SHARE * len(peers)):
+            return [p for p in missed if p not in ran_out]
+        return missed
+
+    def asked(self, peer: str, now: float) -> None:
+        """The scheduler pinged `peer`, which the reads missed: until the ping's wait is out, its record's
+        lifetime running out does not make it gone (its answer, `answered`, keeps it live)."""
+        self._asked[peer] = now
+
+    def _standing(self, peer: str) -> bool:
+        """Neither leaving, nor declared gone, nor the coordinator's own record."""
+        return peer not in self._leaving and peer not in self.declared_gone and peer != self.exclude
+
+    def _fresh(self, peer: str, now: float) -> bool:
+        """Read or heard from within its record's lifetime, or pinged since and the ping still awaited."""
+        heard = self._heard(peer)
+        if now - heard <= silent_after(self.heartbeat):
+            return True
+        asked = self._asked.get(peer)
+        return asked is not None and asked >= heard and now - asked <= self._ping_wait
 
     def _heard(self, peer: str) -> float:
         """When `peer`'s record was last read, or it last answered a ping, whichever is later."""
@@ -143,7 +176,9 @@ class Liveness:
         self._answered_at[peer] = now
 
     def unanswered(self, peer: str, now: float) -> None:
-        """The scheduler's ping to `peer` went unanswered: with a report about it, it is declared gone."""
+        """The scheduler's ping to `peer` went unanswered: with a report about it, it is declared gone; missed by the
+        reads, it is not asked again until it is heard from, and goes once its record's lifetime is out."""
+        self._unanswered[peer] = now
         if peer not in self.declared_gone:
             self._reports.unanswered(peer, now)
             self._judge(now)

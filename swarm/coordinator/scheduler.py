@@ -155,10 +155,12 @@ class Scheduler:
         """One read of the peers' records (peer -> (record, seconds since its heartbeat)): plan the first epoch
         once the swarm has settled, or re-plan on a membership change."""
         peers = self.liveness.update(records, now)
-        self.peers_online = len(peers)
         if self.schedule is not None:
-            unread = self.liveness.unread(self.schedule.placement, now)  # alive? asked over gossip
-            return [a for p in unread for a in self._ping(p, now)] + self._follow_membership(peers, now)
+            pings = [a for p in self.liveness.unread(self.schedule.placement, now) for a in self._ask(p, now)]
+            peers = self.liveness.live(now)  # those just asked stay live while their ping is awaited
+            self.peers_online = len(peers)
+            return pings + self._follow_membership(peers, now)
+        self.peers_online = len(peers)
         first = self.first_plan.plan(peers, now)
         if first is None:
             return []
@@ -336,6 +338,13 @@ class Scheduler:
         """Ask `peer`, reported unreachable and not (yet) declared gone, whether it is alive."""
         ping = None if peer in self.liveness.declared_gone else self.pings.send(peer, now)
         return [Announce(ping)] if ping is not None else []
+
+    def _ask(self, peer: str, now: float) -> list[Action]:
+        """Ping `peer`, which the reads of the records missed (`Liveness.unread`): alive, it answers over gossip."""
+        actions = self._ping(peer, now)
+        if actions:
+            self.liveness.asked(peer, now)
+        return actions
 
     def check_pings(self, now: float) -> None:
         """Take the pings that waited their timeout out as witnesses against their peers (the next look re-plans

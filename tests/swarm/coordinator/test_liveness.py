@@ -14,6 +14,7 @@ from swarm.coordinator.liveness import (
     Liveness,
     rejoin_after,
 )
+from swarm.coordinator.pings import ping_timeout
 from swarm.coordinator.unreachable_reports import OVERDUE_HEARTBEATS
 from swarm.wire import PeerRecord, PeerState
 
@@ -126,6 +127,24 @@ def test_a_peer_the_reads_miss_is_pinged_and_kept_while_it_answers_and_one_repor
     # a ping unanswered after a report convicts it; d, neither read nor heard from, expired with its record
     live.unanswered("c", end + 0.5)
     assert "c" in live.declared_gone and "d" not in live.live(end)
+
+
+def test_a_peer_whose_record_ran_out_while_the_reads_stalled_is_asked_before_it_is_gone():
+    """The DHT stalled for everyone (no read for longer than a record lives), then a read missed half the live
+    peers: each is pinged and stays live while its ping is awaited; one that answers stays, one that does not goes
+    and is not asked again."""
+    live = Liveness(HEARTBEAT)
+    live.update({p: (record(p), 0.5) for p in "abc"}, 0.0)
+    t = silent_after(HEARTBEAT) + 5.0
+    live.update({"a": (record("a"), 0.5)}, t)
+    assert live.unread("bc", t) == ["b", "c"] and set(live.live(t)) == {"a"}
+    live.asked("b", t)
+    live.asked("c", t)
+    assert set(live.live(t + 1.0)) == {"a", "b", "c"}  # their pings are awaited
+    live.answered("b", t + 1.0)
+    wait = ping_timeout(HEARTBEAT)
+    live.unanswered("c", t + wait)
+    assert set(live.live(t + wait + 0.1)) == {"a", "b"} and live.unread("bc", t + wait + 0.1) == []
 
 
 def test_a_peer_declared_gone_again_and_again_waits_longer_each_time():
