@@ -7,10 +7,9 @@ not make a peer gone; and on a loaded 20-peer swarm the DHT stalled for everyone
 then reads that missed half the live peers). So a placed peer missing from the reads for over `UNREAD_HEARTBEATS`
 is pinged over gossip (`unread`, `asked`), and its answer keeps it live; where a read shows many placed peers'
 records run out at once, each is taken for gone only once a ping sent since has gone unanswered (if they all died
-together, that costs one ping's wait); and its heartbeat's age, which
-corroborates a lone report, is known only while the newest read shows its record: one that read missed has no known
-age, and the scheduler's ping decides instead (a frozen peer's record is still read, with its true age, until it
-expires).
+together, that costs one ping's wait); and its heartbeat's age, which corroborates a lone report, is known only
+while the newest read shows its record: one that read missed has no known age, and the scheduler's ping decides
+instead (a frozen peer's record is still read, with its true age, until it expires).
 
 A peer declared gone that turns out alive and asks to be placed again (a joining record written after it was
 declared gone) is taken back only after a cool-down
@@ -72,12 +71,12 @@ class Liveness:
         self._last_read = float("-inf")
         """When the newest read was taken in."""
         self._answered_at: dict[str, float] = {}
+        """When each peer last answered the scheduler's ping (as good as a read of a fresh record)."""
         self._asked: dict[str, float] = {}
+        """When the scheduler last pinged each peer the reads missed (`asked`)."""
         self._unanswered: dict[str, float] = {}
         """When a ping to each peer last went unanswered."""
-        """When the scheduler last pinged each peer the reads missed (`asked`)."""
         self._ping_wait = ping_timeout(heartbeat)
-        """When each peer last answered the scheduler's ping (as good as a read of a fresh record)."""
         self._heartbeat_age: dict[str, float] = {}
         self._leaving: set[str] = set()
         self._left_at: dict[str, float] = {}
