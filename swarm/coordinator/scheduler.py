@@ -12,8 +12,9 @@ A re-planned epoch starts at the next iteration: the one in progress goes on, it
 peers (peers are told who is gone). A gone data holder's microbatches cannot finish: the iteration commits without
 them (its draws go back to its shard, which a surviving holder takes over at the last commit's position), rather
 than running again for the sake of one holder's share. It runs again under the new epoch only when no holder of it
-is left, a holder is leaving (it hands its stage over first), or a joiner is to take over a shard another holder
-carries. With the
+is left or a holder is leaving (it hands its stage over first). A joiner that takes over a shard another holder
+carries starts it where the commit of the iteration in progress leaves it: every schedule says which commit its
+shard positions are as of (`meta["positions_after"]`), and such a joiner waits for the later one. With the
 SWARM-style planner a stable swarm is also re-planned every `SWARM_REPLAN_ITERATIONS` iterations (rebalanced and
 rewired), from the next iteration.
 """
@@ -50,7 +51,6 @@ from swarm.coordinator.liveness import Liveness
 from swarm.coordinator.pings import Pings, ping_timeout
 from swarm.coordinator.replanner import NoDataHolder, Replanner
 from swarm.coordinator.restart_reports import RestartReports
-from swarm.coordinator.shard_assignment import shard_drawers
 from swarm.events import event
 from swarm.run_config import RunConfig
 from swarm.wire import PeerRecord, PeerState
@@ -203,17 +203,14 @@ class Scheduler:
                                                           epoch=self.schedule.epoch))] if gone else []
         # a holder's draws of the iteration in progress are ledgered against the positions of the last commit: a
         # gone holder's are left out of its commit (the others' go on); the iteration runs again when no holder is
-        # left, a holder is leaving, or a joiner is to take over a shard another holder carries (a draining holder
-        # is not announced gone: nothing is detoured)
+        # left or a holder is leaving (a draining holder is not announced gone: nothing is detoured)
         in_force = self.epochs.in_force(self.completed)
         holders = set(in_force.data_holders)
         survivors = (holders & set(peers)) - {*gone, *draining}  # an excused holder is not in the newest epoch
-        shard_moves = bool(shard_drawers(joining, peers)) and \
-            len(shard_drawers(survivors, peers)) < int(in_force.meta.get("num_shards", len(holders)))
         # a peer reported the iteration in progress unable to finish, too early to believe alone; a peer of its epoch
         # now gone corroborates it (as in `_restart_iteration`): it runs again, rather than waiting for its deadline
         unfinishable = bool(gone) and self._restart_reports.reported(self.completed, in_force.epoch)
-        rerun = not survivors or bool(holders & set(draining)) or shard_moves or unfinishable
+        rerun = not survivors or bool(holders & set(draining)) or unfinishable
         start = self.completed if rerun else self.completed + 1
         if not rerun:
             self.commits.excuse(self.completed, in_force.epoch, holders & set(gone))
@@ -273,6 +270,7 @@ class Scheduler:
 
     def _publish(self, schedule: Schedule) -> list[Action]:
         schedule.meta["successors"] = successors(self.schedule, schedule, self.liveness.first_seen)
+        schedule.meta["positions_after"] = self.completed - 1  # the commit its `shard_positions` are as of
         return [PublishSchedule(schedule, self.epochs.add(schedule, in_progress=self.completed))]
 
     # ---- reports ------------------------------------------------------------------------------------

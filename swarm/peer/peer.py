@@ -8,7 +8,7 @@ each new schedule epoch as it becomes due (`ScheduleFollower`); a move to anothe
 
 Iterations are atomic: a microbatch that lost a peer on its path is re-queued by its holder within the iteration;
 a data holder that died is left out of the commit (a holder that sees itself left out puts its draws back); when
-that cannot work (no holder left, no detour, a joiner takes a shard over), the scheduler publishes an epoch that
+that cannot work (no holder left, no detour), the scheduler publishes an epoch that
 starts at the uncommitted iteration; every peer abandons it (gradients dropped, data holders requeue their draws
 and rewind), adopts the new epoch and runs the iteration again, so no sample is lost or trained twice.
 Asked to stop, a placed peer drains: it serves until the scheduler plans without it (handing its stage's state to
@@ -372,7 +372,7 @@ class Peer:
                 return True
             schedule = later
         if self.stage == 0:
-            self.data.follow(schedule, self.iteration, self.follower.committed_positions)
+            self.data.follow(schedule, self.iteration, self.follower.positions_for(schedule, self.iteration, stop))
         logger.info("peer %s runs schedule epoch %d on stage %d from iteration %d", self.peer_id, schedule.epoch,
                     self.stage, self.iteration,
                     extra=event("placed", stage=self.stage, epoch=schedule.epoch, iteration=self.iteration))

@@ -43,6 +43,9 @@ PLACEMENT_POLL_PERIOD = 2.0
 it reads every LAGGING_POLL_PERIOD for NOTICE_FOLLOW_UP seconds (the DHT's replicas may lag the notice). Each read
 is a DHT lookup and every joiner waits at once: 8 waiting peers that read every 0.5 s instead kept an idle swarm at
 1.27 cores rather than 1.15 (BENCHMARKS.md, "Where a local swarm's CPU goes")."""
+COMMIT_WAIT = 30.0
+"""Seconds a holder placed from the iteration after the one in progress waits for that iteration's commit (it
+normally comes before the stage's state, which the veterans send after that commit)."""
 NOTICE_FOLLOW_UP = 5.0
 """Seconds after a notice during which a waiting peer reads every LAGGING_POLL_PERIOD."""
 ANNOUNCED_READ_WAIT = DHT_TIMEOUT
@@ -311,6 +314,26 @@ class ScheduleFollower:
         self.poll_newer(wait=ANNOUNCED_READ_WAIT if self._announced_newer() else 0.0)
         started = [s for s in self.pending if _start(s) <= iteration]
         return started[-1] if started else None
+
+    def positions_for(self, schedule: Schedule, iteration: int, stop: threading.Event, timeout: float = COMMIT_WAIT
+                      ) -> tuple[int, dict[str, Any]]:
+        """The newest commit's (iteration, shard positions) for a holder that `schedule` places from `iteration`.
+        Where the schedule's own positions are older than the commit of the iteration before (it was planned while
+        that iteration ran, and a shard this peer takes over was drawn from meanwhile), that commit is waited for,
+        up to `timeout` seconds: a joiner taking over a carried shard starts it where the commit leaves it. Returns
+        what it has if the run finishes, `stop` is set or the wait runs out (the schedule's positions are used)."""
+        try:
+            after = int(schedule.meta.get("positions_after", iteration - 1))
+        except (TypeError, ValueError):
+            after = iteration - 1  # a malformed field: nothing to wait for, the schedule's positions stand
+        end = time.monotonic() + timeout
+        while after < iteration - 1 and self.committed_positions[0] < iteration - 1 and not stop.is_set() and \
+                not self.finished.is_set() and time.monotonic() < end:
+            time.sleep(0.1)
+        if after < iteration - 1 and self.committed_positions[0] < iteration - 1:
+            logger.warning("no commit of iteration %d came within %.0f s: the shards this peer takes over start "
+                           "where epoch %d says", iteration - 1, timeout, schedule.epoch)
+        return self.committed_positions
 
     def wait_for_replacement(self, iteration: int, stop: threading.Event, timeout: float) -> bool:
         """Wait up to `timeout` seconds for an epoch that replaces `iteration`; False at once if the run finishes."""

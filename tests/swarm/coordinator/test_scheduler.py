@@ -335,7 +335,7 @@ def test_two_witnesses_of_one_iteration_convict_a_peer_however_far_apart_their_r
     assert relay in t.liveness.update(read(), 63.0)
 
 
-def test_a_joiner_is_placed_once_probed_and_restores_a_lost_data_holder_from_this_iteration(records):
+def test_a_joiner_is_placed_once_probed_and_restores_a_lost_data_holder_from_the_next_iteration(records):
     s = make_scheduler("skippipe", rebalance=False)  # survivors stay put: the lost holder's shard is carried
     first = planned(s, records)
     commit(s, 3)
@@ -356,9 +356,11 @@ def test_a_joiner_is_placed_once_probed_and_restores_a_lost_data_holder_from_thi
     assert s.observe(fresh(live), 2 * LATER + 10.0) == []  # settled, not yet past the probe wait
     live["peer-new"] = dataclasses.replace(newcomer, links=records[holder].links)
     (schedule,) = published(s.observe(fresh(live), 2 * LATER + 11.0))
-    # it becomes a data holder and takes the carried shard over, rerunning the iteration in progress so that the
-    # shard's position is the one of the last commit
-    assert schedule.placement["peer-new"] == 0 and schedule.meta["start_iteration"] == 5
+    # it becomes a data holder and takes the carried shard over from the next iteration: the iteration in progress
+    # goes on, and the schedule says its positions are as of the commit before it, so the joiner waits for that
+    # iteration's commit and starts the shard where it leaves it (`ScheduleFollower.positions_for`)
+    assert schedule.placement["peer-new"] == 0 and schedule.meta["start_iteration"] == 6
+    assert schedule.meta["positions_after"] == 4 and s.completed == 5
     assert len(schedule.meta["shards"]["peer-new"]) == 1 and len(schedule.meta["shards"][carrier]) == 1
     assert {h: len(schedule.routes_from(h)) for h in schedule.data_holders} == dict.fromkeys(schedule.data_holders, 4)
     validate(schedule, balance_tolerance=None)
@@ -392,7 +394,7 @@ def test_a_joiner_with_its_own_documents_is_not_handed_a_carried_shard(records):
     live = {**live, "peer-plain": plain}
     schedule = joined(s, live, 3 * LATER)
     assert schedule.placement["peer-plain"] == 0 and len(schedule.meta["shards"]["peer-plain"]) == 1
-    assert len(schedule.meta["shards"][carrier]) == 1 and schedule.meta["start_iteration"] == 6
+    assert len(schedule.meta["shards"][carrier]) == 1 and schedule.meta["start_iteration"] == 7
 
 
 def test_a_lost_data_holder_is_refilled_by_a_survivor_that_takes_the_carried_shard_over(records):

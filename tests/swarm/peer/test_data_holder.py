@@ -88,3 +88,30 @@ def test_a_holder_the_commit_left_out_puts_its_draws_back_and_one_counted_keeps_
     status = sample_status(holders["a"].shards.ledger.entries)
     assert set(Counter(c["processed"] for c in status.values())) == {1}
     assert all(c["requeued"] == 1 for c in status.values())
+
+
+def test_a_holder_placed_from_the_next_iteration_waits_for_the_commit_of_the_one_in_progress(caplog):
+    """Planned while iteration 4 ran, an epoch from 5 gives a joiner a shard a survivor drew from in 4: the
+    schedule's positions are as of the commit of 3, so the joiner waits for the commit of 4 and takes its
+    positions. An epoch whose positions are current (a rerun), or that says nothing readable, is not waited on."""
+    import threading
+    import time
+
+    follower = follower_that_saw(3, {"0": {"holder": 0, "num_holders": 1, "epoch": 0, "cursor": 8}})
+    later = {"0": {"holder": 0, "num_holders": 1, "epoch": 0, "cursor": 16}}
+    stop = threading.Event()
+    planned_during_4 = SimpleNamespace(epoch=2, meta={"positions_after": 3})
+    timer = threading.Timer(0.3, lambda: follower.on_message("scheduler", Commit(iteration=4, epoch=1,
+                                                                                  shards=later)))
+    timer.start()
+    began = time.monotonic()
+    assert follower.positions_for(planned_during_4, 5, stop, timeout=10.0) == (4, later)
+    assert 0.25 <= time.monotonic() - began < 5.0
+    for meta in ({"positions_after": 4}, {"positions_after": "x"}, {}):  # current, unreadable, absent
+        began = time.monotonic()
+        assert follower.positions_for(SimpleNamespace(epoch=3, meta=meta), 5, stop)[0] == 4
+        assert time.monotonic() - began < 0.2
+    # the commit never comes: after the wait, what it has (the holder falls back on the schedule's positions)
+    assert follower.positions_for(SimpleNamespace(epoch=4, meta={"positions_after": 4}), 6, stop, timeout=0.3) \
+        == (4, later)
+    assert "no commit of iteration 5 came" in caplog.text
