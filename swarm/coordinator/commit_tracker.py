@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Collection, Mapping
+from dataclasses import replace
 
 from scheduler.costs import jitter_quantiles, pooled_jitter
 from scheduler.schedule import Schedule
@@ -28,9 +29,18 @@ class CommitTracker:
         self.shard_positions: dict[str, dict[str, int]] = dict(shard_positions or {})
         """Shard index -> its data position after the last committed iteration (for handing it over)."""
 
-    def add(self, sender: str, report: Done) -> None:
-        """Keep `sender`'s report (the newest per iteration, epoch and holder)."""
+    def add(self, sender: str, report: Done, *, own: Collection[str] | None = None, own_data: bool = False
+            ) -> str | None:
+        """Keep `sender`'s report (the newest per iteration, epoch and holder); why not, if it is refused. With
+        `own` (the shards its epoch gave it), a report that moves another holder's shard is refused; a holder with
+        its own documents (`own_data`) moves no shard of the run, whatever it reports."""
+        if own_data:
+            report = replace(report, shards={})
+        elif own is not None and not set(report.shards) <= set(own):
+            foreign = sorted(set(report.shards) - set(own))
+            return f"it reports shards {foreign[:5]}, which are not its own"
         self._reports.setdefault((report.iteration, report.epoch), {})[sender] = report
+        return None
 
     def excuse(self, iteration: int, epoch: int, holders: Collection[str]) -> None:
         """`holders` were declared gone while `iteration` ran under `epoch`: it commits without them."""

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from scheduler.schedule import Schedule
 from swarm.control.messages import (
@@ -156,7 +156,7 @@ class Scheduler:
         once the swarm has settled, or re-plan on a membership change."""
         peers = self.liveness.update(records, now)
         if self.schedule is not None:
-            pings = [a for p in self.liveness.unread(self.schedule.placement, now) for a in self._ask(p, now)]
+            pings = [a for p in self.liveness.unread(self.schedule.placement, now) for a in self._ping(p, now, True)]
             peers = self.liveness.live(now)  # those just asked stay live while their ping is awaited
             self.peers_online = len(peers)
             return pings + self._follow_membership(peers, now)
@@ -332,17 +332,13 @@ class Scheduler:
             return ping + self._estrange(sender, target, stage, now, bench=target)
         return ping
 
-    def _ping(self, peer: str, now: float) -> list[Action]:
-        """Ask `peer`, reported unreachable and not (yet) declared gone, whether it is alive."""
+    def _ping(self, peer: str, now: float, unread: bool = False) -> list[Action]:
+        """Ask `peer`, reported unreachable (or, `unread`, missed by the reads: `Liveness.asked`) and not (yet)
+        declared gone, whether it is alive."""
         ping = None if peer in self.liveness.declared_gone else self.pings.send(peer, now)
-        return [Announce(ping)] if ping is not None else []
-
-    def _ask(self, peer: str, now: float) -> list[Action]:
-        """Ping `peer`, which the reads of the records missed (`Liveness.unread`): alive, it answers over gossip."""
-        actions = self._ping(peer, now)
-        if actions:
+        if ping is not None and unread:
             self.liveness.asked(peer, now)
-        return actions
+        return [Announce(ping)] if ping is not None else []
 
     def check_pings(self, now: float) -> None:
         """Take the pings that waited their timeout out as witnesses against their peers (the next look re-plans
@@ -422,16 +418,12 @@ class Scheduler:
             logger.warning("ignored a progress report from %s: not a data holder of the schedule", sender)
             return []
         holder = self.liveness.records.get(sender)
-        own = self.epochs.shards_of(sender, report.epoch)
-        if holder is not None and holder.data_holder:  # it draws from its own documents: no shard of the run moves
-            report = replace(report, shards={})
-        elif not set(report.shards) <= own:
-            foreign = sorted(set(report.shards) - own)
-            logger.warning("ignored a progress report from %s: it reports shards %s, which are not its own",
-                           sender, foreign[:5], extra=event("ignored_control", sender=sender, kind="Done",
-                                                            why=f"shards {foreign[:5]} are not its own"))
+        why = self.commits.add(sender, report, own=self.epochs.shards_of(sender, report.epoch),
+                               own_data=holder is not None and holder.data_holder)
+        if why is not None:
+            logger.warning("ignored a progress report from %s: %s", sender, why,
+                           extra=event("ignored_control", sender=sender, kind="Done", why=why))
             return []
-        self.commits.add(sender, report)
         return self._commit_if_reported(now)
 
     def _commit_if_reported(self, now: float) -> list[Action]:

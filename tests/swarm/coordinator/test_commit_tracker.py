@@ -58,3 +58,14 @@ def test_a_holder_left_out_is_neither_waited_for_nor_counted_and_the_commit_name
     # with every holder left out, nothing commits (the iteration has to run again)
     tracker.add("a", done("a", iteration=4))
     assert tracker.try_commit(4, schedule, left_out=["b", "c"]) is None
+
+
+def test_a_report_moving_another_holders_shard_is_refused_and_own_documents_move_none():
+    schedule = SimpleNamespace(epoch=1, data_holders=["a", "b"], placement={"a": 0, "b": 0})
+    moved = {"holder": 1, "num_holders": 2, "epoch": 0, "cursor": 8}
+    tracker = CommitTracker({"1": {**moved, "cursor": 4}})
+    assert "not its own" in tracker.add("a", done("a", shards={"1": moved}), own=["0"])
+    assert tracker.add("a", done("a"), own=["0"]) is None
+    assert tracker.add("b", done("b", shards={"1": {**moved, "cursor": 99}}), own=[], own_data=True) is None
+    commit, _ = tracker.try_commit(3, schedule)
+    assert commit.shards == {"1": {**moved, "cursor": 4}}  # neither report moved shard 1
