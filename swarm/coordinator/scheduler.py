@@ -249,7 +249,11 @@ class Scheduler:
             try:
                 schedule = plan(peers)
             except NoDataHolder as e:
-                back = self._holders_still_beating(now)
+                # holders declared gone that still beat are taken back: without one no epoch can tell them they
+                # were dropped, and the run would stand still (`Liveness.take_back` says why and when)
+                back = self.liveness.take_back([p for p, st in self.schedule.placement.items()
+                                                if st == 0 and p not in self.evicted], now,
+                                               why="every data holder is gone and it still beats")
                 if not back:
                     raise NoDataHolder(f"{e}; the newest epoch's: " + "; ".join(
                         f"{p}: {self.liveness.describe(p, now)}" for p in self.schedule.data_holders)) from None
@@ -258,15 +262,6 @@ class Scheduler:
             logger.error("could not re-plan: %s", e)
             return []
         return self._publish(schedule)
-
-    def _holders_still_beating(self, now: float) -> dict[str, PeerRecord]:
-        """The newest epoch's data holders declared gone whose heartbeats kept coming since, taken back: without a
-        data holder the run cannot go on, and nothing would ever tell them they were dropped (no epoch without them
-        can be published), so they would beat on, unplaced, for ever. Declared on a report and a late heartbeat (a
-        loaded host stalls streams and stores alike), a holder still beating is likelier alive than not; if it
-        fails again it is declared again, and waits longer each time (`Liveness.take_back`)."""
-        holders = [p for p, stage in self.schedule.placement.items() if stage == 0 and p not in self.evicted]
-        return self.liveness.take_back(holders, now, why="every data holder is gone and it still beats")
 
     def _publish(self, schedule: Schedule) -> list[Action]:
         schedule.meta["successors"] = successors(self.schedule, schedule, self.liveness.first_seen)
