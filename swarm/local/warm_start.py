@@ -276,8 +276,26 @@ def _fork(line: bytes, out) -> int:
     return pid
 
 
+def own_hivemind_locks() -> None:
+    """Give this process hivemind's process-wide locks of its own, before anything of hivemind runs in it.
+
+    hivemind makes them when it is imported, so every process forked after the import shares them. A peer's DHT
+    process sends each result to its peer under one of them (`MPFuture._update_lock`): in a swarm forked from one
+    starter, a peer killed or frozen (SIGSTOP) while its DHT process held it stopped every other peer's DHT for good
+    (each read timed out, each joiner hung starting its DHT) while gossip and streams went on. With its own, a peer
+    shares them only with its own DHT and averager processes, which is what they are for."""
+    import multiprocessing
+
+    from hivemind.utils.asyncio import _AsyncContextWrapper
+    from hivemind.utils.mpfuture import MPFuture
+
+    MPFuture.reset_backend()  # its initialization and update locks, and SharedBytes' lock
+    _AsyncContextWrapper.EXECUTOR_LOCK = multiprocessing.Lock()  # taken once per process, as briefly: same hazard
+
+
 def _run_peer(line: bytes) -> int:
     """In the fork: become the peer of this request and run it; its exit code."""
+    own_hivemind_locks()
     request = json.loads(line)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     fd = os.open(request["out"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
