@@ -30,3 +30,5 @@ class IterationResult:
     """(microbatch, attempt) of each microbatch of this holder's run again after a peer on its path died."""
     stale: int = 0
     """Messages of a re-queued microbatch's earlier attempt, dropped."""
+    left_out: int = 0
+    """Messages and stashed forwards of microbatches whose holder the scheduler declared gone, dropped unrun."""

@@ -127,6 +127,7 @@ class IterationRunner:
                                     iteration=iteration, send=self.outbox.send, batches=batches,
                                     hold=self.inbox.hold, timeline=self.timeline,
                                     gone=lambda: self.follower.gone | self.unreachable | self.disproved,
+                                    left_out=lambda: self.follower.gone,
                                     broken=self.reports.broken,
                                     give_up=lambda mb, why: self._give_up(iteration, schedule.epoch, mb, why),
                                     awaited=AwaitedBackwards(
@@ -182,6 +183,9 @@ class IterationRunner:
                            worker.overruns)
         if result.detours:
             logger.warning("iteration %d: %d forwards of this peer went around gone peers", iteration, result.detours)
+        if result.left_out:
+            logger.info("iteration %d: %d forwards, backwards or stashed activations of holders declared gone were "
+                        "dropped unrun", iteration, result.left_out)
         if result.requeued:
             logger.warning("iteration %d: %d microbatches of this holder's were re-queued after a peer on their path "
                            "died", iteration, len(result.requeued))

@@ -77,7 +77,8 @@ class PipelineExecutor:
                  send: Send, batches: dict[int, torch.Tensor] | None = None,
                  hold: Callable[[Inbound], None] | None = None, timeline: Timeline | None = None,
                  gone: Callable[[], Collection[str]] = frozenset, broken: Broken | None = None,
-                 give_up: GiveUp | None = None, awaited: AwaitedBackwards | None = None) -> None:
+                 give_up: GiveUp | None = None, awaited: AwaitedBackwards | None = None,
+                 left_out: Callable[[], Collection[str]] = frozenset) -> None:
         """:param hold: takes messages of a newer schedule epoch (from peers that switched first) for later
         :param timeline: records each operation's span (forward, backward, ...)
         :param gone: peers known to be gone (declared by the scheduler, or unreachable from this peer); read
@@ -87,7 +88,10 @@ class PipelineExecutor:
         :param give_up: told of each microbatch of this holder's it cannot re-queue
         :param awaited: the forwards' deadlines (`AwaitedBackwards`; none by default): a dead next hop holding a
           microbatch is otherwise noticed only when its record expires, and a live one holding it past its stall
-          limit breaks that attempt (reported like a dead one's: its holder re-queues it around that peer)"""
+          limit breaks that attempt (reported like a dead one's: its holder re-queues it around that peer)
+        :param left_out: data holders the scheduler declared gone, read often. The iteration commits without their
+          microbatches (`Commit.left_out`; or it is run again), so this peer runs none of their work, frees the
+          memory slots their forwards hold, and awaits none of their backwards"""
         self.me, self.worker, self.schedule, self.run_id, self.iteration = me, worker, schedule, run_id, iteration
         self.timeline = timeline
         self.send = send
@@ -95,7 +99,7 @@ class PipelineExecutor:
         self.routes = {r.microbatch: r for r in schedule.routes}
         self.in_use: dict[int, Route] = dict(self.routes)
         """Each microbatch's route as this peer last saw it: the scheduled one, or a detour of it."""
-        self.gone = gone
+        self.gone, self.left_out = gone, left_out
         self.awaited = awaited if awaited is not None else AwaitedBackwards()
         self.unreachable: set[str] = set()
         """Peers no stream could be opened to during this iteration."""
@@ -157,7 +161,8 @@ class PipelineExecutor:
 
     def _accept(self, messages: list[Inbound | Undelivered | Requeue]) -> None:
         """Queue arrived messages for their operation (a newer epoch's are held for later); act on undelivered
-        sends and re-queue reports at once (they cost no compute)."""
+        sends and re-queue reports at once (they cost no compute). A left-out holder's are dropped."""
+        left_out = self._drop_left_out()
         for m in messages:
             if isinstance(m, Undelivered):
                 self._undelivered(m)
@@ -166,6 +171,8 @@ class PipelineExecutor:
                     self.requeue(m)
             elif m.header.epoch > self.schedule.epoch and self.hold is not None:
                 self.hold(m)
+            elif self._holder(m.header.microbatch) in left_out:
+                self.result.left_out += 1
             else:
                 h = m.header
                 if h.direction == Direction.BACKWARD and self.attempts.is_current(h.microbatch, h.attempt):
@@ -266,11 +273,34 @@ class PipelineExecutor:
         self.in_use[r.microbatch] = r
         return r, hop
 
+    def _holder(self, microbatch: int) -> str | None:
+        """The data holder of `microbatch` as the schedule says, None for a microbatch it does not have."""
+        r = self.routes.get(microbatch)
+        return r.origin if r is not None else None
+
+    def _drop_left_out(self) -> set[str]:
+        """The holders left out (see `left_out`) but this peer. What this peer keeps of their microbatches goes:
+        stashed forwards (their memory slots), awaited backwards, the backwards it owes. Their forwards went no
+        further than their holder's death or eviction, and a backward that still comes must not count."""
+        left_out = set(self.left_out()) - {self.me}
+        if not left_out:
+            return left_out
+        for mb in [mb for mb in self.worker.stashed if self._holder(mb) in left_out]:
+            self.worker.drop(mb)
+            self.result.left_out += 1
+            logger.info("microbatch %d's stashed forward is dropped: its holder %s was declared gone", mb,
+                        self._holder(mb))
+        for mb in [mb for mb in self._owes if self._holder(mb) in left_out]:
+            self._owes.discard(mb)
+            self.expected -= 1
+            self.awaited.forget(mb)
+        return left_out
+
     def _undelivered(self, u: Undelivered) -> None:
         h = u.header
         r = self.in_use.get(h.microbatch)
         if h.run != self.run_id or h.iteration != self.iteration or h.epoch != self.schedule.epoch or r is None or \
-                not self.attempts.is_current(h.microbatch, h.attempt):
+                not self.attempts.is_current(h.microbatch, h.attempt) or r.origin in self._drop_left_out():
             return
         if h.direction == Direction.FORWARD and h.hop > 0 and u.unreachable and tuple(h.route) == r.nodes:
             self.unreachable.add(u.peer)
@@ -309,6 +339,9 @@ class PipelineExecutor:
 
     def _handle(self, m: Inbound) -> None:
         h = m.header
+        if self._holder(h.microbatch) in self._drop_left_out():  # declared gone since this was queued
+            self.result.left_out += 1
+            return
         attempt = self.attempts.current(h.microbatch)
         scheduled = self.routes.get(h.microbatch)
         mine = scheduled is not None and scheduled.origin == self.me  # only its holder starts a new attempt

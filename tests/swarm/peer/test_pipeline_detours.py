@@ -79,13 +79,15 @@ class Iteration:
         self.given_up: list[tuple[str, int, str]] = []
         """(holder, microbatch, why) of each microbatch its holder could not re-queue: the iteration is over."""
         self.gone = frozenset(gone)  # replaced, never mutated: executor threads read it
+        self.left_out: frozenset[str] = frozenset()
+        """Holders the scheduler declared gone (their microbatches are committed without them); set by a test."""
         self.workers = {p: StageWorker(p, s, MODEL, SPLIT, OptimConfig(), dtype=torch.float64, seed=0)
                         for p, s in sched.placement.items()}
         deadlines = {r.microbatch: hop_deadline for r in sched.routes} if hop_deadline else None
         self.executors = {
             p: PipelineExecutor(me=p, worker=self.workers[p], schedule=sched, run_id=RUN, iteration=0,
                                 send=self._sender(p), batches=batches(sched, p) if s == 0 else None,
-                                gone=lambda: self.gone,
+                                gone=lambda: self.gone, left_out=lambda: self.left_out,
                                 broken=self._reporter(p),
                                 give_up=lambda mb, why, p=p: self.given_up.append((p, mb, why)),
                                 awaited=AwaitedBackwards(deadlines, self._checker(p),
@@ -162,7 +164,8 @@ class Iteration:
         for t in threads.values():
             t.start()
         end = time.monotonic() + timeout  # the scheduler commits once every data holder is done
-        while not all(self.executors[h].done for h in self.sched.data_holders) and not self.given_up and not errors:
+        while not all(self.executors[h].done for h in self.sched.data_holders if h not in self.left_out) and \
+                not self.given_up and not errors:
             assert time.monotonic() < end, "the iteration did not finish"
             time.sleep(0.01)
         self.committed.set()
@@ -415,3 +418,41 @@ def test_detour_picks_live_stage_mates_by_microbatch_and_none_when_nothing_fits(
     assert detour(only_three, r, 1, {"a1", "b1"}) is None
     with pytest.raises(ValueError):
         detour(sched, r, 0, {"h0"})
+
+
+def test_relays_run_none_of_a_holder_declared_gone_and_free_the_slots_its_microbatches_hold():
+    sched = schedule()
+    it = Iteration(sched)
+    h0, a1 = it.executors["h0"], it.executors["a1"]
+    h0.handle([])  # h0's microbatches are due at once: 0 and 1 go to a1, 2 to b2
+    a1.handle(drain(it.inbox["a1"]))  # a1 runs their forwards and keeps their activations for the backward
+    assert {0, 1} <= set(it.workers["a1"].stashed)
+    owed = a1.expected
+    # the scheduler declares h0 gone: the iteration commits without h0's microbatches, whose backwards cannot start
+    # (their loss is h0's to compute) or must not count
+    it.left_out = frozenset({"h0"})
+    a1.handle([])
+    assert not it.workers["a1"].stashed and a1.result.left_out == 2  # its memory slots are free for h1's forwards
+    assert a1.expected == owed - 2  # it owes h1's microbatch 4 only
+    for relay in ("a2", "a3", "b2"):  # h0's forwards already on their way are dropped unrun
+        it.executors[relay].handle(drain(it.inbox[relay]))
+        assert not it.workers[relay].stashed and it.executors[relay].result.left_out >= 1
+    assert not it.broken and not it.checked
+
+
+def test_an_iteration_whose_holder_died_and_was_declared_gone_finishes_the_other_holders_microbatches():
+    sched = schedule()
+    reference = Iteration(sched)
+    reference.run()
+    # h0 injects its first microbatch and dies; the scheduler has declared it gone by the time it reaches a1
+    it = Iteration(sched, dies_after={"h0": 0}, gone={"h0"}, hop_deadline=1.0)
+    it.left_out = frozenset({"h0"})
+    it.run(timeout=30)
+    theirs = {r.microbatch for r in sched.routes if r.origin == "h1"}
+    assert not it.broken and not it.given_up  # nothing went looking for h0's microbatch
+    assert all(mb in theirs for _, _, mb in it.checked)  # (a check of h1's is the load on this machine)
+    assert it.losses() == pytest.approx({mb: reference.losses()[mb] for mb in theirs}, rel=1e-12)
+    for relay in ("a1", "b1", "a2", "b2", "a3"):  # each ran h1's microbatches only, and keeps nothing
+        assert it.workers[relay].visits == sum(relay in sched.routes[mb].peers for mb in theirs)
+        assert not it.workers[relay].stashed
+    assert it.executors["a1"].result.left_out == 1
