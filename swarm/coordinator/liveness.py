@@ -118,6 +118,12 @@ class Liveness:
         """The live peers as of the last read and the reports since."""
         return {p: r for p, r in self.records.items() if self._standing(p) and self._fresh(p, now)}
 
+    def not_declared(self, peers: Collection[str]) -> dict[str, PeerRecord]:
+        """Those of `peers` with a record, neither leaving nor declared gone, however old their record is: what stays
+        placed when a declaration, not a read, prompts a re-plan (the reads judge records by their age, pinging
+        first those a stalled DHT let run out)."""
+        return {p: self.records[p] for p in peers if p in self.records and self._standing(p)}
+
     def unread(self, peers: Collection[str], now: float) -> list[str]:
         """Those of `peers` (the placed ones), neither leaving nor declared gone, that were neither in a read nor
         heard from for `UNREAD_HEARTBEATS`: to ping (and note it, `asked`), so that a DHT whose reads miss their

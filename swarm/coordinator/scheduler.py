@@ -335,12 +335,17 @@ class Scheduler:
             self.liveness.asked(peer, now)
         return [Announce(ping)] if ping is not None else []
 
-    def check_pings(self, now: float) -> None:
-        """Take the pings that waited their timeout out as witnesses against their peers (the next look re-plans
-        without those the reports then show gone)."""
+    def check_pings(self, now: float) -> list[Action]:
+        """Take the pings that waited their timeout out as witnesses against their peers. A placed peer declared
+        gone since the last read (on a ping, a second report, a fault) is re-planned without at once: the next read
+        of the records may be seconds away on a loaded DHT."""
         for peer in self.pings.unanswered(now):
             logger.info("%s did not answer the scheduler's ping within %.0f s", peer, self.pings.timeout)
             self.liveness.unanswered(peer, now)
+        if self.schedule is None or self.liveness.declared_gone.isdisjoint(self.schedule.placement):
+            return []
+        return self._follow_membership({**self.liveness.live(now), **self.liveness.not_declared(
+            self.schedule.placement)}, now)
 
     def _estrange(self, a: str, b: str, stage: int, now: float, *, bench: str | None = None) -> list[Action]:
         """`a` and `b`, of one stage group, both alive, cannot reach each other (both reported it, or `bench` cannot

@@ -47,11 +47,28 @@ def test_a_peer_that_does_not_answer_is_declared_gone_before_its_heartbeat_is_ov
     assert pings(s.handle(reporter, Unreachable(peer=target), 6.5)) == []
     s.check_pings(6.0 + s.pings.timeout - 0.1)
     assert target not in s.liveness.declared_gone  # one report, and the ping may still be answered
-    s.check_pings(6.0 + s.pings.timeout)
+    (replan,) = [a.schedule for a in s.check_pings(6.0 + s.pings.timeout) if isinstance(a, PublishSchedule)]
     assert target in s.liveness.declared_gone  # its heartbeat (0.5 s old at the last read) is not overdue
-    (replan,) = [a.schedule for a in s.observe(ages, 10.0) if isinstance(a, PublishSchedule)]
-    assert target not in replan.placement
+    assert target not in replan.placement  # re-planned at once, not at the next read of the records
+    assert not [a for a in s.observe(ages, 10.0) if isinstance(a, PublishSchedule)]
     assert pings(s.handle(reporter, Unreachable(peer=target), 10.5)) == []  # gone: nothing more to ask
+
+
+def test_a_death_declared_while_no_read_comes_drops_that_peer_alone(records):
+    """A declaration re-plans without waiting for a read of the records; when reads have stalled (a loaded DHT),
+    the placed peers whose records merely aged since the last one stay placed (the reads judge them, pinging first)."""
+    from swarm.constants import silent_after
+
+    s = make_scheduler()
+    first = first_plan(s, records)
+    reporter, target = [p for p, st in first.placement.items() if st != 0][:2]
+    s.observe({p: (r, 0.5) for p, r in records.items()}, 6.0)
+    later = 6.0 + silent_after(s.config.heartbeat) + 1.0  # no read since: every record has outlived its lifetime
+    s.handle(reporter, Unreachable(peer=target), later)  # a report, and its heartbeat overdue as last read
+    assert target in s.liveness.declared_gone
+    (replan,) = [a.schedule for a in s.check_pings(later) if isinstance(a, PublishSchedule)]
+    assert set(replan.placement) == set(first.placement) - {target}
+    assert not s.check_pings(later + 0.1)  # once
 
 
 def test_a_peer_that_answers_is_kept_even_when_its_heartbeat_is_overdue(records):
