@@ -158,6 +158,14 @@ class ScheduleFollower:
         Messages from anyone but the scheduler are logged and ignored."""
         if not isinstance(message, (ScheduleNotice, Gone, Finished, Commit)):
             return False
+        if sender == self.coordinator != self.scheduler and self._news(message):
+            # this peer took the coordinator for dead (its record went unread past its lifetime: DHT stores time out
+            # on a loaded host) while it lives on and the others follow it; ignoring its commits would leave this
+            # peer out of every iteration. Only news counts: a replay cannot bring a dead coordinator back
+            logger.warning("the coordinator %s is alive (%s): following it again instead of %s", sender,
+                           type(message).__name__, self.scheduler,
+                           extra=event("scheduler_changed", previous=self.scheduler, scheduler=sender))
+            self.scheduler = sender
         if sender == self.scheduler:
             if self._news(message):
                 # its signed gossip shows it alive even while its DHT record is not (stores time out on a loaded

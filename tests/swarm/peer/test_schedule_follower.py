@@ -68,6 +68,23 @@ def test_a_scheduler_whose_record_is_missing_but_which_still_commits_is_not_sile
     assert not f.scheduler_silent()
 
 
+def test_a_peer_that_took_the_live_coordinator_for_dead_follows_it_again_at_its_news():
+    """One peer's watch missed the coordinator's record past its lifetime (its stores timed out) and moved on to the
+    successor; the coordinator lives on and commits, and the other peers follow it."""
+    f = follower()
+    f.on_message("coord", Commit(iteration=0, epoch=0))
+    f.scheduler = "heir"  # as the watch sets it
+    assert not f.on_message("coord", Commit(iteration=0, epoch=0))  # a replay says nothing of its being alive
+    assert f.scheduler == "heir"
+    assert f.on_message("coord", Commit(iteration=1, epoch=0))  # news: it is alive, and this commit is taken
+    assert f.scheduler == "coord" and f.is_committed(1, 0) and not f.scheduler_silent()
+    f.scheduler = "heir"
+    assert not f.on_message("coord", Gone(peers=("x",), iteration=1, epoch=0))  # not news: still the heir's
+    assert f.scheduler == "heir" and not f.gone
+    f.on_message("coord", ScheduleNotice(epoch=4))
+    assert f.scheduler == "coord" and f.notice.is_set()
+
+
 def test_waiting_for_a_replacement_ends_when_the_run_finishes():
     """A peer stuck in an iteration when the run ends leaves, instead of waiting out the commit timeout."""
     f = follower()
