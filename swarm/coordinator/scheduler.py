@@ -102,6 +102,8 @@ class Scheduler:
     Its decisions (membership changes, commits, reports) all read and change the same epoch history and liveness;
     what is pure or has state of its own has its component (`FirstPlan`, `Liveness`, `Replanner`, `CommitTracker`,
     `EpochHistory`, `Pings`, `FaultReports`, `RestartReports`, `Estrangements`, the successors in `epochs.py`).
+    What is left here (~356 lines) is the decisions that read and change the history together; the next piece to
+    move out is the report handling (`handle` and its `_note_*` helpers), once it grows.
 
     :param config: the run's configuration
     :param model: the run spec's model dictionary
