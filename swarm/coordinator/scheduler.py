@@ -3,10 +3,9 @@
 It is fed each read of the peers' heartbeat records (`observe`) and each control message (`handle`), and answers
 with actions for its owner to carry out: publish a schedule epoch, announce a control message, record an
 iteration's metrics. It plans the first epoch once the swarm has settled, re-plans when a scheduled peer is gone,
-leaves or a joiner has settled, reruns an iteration reported stuck or unrecoverable, takes a peer for gone on
-corroborated reports (it pings a peer that one peer reported, for a witness of its own), has one of two members
-of a stage that report each other unreachable sit out a while (`estrangements`), and commits an iteration once
-every data holder has reported it.
+leaves or a joiner has settled, reruns an iteration reported stuck or unrecoverable, re-plans without a peer
+that peers' reports convicted (`Suspicions`: corroborated reports, pings, estrangements, evictions), and commits
+an iteration once every data holder has reported it.
 
 A re-planned epoch starts at the next iteration: the one in progress goes on, its forwards detoured around gone
 peers (peers are told who is gone). A gone data holder's microbatches cannot finish: the iteration commits without
@@ -23,7 +22,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 
 from scheduler.schedule import Schedule
 from swarm.control.messages import (
@@ -36,21 +34,18 @@ from swarm.control.messages import (
     Join,
     Leave,
     Pong,
-    Refused,
-    SitOut,
     Stuck,
     Unreachable,
     Unrecoverable,
 )
+from swarm.coordinator.actions import Action, Announce, PublishSchedule, RecordIteration
 from swarm.coordinator.commit_tracker import CommitTracker, iteration_metrics
 from swarm.coordinator.epochs import EpochHistory, successors
-from swarm.coordinator.estrangements import Estrangements
-from swarm.coordinator.fault_reports import FaultReports
 from swarm.coordinator.first_plan import SETTLE_SECONDS, FirstPlan
 from swarm.coordinator.liveness import Liveness
-from swarm.coordinator.pings import Pings, ping_timeout
 from swarm.coordinator.replanner import NoDataHolder, Replanner
 from swarm.coordinator.restart_reports import RestartReports
+from swarm.coordinator.suspicions import Suspicions
 from swarm.events import event
 from swarm.run_config import RunConfig
 from swarm.wire import PeerRecord, PeerState
@@ -68,42 +63,12 @@ SWARM_REPLAN_ITERATIONS = 10
 periodic rebalancing, and a fresh draw of its stochastic wiring (peers follow one wiring per epoch)."""
 
 
-@dataclass(frozen=True)
-class PublishSchedule:
-    """Store `schedule` in the DHT and announce its epoch (the scheduler already counts it as published); with
-    `bridge`, the epoch in force until it starts (see `ScheduleMsg.bridge`)."""
-
-    schedule: Schedule
-    bridge: Schedule | None = None
-
-
-@dataclass(frozen=True)
-class Announce:
-    """Gossip `message` to the run."""
-
-    message: ControlMessage
-
-
-@dataclass(frozen=True)
-class RecordIteration:
-    """An iteration was committed: log and store its metrics line. It comes before the commit's announcement (a
-    write-ahead log): a scheduler killed between the two leaves a record its successor supersedes when it runs the
-    iteration again (`committed_records`); the other order would leave a commit the peers acted on unrecorded."""
-
-    record: dict
-
-
-Action = PublishSchedule | Announce | RecordIteration
-
-
 class Scheduler:
     """The scheduler of one run. `now` arguments are monotonic seconds.
 
-    Its decisions (membership changes, commits, reports) all read and change the same epoch history and liveness;
-    what is pure or has state of its own has its component (`FirstPlan`, `Liveness`, `Replanner`, `CommitTracker`,
-    `EpochHistory`, `Pings`, `FaultReports`, `RestartReports`, `Estrangements`, the successors in `epochs.py`).
-    What is left here (~356 lines) is the decisions that read and change the history together; the next piece to
-    move out is the report handling (`handle` and its `_note_*` helpers), once it grows.
+    Its decisions (membership changes, commits, reruns) all read and change the same epoch history and liveness;
+    what is pure or has state of its own has its component (`FirstPlan`, `Liveness`, `Suspicions`, `Replanner`,
+    `CommitTracker`, `EpochHistory`, `RestartReports`, the successors in `epochs.py`).
 
     :param config: the run's configuration
     :param model: the run spec's model dictionary
@@ -127,15 +92,8 @@ class Scheduler:
         self.ends_run_on_stop = ends_run_on_stop
         self._restarted: set[tuple[int, int]] = set()
         self._restart_reports = RestartReports()
-        self._fault_reports = FaultReports()
-        self.evicted: set[str] = set()
-        """Peers voted out of the run (never admitted again under their key)."""
-        self.pings = Pings(ping_timeout(config.heartbeat))
-        """Peers one peer reported unreachable, asked whether they are alive (`swarm.coordinator.pings`)."""
-        self._broken_at: dict[str, set[str]] = {}
-        """Peer -> the peers that reported a microbatch of the iteration in progress broken at it."""
-        self.estrangements = Estrangements(self.liveness.first_seen)
-        """Same-stage members that cannot reach each other: one of each pair sits out for a while."""
+        self.suspicions = Suspicions(self.liveness, config.heartbeat)
+        """Peers' reports against each other, judged into `liveness` (pings, estrangements, evictions)."""
         self._failed_replan: tuple[tuple, float] | None = None
         """(The membership change that could not be planned, when it was tried)."""
 
@@ -158,7 +116,8 @@ class Scheduler:
         once the swarm has settled, or re-plan on a membership change."""
         peers = self.liveness.update(records, now)
         if self.schedule is not None:
-            pings = [a for p in self.liveness.unread(self.schedule.placement, now) for a in self._ping(p, now, True)]
+            unread = self.liveness.unread(self.schedule.placement, now)
+            pings = [a for p in unread for a in self.suspicions.ping(p, now, unread=True)]
             peers = self.liveness.live(now)  # those just asked stay live while their ping is awaited
             self.peers_online = len(peers)
             return pings + self._follow_membership(peers, now)
@@ -184,10 +143,10 @@ class Scheduler:
         """Re-plan when a scheduled peer is gone or leaving, or a new one has settled (see the module docstring
         for where the new epoch starts)."""
         placement = self.schedule.placement
-        sitting_out = self.estrangements.sitting_out(now)
+        sitting_out = self.suspicions.estrangements.sitting_out(now)
         for p in placement:
             if p not in peers:
-                self.estrangements.forget(p)  # gone: whoever sat out because of it may come back
+                self.suspicions.estrangements.forget(p)  # gone: whoever sat out because of it may come back
         peers = {p: r for p, r in peers.items() if p not in sitting_out}
         gone = [p for p in placement if p not in peers]
         draining = [p for p in placement if p in peers and peers[p].state == PeerState.DRAINING]
@@ -254,7 +213,7 @@ class Scheduler:
                 # holders declared gone that still beat are taken back: without one no epoch can tell them they
                 # were dropped, and the run would stand still (`Liveness.take_back` says why and when)
                 back = self.liveness.take_back([p for p, st in self.schedule.placement.items()
-                                                if st == 0 and p not in self.evicted], now,
+                                                if st == 0 and p not in self.suspicions.evicted], now,
                                                why="every data holder is gone and it still beats")
                 if not back:
                     raise NoDataHolder(f"{e}; the newest epoch's: " + "; ".join(
@@ -284,105 +243,26 @@ class Scheduler:
         elif isinstance(message, (Stuck, Unrecoverable)):
             return self._restart_iteration(sender, message, now)
         elif isinstance(message, Broken):
-            return self._note_broken(sender, message, now)
+            return self.suspicions.broken(sender, message, self.schedule, self.completed, now)
         elif isinstance(message, Pong):
-            if self.pings.answer(sender, message.nonce):
-                logger.info("%s answered the scheduler's ping: alive", sender)
-                self.liveness.answered(sender, now)
+            self.suspicions.pong(sender, message.nonce, now)
         elif isinstance(message, Unreachable):
-            return self._note_unreachable(sender, message.peer, now)
+            return self.suspicions.unreachable(sender, message.peer, self.schedule, now)
         elif isinstance(message, Done):
             return self._note_done(sender, message, now)
         elif isinstance(message, Faulty):
-            return self._note_faulty(sender, message)
+            return self.suspicions.faulty(sender, message, self.epochs)
         return []
-
-    def _note_faulty(self, sender: str, report: Faulty) -> list[Action]:
-        """A member refused another one's averaging input as proof of a fault: two such members evict it."""
-        schedule = next((s for s in self.epochs.all if s.epoch == report.epoch), None)
-        if schedule is None or report.suspect in self.evicted:
-            return []
-        why = self._fault_reports.report(sender, report.suspect, report.iteration, schedule.placement)
-        if why is None:
-            return []
-        self.evicted.add(report.suspect)
-        self.liveness.declare_gone(report.suspect, f"evicted: {why}", witness="faulty")
-        return [Announce(Refused(peer=report.suspect, why=f"evicted: {why}", evicted=True))]
-
-    def _note_unreachable(self, sender: str, target: str, now: float) -> list[Action]:
-        """A peer of the schedule could not open a stream to another one."""
-        schedule = self.schedule
-        if schedule is None or target not in schedule.placement or sender not in schedule.placement or \
-                sender in self.liveness.declared_gone:
-            return []
-        self.liveness.report_unreachable(sender, target, now)
-        ping = self._ping(target, now)
-        stage = schedule.placement[sender]
-        live = self.liveness.live(now)
-        if schedule.placement[target] != stage or not {sender, target} <= set(live):
-            return ping
-        if target in self.liveness.reporters(sender, now):  # both ways
-            return ping + self._estrange(sender, target, stage, now)
-        if live[target].reachability == "unreachable":
-            # one way: the target says the coordinator's dial-back found it takes no connection (and it is not
-            # relayed); its mate's gradients cannot reach it, so it sits out (its own word only ever benches itself)
-            return ping + self._estrange(sender, target, stage, now, bench=target)
-        return ping
-
-    def _ping(self, peer: str, now: float, unread: bool = False) -> list[Action]:
-        """Ask `peer`, reported unreachable (or, `unread`, missed by the reads: `Liveness.asked`) and not (yet)
-        declared gone, whether it is alive."""
-        ping = None if peer in self.liveness.declared_gone else self.pings.send(peer, now)
-        if ping is not None and unread:
-            self.liveness.asked(peer, now)
-        return [Announce(ping)] if ping is not None else []
 
     def check_pings(self, now: float) -> list[Action]:
         """Take the pings that waited their timeout out as witnesses against their peers. A placed peer declared
         gone since the last read (on a ping, a second report, a fault) is re-planned without at once: the next read
         of the records may be seconds away on a loaded DHT."""
-        for peer in self.pings.unanswered(now):
-            logger.info("%s did not answer the scheduler's ping within %.0f s", peer, self.pings.timeout)
-            self.liveness.unanswered(peer, now)
+        self.suspicions.expire_pings(now)
         if self.schedule is None or self.liveness.declared_gone.isdisjoint(self.schedule.placement):
             return []
         return self._follow_membership({**self.liveness.live(now), **self.liveness.not_declared(
             self.schedule.placement)}, now)
-
-    def _estrange(self, a: str, b: str, stage: int, now: float, *, bench: str | None = None) -> list[Action]:
-        """`a` and `b`, of one stage group, both alive, cannot reach each other (both reported it, or `bench` cannot
-        be dialled and was reported): they cannot average, and their copies of the stage would drift apart. One sits
-        out (`bench` if given; the next look re-plans without it); it is told."""
-        e = self.estrangements.estrange(a, b, stage, now, bench=bench)
-        if e is None:
-            return []
-        seconds = round(e.until - now, 1)
-        logger.warning("%s and %s of stage %d cannot reach each other, so they cannot average: %s sits out for "
-                       "%.0f s (the run goes on without it, then places it again)", e.partner, e.benched, stage,
-                       e.benched, seconds, extra=event("estranged", peer=e.benched, partner=e.partner, stage=stage,
-                                                       seconds=seconds))
-        return [Announce(SitOut(peer=e.benched, partner=e.partner, stage=stage, seconds=seconds))]
-
-    def _note_broken(self, sender: str, report: Broken, now: float) -> list[Action]:
-        """A microbatch of the iteration in progress broke at a scheduled peer (its holder re-queues it). The
-        reporter's word is one report that the peer is unreachable: the peer is taken for gone once that is
-        corroborated (`UnreachableReports`: a second reporter, the scheduler's ping unanswered, or its own heartbeat
-        overdue), never on one word."""
-        schedule, suspect = self.schedule, report.gone
-        if schedule is None or sender not in schedule.placement or suspect not in schedule.placement or \
-                suspect in self.liveness.declared_gone or report.iteration != self.completed:
-            return []
-        self.liveness.report_unreachable(sender, suspect, now)
-        # the same iteration's microbatches broken at `suspect` by two peers, whatever the time between (its reruns
-        # under new epochs included): a relay that corrupts what one holder's paths carry in one epoch and another
-        # holder's in the next would otherwise stall every rerun, each witness alone (reports expire in seconds)
-        witnesses = self._broken_at.setdefault(suspect, set())
-        witnesses.add(sender)
-        if len(witnesses) >= 2 and suspect not in self.liveness.declared_gone:
-            self.liveness.declare_gone(suspect, f"microbatches of iteration {report.iteration} broke at it for "
-                                                f"{len(witnesses)} peers ({', '.join(sorted(witnesses)[:3])})", now,
-                                        witness="broken")
-        return self._ping(suspect, now)
 
     def _restart_iteration(self, sender: str, report: Stuck | Unrecoverable, now: float) -> list[Action]:
         """A scheduled peer reports the iteration in progress unable to finish: stuck past its deadline (a message
@@ -404,7 +284,7 @@ class Scheduler:
             return []
         self._restarted.add(key)
         self._restart_reports.progress(now)
-        # peers reported unreachable are left out only once that is corroborated (see `_note_broken`)
+        # peers reported unreachable are left out only once that is corroborated (see `Suspicions.broken`)
         peers = {q: r for q, r in live.items() if q in self.schedule.placement}
         logger.warning("iteration %d is %s at %s under epoch %d (%s): running it again under a new epoch",
                        report.iteration, "stuck" if isinstance(report, Stuck) else "unrecoverable", sender,
@@ -432,7 +312,7 @@ class Scheduler:
         """Commit the iteration in progress if every holder of its epoch not left out of it has reported it."""
         running = self.epochs.in_force(self.completed)
         committed = self.commits.try_commit(self.completed, running, left_out=[
-            p for p in running.placement if p in self.evicted or p in self.liveness.declared_gone])
+            p for p in running.placement if p in self.suspicions.evicted or p in self.liveness.declared_gone])
         if committed is None:
             return []
         commit, reports = committed
@@ -440,7 +320,7 @@ class Scheduler:
         record = iteration_metrics(self.completed, reports, epoch=running.epoch, peers_online=self.peers_online,
                                    records=records, left_out=commit.left_out)
         self.completed += 1
-        self._broken_at.clear()  # witnesses count within one iteration
+        self.suspicions.committed()
         self._restart_reports.progress(now, record["iteration_seconds"])
         return [RecordIteration(record), Announce(commit)]  # the record first: see `RecordIteration`
 

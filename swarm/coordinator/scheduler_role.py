@@ -27,9 +27,10 @@ from swarm.control.gossip import GossipClient, GossipMessage
 from swarm.control.membership import AdmissionPolicy
 from swarm.control.messages import ControlMessage, Join, ScheduleNotice, as_gossip, publish, received
 from swarm.control.records import SwarmRecords
+from swarm.coordinator.actions import Action, Announce, PublishSchedule, RecordIteration
 from swarm.coordinator.admission_desk import AdmissionDesk
 from swarm.coordinator.records_poller import Records, RecordsPoller
-from swarm.coordinator.scheduler import Action, Announce, PublishSchedule, RecordIteration, Scheduler
+from swarm.coordinator.scheduler import Scheduler
 from swarm.events import event
 from swarm.run_config import RunConfig
 from swarm.wire import RunSpec, ScheduleMsg, WireError
@@ -84,7 +85,7 @@ class SchedulerRole:
         self.scheduler = Scheduler(config, spec.model, spec.coordinator, first_schedule=first_schedule,
                                    ends_run_on_stop=ends_run_on_stop)
         self.desk = AdmissionDesk(policy, records.identity, config.run_id, exempt={spec.coordinator},
-                                  issuers={spec.coordinator}, banned=self.scheduler.evicted)
+                                  issuers={spec.coordinator}, banned=self.scheduler.suspicions.evicted)
         self._inbox: queue.Queue[GossipMessage] = queue.Queue(INBOX_SIZE)
         self.poller = RecordsPoller(self._fetch, period=records_read_period(config.heartbeat))
         """Reads the records for `tick` (started by the first tick, stopped by `close`)."""

@@ -9,7 +9,7 @@ what gossip carries).
 from __future__ import annotations
 
 from swarm.control.messages import Broken, Commit, Done, Stuck, Unreachable
-from swarm.coordinator.scheduler import PublishSchedule
+from swarm.coordinator.actions import PublishSchedule
 from tests.swarm.coordinator.conftest import make_records, make_scheduler
 
 
@@ -89,7 +89,7 @@ def test_two_members_evict_a_faulty_peer_and_one_liar_evicts_nobody():
     assert faulty(b, suspect, iteration=0) == []  # two votes: one strike (honest members agree on an honest spike)
     (announce,) = faulty(b, suspect, iteration=3)  # a second iteration with two votes: evicted
     assert announce.message == Refused(peer=suspect, why=announce.message.why, evicted=True)
-    assert "evicted" in announce.message.why and suspect in s.evicted
+    assert "evicted" in announce.message.why and suspect in s.suspicions.evicted
     assert suspect not in s.liveness.live(61.0) and a in s.liveness.live(61.0) and b in s.liveness.live(61.0)
     # the next commit tells every member of the group to leave its input out, all the same way (an evicted data
     # holder's report is neither waited for nor counted)

@@ -7,7 +7,7 @@ coordinator died; the list is in the schedule, which only the scheduler signs (s
 from __future__ import annotations
 
 from swarm.control.messages import Done
-from swarm.coordinator.scheduler import PublishSchedule
+from swarm.coordinator.actions import PublishSchedule
 from swarm.peer.schedule_follower import ScheduleFollower
 from swarm.peer.succession import Succession
 from tests.swarm.coordinator.conftest import make_records, make_scheduler

@@ -5,8 +5,8 @@ heartbeat then does not convict it), and nobody else can answer for it."""
 from __future__ import annotations
 
 from swarm.control.messages import Ping, Pong, Unreachable
+from swarm.coordinator.actions import Announce, PublishSchedule
 from swarm.coordinator.pings import PING_CAP, PING_FLOOR, Pings, ping_timeout
-from swarm.coordinator.scheduler import Announce, PublishSchedule
 from swarm.coordinator.unreachable_reports import OVERDUE_HEARTBEATS
 from tests.swarm.coordinator.conftest import make_scheduler
 
@@ -45,9 +45,9 @@ def test_a_peer_that_does_not_answer_is_declared_gone_before_its_heartbeat_is_ov
     (ping,) = pings(s.handle(reporter, Unreachable(peer=target), 6.0))
     assert ping.peer == target
     assert pings(s.handle(reporter, Unreachable(peer=target), 6.5)) == []
-    s.check_pings(6.0 + s.pings.timeout - 0.1)
+    s.check_pings(6.0 + s.suspicions.pings.timeout - 0.1)
     assert target not in s.liveness.declared_gone  # one report, and the ping may still be answered
-    (replan,) = [a.schedule for a in s.check_pings(6.0 + s.pings.timeout) if isinstance(a, PublishSchedule)]
+    (replan,) = [a.schedule for a in s.check_pings(6.0 + s.suspicions.pings.timeout) if isinstance(a, PublishSchedule)]
     assert target in s.liveness.declared_gone  # its heartbeat (0.5 s old at the last read) is not overdue
     assert target not in replan.placement  # re-planned at once, not at the next read of the records
     assert not [a for a in s.observe(ages, 10.0) if isinstance(a, PublishSchedule)]
@@ -79,20 +79,20 @@ def test_a_peer_that_answers_is_kept_even_when_its_heartbeat_is_overdue(records)
     (ping,) = pings(s.handle(reporter, Unreachable(peer=target), 6.0))
     s.handle(reporter, Pong(nonce=ping.nonce), 6.2)  # the reporter cannot answer for it
     s.handle(target, Pong(nonce=ping.nonce ^ 1), 6.3)  # nor can it with another nonce
-    s.check_pings(6.0 + s.pings.timeout)
+    s.check_pings(6.0 + s.suspicions.pings.timeout)
     assert target in s.liveness.declared_gone
     s = make_scheduler()
     first_plan(s, records)
     s.observe({p: (r, 0.5) for p, r in records.items()}, 6.0)
     (ping,) = pings(s.handle(reporter, Unreachable(peer=target), 6.0))
     s.handle(target, Pong(nonce=ping.nonce), 6.5)  # alive
-    s.check_pings(6.0 + s.pings.timeout)
+    s.check_pings(6.0 + s.suspicions.pings.timeout)
     overdue = (OVERDUE_HEARTBEATS + 0.5) * s.config.heartbeat
     s.observe({**{p: (r, 0.5) for p, r in records.items()}, target: (records[target], overdue)}, 7.0)
     assert target not in s.liveness.declared_gone  # its DHT store is slow, but it answered: as good as a beat
     (again,) = pings(s.handle(reporter, Unreachable(peer=target), 7.5))  # a new report: asked again
     s.handle(target, Pong(nonce=again.nonce), 8.0)
-    s.check_pings(7.5 + s.pings.timeout)
+    s.check_pings(7.5 + s.suspicions.pings.timeout)
     assert target not in s.liveness.declared_gone
     s.observe({**{p: (r, 0.5) for p, r in records.items()}, target: (records[target], overdue + 12.0)}, 20.0)
     assert pings(s.handle(reporter, Unreachable(peer=target), 20.0)) == []  # it stopped answering, and beating:

@@ -22,16 +22,11 @@ from swarm.control.messages import (
     Unreachable,
     Unrecoverable,
 )
+from swarm.coordinator.actions import Announce, PublishSchedule, RecordIteration
 from swarm.coordinator.first_plan import LINK_WAIT_SECONDS, SETTLE_SECONDS
 from swarm.coordinator.liveness import FIRST_REJOIN_COOLDOWN
 from swarm.coordinator.restart_reports import MIN_STUCK_SECONDS
-from swarm.coordinator.scheduler import (
-    REPLAN_RETRY_SECONDS,
-    Announce,
-    PublishSchedule,
-    RecordIteration,
-    Scheduler,
-)
+from swarm.coordinator.scheduler import REPLAN_RETRY_SECONDS, Scheduler
 from swarm.wire import PeerRecord, PeerState, ScheduleMsg
 from tests.swarm.coordinator.conftest import STAGES, make_replanner, make_scheduler
 
@@ -513,7 +508,6 @@ def test_a_successor_starts_the_shards_where_the_dead_schedulers_last_commit_lef
 def test_a_change_that_cannot_be_planned_is_not_retried_every_tick(records, caplog):
     """Every data holder gone: no plan is possible until one joins; the scheduler says so once per retry period,
     not on every read of the records (a successor that saw every peer gone re-planned every 10 ms)."""
-    from swarm.coordinator.scheduler import REPLAN_RETRY_SECONDS
 
     s = make_scheduler()
     schedule = planned(s, records)
@@ -521,7 +515,7 @@ def test_a_change_that_cannot_be_planned_is_not_retried_every_tick(records, capl
     # a read that misses a quarter of the placed peers at once is suspect: they are pinged first (unanswered here)
     asked = {a.message.peer for a in s.observe(fresh(rest), LATER) if isinstance(a, Announce)}
     assert asked == set(schedule.data_holders)
-    later = LATER + s.pings.timeout
+    later = LATER + s.suspicions.pings.timeout
     s.check_pings(later)
     with caplog.at_level("ERROR"):
         for tick in range(50):
@@ -584,11 +578,11 @@ def test_two_members_of_a_stage_that_cannot_reach_each_other_are_split_and_one_c
     s.handle(far, Unreachable(peer=other), now)  # across stages: no averaging between them, nothing to split
     s.handle(other, Unreachable(peer=far), now)
     s.handle(late, Unreachable(peer=mate), now)  # one way only: one broken link, or a liar; nobody sits out
-    assert s.estrangements.sitting_out(now) == set()
+    assert s.suspicions.estrangements.sitting_out(now) == set()
     assert published(s.observe(read(), now)) == []
     told = notices(s.handle(mate, Unreachable(peer=late), now))  # both ways, both alive: they cannot average
     assert told == [SitOut(peer=late, partner=mate, stage=stage, seconds=60.0)]  # the one sitting out is told
-    assert s.estrangements.sitting_out(now) == {late}
+    assert s.suspicions.estrangements.sitting_out(now) == {late}
     (split,) = published(s.observe(read(), now + 0.5))
     assert late not in split.placement and {mate, other, far} <= set(split.placement)
     assert split.meta["start_iteration"] == s.completed + 1  # not a holder: the iteration in progress goes on

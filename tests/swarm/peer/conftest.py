@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from swarm.coordinator.scheduler import PublishSchedule
+from swarm.coordinator.actions import PublishSchedule
 from swarm.net.identity import ensure_identity, load_identity
 from tests.swarm.coordinator.conftest import make_records, make_scheduler
 

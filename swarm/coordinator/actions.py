@@ -1,0 +1,37 @@
+"""What the scheduler asks its owner to do (`Scheduler` decides, `SchedulerRole` carries out): publish a schedule
+epoch, gossip a control message, record an iteration's metrics."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from scheduler.schedule import Schedule
+from swarm.control.messages import ControlMessage
+
+
+@dataclass(frozen=True)
+class PublishSchedule:
+    """Store `schedule` in the DHT and announce its epoch (the scheduler already counts it as published); with
+    `bridge`, the epoch in force until it starts (see `ScheduleMsg.bridge`)."""
+
+    schedule: Schedule
+    bridge: Schedule | None = None
+
+
+@dataclass(frozen=True)
+class Announce:
+    """Gossip `message` to the run."""
+
+    message: ControlMessage
+
+
+@dataclass(frozen=True)
+class RecordIteration:
+    """An iteration was committed: log and store its metrics line. It comes before the commit's announcement (a
+    write-ahead log): a scheduler killed between the two leaves a record its successor supersedes when it runs the
+    iteration again (`committed_records`); the other order would leave a commit the peers acted on unrecorded."""
+
+    record: dict
+
+
+Action = PublishSchedule | Announce | RecordIteration
