@@ -91,6 +91,10 @@ DHT_START_ATTEMPTS = 3
 or not up yet), is started again after `DHT_START_BACKOFF` x its try's number seconds. (Before its own daemon,
 hivemind starts a throwaway one that checks the key is not online elsewhere; that one keeps hivemind's 15 s.)"""
 DHT_START_BACKOFF = 5.0
+DHT_READY_TIMEOUT = P2PD_STARTUP_TIMEOUT + 30.0
+"""Seconds a node's DHT process may take to be ready: its daemon's start and a first ping of a bootstrap peer (5-16 s
+for 20 peers on 2 cores). One that is not is killed and started again (`DHT_START_ATTEMPTS`): one joiner in 70 of
+a 20-peer churn benchmark hung there, silently, until the run ended."""
 DHT_TIMEOUT = 10.0
 """One DHT store or get."""
 CONNECT_TIMEOUT = 10.0

@@ -19,6 +19,7 @@ import hivemind
 from hivemind.p2p import P2PDaemonError
 
 from swarm.constants import (
+    DHT_READY_TIMEOUT,
     DHT_START_ATTEMPTS,
     DHT_START_BACKOFF,
     DHT_TIMEOUT,
@@ -40,7 +41,7 @@ from swarm.control.record_writers import RecordWriters
 from swarm.control.records import Heartbeat, SwarmRecords
 from swarm.events import event
 from swarm.net.dht_pipe import make_commands_safe
-from swarm.net.dht_shutdown import stop_dht
+from swarm.net.dht_shutdown import hung_dht_state, stop_dht
 from swarm.net.forwarding import Forwarder
 from swarm.net.identity import created_here, load_identity
 from swarm.net.process_memory import freeze_before_fork, return_large_buffers, share_by_descriptor
@@ -87,7 +88,7 @@ class Node:
     def start_dht(self, initial_peers: Iterable[str] = (), *, client: bool = False,
                   reachability: Reachability | None = None, relays: Iterable[str] = (),
                   announce: Iterable[str] = (), writers: RecordWriters | None = None,
-                  proof: bytes = b"") -> SwarmRecords:
+                  proof: bytes = b"", ready_timeout: float = DHT_READY_TIMEOUT) -> SwarmRecords:
         """Join (or, without `initial_peers`, bootstrap) the DHT; returns the run's signed records over it.
 
         The DHT validates the run's records as it stores and relays them (`RunRecordValidator`), and keeps only
@@ -98,7 +99,9 @@ class Node:
         (default: `initial_peers`) and announces its circuit addresses through them (`swarm.net.reachability`);
         None: neither, the daemon's defaults. `announce` replaces the bound addresses in what the node announces.
         A p2p daemon that does not start, or reaches none of `initial_peers`, is started again, up to
-        `DHT_START_ATTEMPTS` times (a loaded host, a bootstrap peer not up yet); then P2PDaemonError."""
+        `DHT_START_ATTEMPTS` times (a loaded host, a bootstrap peer not up yet); then P2PDaemonError. So is a DHT
+        process not ready within `ready_timeout` seconds (it is killed with its daemon first); then TimeoutError:
+        a joiner fails with a reason rather than waiting for ever."""
         initial_peers = list(initial_peers)
         self.reachability, self.relays = reachability, tuple(relays) or tuple(initial_peers)
         options = dht_options(reachability, relays=self.relays, announce=tuple(announce))
@@ -108,22 +111,31 @@ class Node:
         for attempt in range(1, DHT_START_ATTEMPTS + 1):
             freeze_before_fork()  # hivemind forks the DHT process next: the two share the objects alive now
             sockets = set(glob.glob(P2PD_SOCKETS))
+            began = time.monotonic()
+            dht = hivemind.DHT(initial_peers=initial_peers, host_maddrs=[f"/ip4/{self.host}/tcp/{self.port}"],
+                               identity_path=self.identity_path, start=False, client_mode=client,
+                               record_validators=[RunRecordValidator(self.run_id, writers)],
+                               check_if_identity_free=not created_here(self.identity_path),
+                               startup_timeout=P2PD_STARTUP_TIMEOUT, **DHT_CACHING, **options)
             try:
-                self.dht = hivemind.DHT(initial_peers=initial_peers, host_maddrs=[f"/ip4/{self.host}/tcp/{self.port}"],
-                                        identity_path=self.identity_path, start=True, client_mode=client,
-                                        record_validators=[RunRecordValidator(self.run_id, writers)],
-                                        check_if_identity_free=not created_here(self.identity_path),
-                                        startup_timeout=P2PD_STARTUP_TIMEOUT, **DHT_CACHING, **options)
+                dht.run_in_background(await_ready=True, timeout=ready_timeout)
+                self.dht = dht
+                logger.info("DHT up in %.1f s (try %d)", time.monotonic() - began, attempt)
                 break
-            except P2PDaemonError as e:  # its DHT process is gone; its p2pd may still be exiting, its socket stays
+            except (P2PDaemonError, TimeoutError) as e:  # its p2pd may still be exiting, its socket stays
+                error: Exception = e
+                if isinstance(e, TimeoutError):  # its process is alive and hung, where P2PDaemonError ended it
+                    error = TimeoutError(f"the DHT process was not ready within {ready_timeout:.0f} s "
+                                         f"({hung_dht_state(dht)})")
+                    stop_dht(dht)
                 left = set(glob.glob(P2PD_SOCKETS)) - sockets
                 if attempt == DHT_START_ATTEMPTS:
                     unlink_when_dead(left, FAILED_DAEMON_GRACE)
-                    raise
+                    raise error from (None if error is e else e)
                 wait = DHT_START_BACKOFF * attempt
-                logger.warning("the p2p daemon did not start (try %d of %d): %s; trying again in %.0f s", attempt,
-                               DHT_START_ATTEMPTS, str(e)[:MAX_ERROR_CHARS], wait,
-                               extra=event("dht_start_failed", attempt=attempt, error=str(e)[:MAX_ERROR_CHARS]))
+                logger.warning("the DHT did not start (try %d of %d): %s; trying again in %.0f s", attempt,
+                               DHT_START_ATTEMPTS, str(error)[:MAX_ERROR_CHARS], wait,
+                               extra=event("dht_start_failed", attempt=attempt, error=str(error)[:MAX_ERROR_CHARS]))
                 began = time.monotonic()
                 unlink_when_dead(left, min(wait, FAILED_DAEMON_GRACE))
                 time.sleep(max(0.0, wait - (time.monotonic() - began)))

@@ -5,7 +5,8 @@ wedge its loop), hivemind terminates it; its p2pd then dies without unlinking it
 in the temp dir. :func:`stop_dht` asks the DHT for its daemon's socket first and, once the DHT is gone, removes that
 file if nothing listens on it any more. It only ever touches the socket of the DHT it is given. A DHT that outlives
 hivemind's hard terminate too (a SIGTERM handler it inherited, a wedged process) is killed with its helpers: the
-caller started it, so the caller stops it.
+caller started it, so the caller stops it. :func:`hung_dht_state` says what a DHT being stopped because it was not
+ready in time was doing, for the log.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import contextlib
 import logging
 import os
 import time
+from collections import Counter
+from pathlib import Path
 
 import psutil
 from hivemind import DHT
@@ -79,6 +82,26 @@ def _end(dht: DHT, helpers: list[psutil.Process]) -> None:
         with contextlib.suppress(psutil.Error):  # gone already, or its pid reused: psutil then refuses
             helper.kill()
     psutil.wait_procs(alive, timeout=_UNLINK_GRACE)
+
+
+def hung_dht_state(dht: DHT) -> str:
+    """What a DHT process that is alive but not ready is doing, for the log: whether its p2p daemon is up (a hang in
+    the daemon's start or in the first pings of bootstrap peers) and where its threads wait in the kernel (a futex is
+    a lock or a future; epoll an event loop waiting for the network)."""
+    try:
+        helpers = psutil.Process(dht.pid).children(recursive=True)
+        waits = Counter(_wait_channel(task) for task in Path(f"/proc/{dht.pid}/task").iterdir())
+    except (psutil.Error, OSError):
+        return "its process is gone"
+    daemon = ", ".join(f"{p.pid} {p.name()}" for p in helpers) if helpers else "none"
+    return f"its helpers: {daemon}; its threads wait in " + ", ".join(f"{w} x{n}" for w, n in waits.most_common())
+
+
+def _wait_channel(task: Path) -> str:
+    try:
+        return (task / "wchan").read_text().strip() or "running"
+    except OSError:
+        return "unknown"
 
 
 def stop_dht(dht: DHT) -> None:

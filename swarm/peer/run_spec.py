@@ -15,6 +15,9 @@ from swarm.wire import RunSpec
 
 logger = logging.getLogger(__name__)
 
+SPEC_WAIT_NOTICE = 15.0
+"""Seconds between two notices that a joiner still looks for the run spec."""
+
 
 class UnsuitedRun(RuntimeError):
     """The run asks for what this peer cannot give (a relayed peer in a run averaging with hivemind's averager):
@@ -25,12 +28,18 @@ def await_run_spec(records: SwarmRecords, coordinator: str, stop: threading.Even
                    poll: float = 0.5) -> RunSpec | None:
     """The run spec signed by `coordinator`, read from the DHT until it appears; None if `stop` is set first.
     Raises TimeoutError after `timeout` seconds, saying whose spec was looked for."""
-    deadline = time.monotonic() + timeout
+    began = time.monotonic()
+    deadline, said = began + timeout, began
     while not stop.is_set():
         spec = records.fetch_run_spec(coordinator=coordinator, timeout=DHT_TIMEOUT)
         if spec is not None:
             return spec
-        if time.monotonic() >= deadline:
+        now = time.monotonic()
+        if now - said >= SPEC_WAIT_NOTICE:  # a joiner that waits says so, rather than look hung
+            logger.info("no run spec of run %r signed by %s found yet (%.0f s); still looking", records.run_id,
+                        coordinator, now - began)
+            said = now
+        if now >= deadline:
             raise TimeoutError(f"no run spec of run {records.run_id!r} signed by {coordinator} was found (if that "
                                "is not the run's coordinator, pass --coordinator)")
         stop.wait(poll)

@@ -124,3 +124,35 @@ def test_a_node_whose_bootstrap_peer_is_not_up_yet_tries_again_and_joins(tmp_pat
         second.stop()
         first.stop()
 
+
+
+def test_a_dht_process_not_ready_in_time_is_killed_and_started_again(tmp_path, caplog):
+    """A DHT process that hangs before it is ready (here: it cannot send its readiness, because this process holds
+    the lock hivemind sends it under, as a killed peer's forked sibling once did) would keep a joiner waiting for
+    ever. It is killed with its daemon, and a second one starts once the lock is free."""
+    from hivemind.utils.mpfuture import MPFuture
+
+    key = str(tmp_path / "node.key")
+    ensure_identity(key)
+    node = Node(key, "hung")
+    lock = MPFuture._update_lock
+    lock.acquire()
+    released = threading.Timer(6.0, lock.release)  # after the first try's 4 s, before the second try starts
+    try:
+        released.start()
+        with caplog.at_level(logging.INFO, logger="swarm.control.node"):
+            records = node.start_dht(ready_timeout=4.0)
+        failures = [getattr(r, EVENT_ATTR) for r in caplog.records
+                    if getattr(r, EVENT_ATTR, {}).get("event") == "dht_start_failed"]
+        assert [f["attempt"] for f in failures] == [1]
+        assert "not ready within 4 s" in failures[0]["error"] and "its threads wait in" in failures[0]["error"]
+        assert any("DHT up in" in r.getMessage() and "(try 2)" in r.getMessage() for r in caplog.records)
+        node.start_heartbeat(lambda: PeerRecord(peer_id=node.peer_id, stage=-1, seconds_per_layer=1.0,
+                                                memory_slots=1, state=PeerState.ONLINE), period=1.0)
+        end = time.monotonic() + 30
+        while node.peer_id not in records.fetch_peers():
+            assert time.monotonic() < end, "the second DHT never served the node's own record"
+            time.sleep(0.5)
+    finally:
+        released.join()
+        node.stop()
