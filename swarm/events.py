@@ -37,6 +37,7 @@ EVENTS: dict[str, tuple[str, ...]] = {
     # that reached the others); it took the holders' state (`loaded`), or their state did not come
     "stage_mended": ("stage", "iteration", "loaded", "holders"),
     "scheduler_changed": ("previous", "scheduler"),
+    "scheduler_role_returned": ("scheduler",),
     # a peer's pipeline
     "detoured": ("microbatch", "gone", "to", "to_stage"),
     "microbatch_broken": ("microbatch", "attempt", "why"),

@@ -236,6 +236,23 @@ class ScheduleNotice:
 
 
 @dataclass(frozen=True)
+class Alive:
+    """The scheduler beats on gossip: it is alive, `iteration` is the one it has in progress (those before are
+    committed) and `epoch` its newest. A watch that read only the scheduler's DHT record took a live scheduler for
+    dead whenever its stores timed out on a loaded DHT. A receiver takes a beat as news only when its sequence
+    number (the sender's sidecar numbers what it publishes, under its signature) is above every one seen from that
+    sender: anyone may re-publish an old beat, nobody can make a new one."""
+
+    TOPIC: ClassVar[Topic] = "schedule"
+    epoch: int
+    iteration: int
+
+    @classmethod
+    def _decode(cls, d: dict, name: str) -> Alive:
+        return cls(epoch=_epoch(d, name), iteration=_iteration(d, name))
+
+
+@dataclass(frozen=True)
 class Done:
     """Data holder `peer` finished its microbatches of `iteration` under `epoch`: their summed loss, their count,
     the tokens they carried, when it started and finished (its wall clock) and where its shards now stand."""
@@ -409,11 +426,11 @@ class Pong:
 
 
 ControlMessage = Join | Leave | Gone | Finished | Stuck | Broken | Unrecoverable | Unreachable | ScheduleNotice | \
-    Done | Commit | Faulty | Admitted | Refused | NotDialable | SitOut | Ping | Pong
+    Alive | Done | Commit | Faulty | Admitted | Refused | NotDialable | SitOut | Ping | Pong
 MESSAGE_TYPES: dict[str, type] = {cls.__name__.lower(): cls for cls in
                                   (Join, Leave, Gone, Finished, Stuck, Broken, Unrecoverable, Unreachable,
-                                   ScheduleNotice, Done, Commit, Faulty, Admitted, Refused, NotDialable, SitOut,
-                                   Ping, Pong)}
+                                   ScheduleNotice, Alive, Done, Commit, Faulty, Admitted, Refused, NotDialable,
+                                   SitOut, Ping, Pong)}
 
 
 def encode(message: ControlMessage) -> dict[str, Any]:

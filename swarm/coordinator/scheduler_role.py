@@ -1,10 +1,11 @@
 """`SchedulerRole`: the scheduler at work in a process, the coordinator's or a successor peer's.
 
 It carries out what its `Scheduler` decides: reads the peers' records from the DHT (off its loop, through a
-`RecordsPoller`: a read stuck on a silent node must not hold up the commits), stores each new schedule
-epoch there and announces it on gossip, gossips notices and commits, and writes the schedules and the metrics
-file. Control messages reach it through `deliver` (the owner's gossip callback), into a bounded inbox that its
-`tick` drains; a full inbox drops the newest message with a warning, so a flood cannot grow memory.
+`RecordsPoller`: a read stuck on a silent node must not hold up the commits), stores each new schedule epoch there
+and announces it on gossip, gossips notices and commits, and writes the schedules and the metrics file. Once a
+heartbeat it gossips that it is alive (`Alive`). Control messages reach it through `deliver` (the owner's gossip
+callback), into a bounded inbox that its `tick` drains; a full inbox drops the newest message with a warning, so
+a flood cannot grow memory.
 Both owners build it with the same constructor: the coordinator ticks it from the start (it plans the first
 epoch), a successor peer first calls `resume` with the epochs it knew.
 """
@@ -25,7 +26,7 @@ from scheduler.schedule import Schedule
 from swarm.constants import record_lifetime
 from swarm.control.gossip import GossipClient, GossipMessage
 from swarm.control.membership import AdmissionPolicy
-from swarm.control.messages import ControlMessage, Join, ScheduleNotice, as_gossip, publish, received
+from swarm.control.messages import Alive, ControlMessage, Join, ScheduleNotice, as_gossip, publish, received
 from swarm.control.records import SwarmRecords
 from swarm.coordinator.actions import Action, Announce, PublishSchedule, RecordIteration
 from swarm.coordinator.admission_desk import AdmissionDesk
@@ -89,6 +90,7 @@ class SchedulerRole:
         self._inbox: queue.Queue[GossipMessage] = queue.Queue(INBOX_SIZE)
         self.poller = RecordsPoller(self._fetch, period=records_read_period(config.heartbeat))
         """Reads the records for `tick` (started by the first tick, stopped by `close`)."""
+        self._next_beat = 0.0
 
     @property
     def done(self) -> bool:
@@ -118,6 +120,17 @@ class SchedulerRole:
             self._carry_out(self.scheduler.observe(self._members(records), time.monotonic()))
         self._drain(TICK_WAIT)
         self._carry_out(self.scheduler.check_pings(time.monotonic()))
+        self._beat(time.monotonic())
+
+    def _beat(self, now: float) -> None:
+        """Once a heartbeat, once a run is planned: gossip that this scheduler is alive (`Alive`). The peers' watch
+        also reads its DHT record, but a loaded DHT's stores time out, and a peer that took a live scheduler for dead
+        moved on to its successor."""
+        schedule = self.scheduler.schedule
+        if schedule is None or now < self._next_beat:
+            return
+        self._next_beat = now + self.config.heartbeat
+        self._announce(Alive(epoch=schedule.epoch, iteration=self.scheduler.completed))
 
     def close(self) -> None:
         """Stop reading the records (the owner's loop is over)."""

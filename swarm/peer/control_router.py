@@ -60,7 +60,7 @@ class ControlRouter:
             self.dial_verdict.on_sit_out(message)
         elif isinstance(message, Ping) and message.peer == self.peer_id and trusted:
             self.reports.tell(Pong(nonce=message.nonce))
-        elif self.follower.on_message(msg.sender, message):
+        elif self.follower.on_message(msg.sender, message, msg.seqno):
             self.inbox.wake()
         elif isinstance(message, Broken) and (schedule := self.follower.schedule) is not None and \
                 msg.sender in schedule.placement:

@@ -15,7 +15,9 @@ to 7, then epoch 9 bridging to 8, and still needs 7 for the iteration it is on.
 
 Only the scheduler is trusted: schedules are read from the DHT signed by the coordinator or the current
 scheduler, and notices, 'gone', 'finished' and commits are taken only from the scheduler or, once it has missed a
-heartbeat, from its would-be successor (`Succession` keeps `scheduler` and `candidate` current).
+heartbeat, from its would-be successor (`Succession` keeps `scheduler` and `candidate` current). The scheduler is
+alive while its DHT record is read or its gossip brings news: a commit, a newer epoch, a beat (`Alive`, every
+heartbeat). A peer that moved on to a successor follows the coordinator again at its news.
 """
 
 from __future__ import annotations
@@ -28,12 +30,14 @@ from typing import Any, NamedTuple
 
 from scheduler.schedule import Schedule
 from swarm.constants import DHT_TIMEOUT, silent_after
-from swarm.control.messages import Commit, ControlMessage, Finished, Gone, ScheduleNotice
+from swarm.control.messages import Alive, Commit, ControlMessage, Finished, Gone, ScheduleNotice
 from swarm.control.records import SwarmRecords
 from swarm.events import event
 
 logger = logging.getLogger(__name__)
 
+MAX_BEATING = 4
+"""Senders whose beats' sequence numbers a follower keeps (the coordinator and the schedulers it followed last)."""
 SCHEDULE_POLL_PERIOD = 5.0
 """Seconds between two reads of the newest schedule from the DHT when no notice came."""
 LAGGING_POLL_PERIOD = 0.5
@@ -128,6 +132,8 @@ class ScheduleFollower:
         self._commits: set[tuple[int, int]] = set()
         self._left_out: dict[int, frozenset[str]] = {}
         self._announced_epoch = 0
+        self._beats: dict[str, int] = {}
+        """Sender -> the highest sequence number of its beats (`Alive`) seen: the coordinator's, schedulers'."""
         self._newest_held = newest_held
         self._awaiting: tuple[int, int] | None = None
         """(epoch in use, iteration) when this peer found that iteration unable to finish: a replacement is due."""
@@ -153,12 +159,14 @@ class ScheduleFollower:
         nobody will commit an iteration or plan a leave soon. A draining peer is never a candidate."""
         return self.scheduler_silent() and self.candidate in (None, me)
 
-    def on_message(self, sender: str, message: ControlMessage) -> bool:
-        """Take a notice, 'gone', 'finished' or a commit from `sender`; True if the main loop should look again.
-        Messages from anyone but the scheduler are logged and ignored."""
-        if not isinstance(message, (ScheduleNotice, Gone, Finished, Commit)):
+    def on_message(self, sender: str, message: ControlMessage, seqno: int = 0) -> bool:
+        """Take a notice, a beat, 'gone', 'finished' or a commit from `sender` (`seqno`: the number its sidecar
+        gave it, see `Alive`); True if the main loop should look again. Messages from anyone but the scheduler are
+        logged and ignored."""
+        if not isinstance(message, (ScheduleNotice, Alive, Gone, Finished, Commit)):
             return False
-        if sender == self.coordinator != self.scheduler and self._news(message):
+        news = self._news(sender, message, seqno)
+        if sender == self.coordinator != self.scheduler and news:
             # this peer took the coordinator for dead (its record went unread past its lifetime: DHT stores time out
             # on a loaded host) while it lives on and the others follow it; ignoring its commits would leave this
             # peer out of every iteration. Only news counts: a replay cannot bring a dead coordinator back
@@ -167,7 +175,7 @@ class ScheduleFollower:
                            extra=event("scheduler_changed", previous=self.scheduler, scheduler=sender))
             self.scheduler = sender
         if sender == self.scheduler:
-            if self._news(message):
+            if news:
                 # its signed gossip shows it alive even while its DHT record is not (stores time out on a loaded
                 # host): no successor takes over from a scheduler that still commits. Only news counts: a replay of
                 # its old messages (signed, re-published by anyone) must not keep a dead scheduler in office
@@ -176,6 +184,8 @@ class ScheduleFollower:
             logger.warning("ignored a %s from %s: not the run's scheduler", type(message).__name__, sender,
                            extra=event("ignored_control", sender=sender, kind=type(message).__name__,
                                        why="not the run's scheduler"))
+            return False
+        if isinstance(message, Alive):
             return False
         if isinstance(message, ScheduleNotice):
             self._announced_epoch = max(self._announced_epoch, message.epoch)
@@ -199,9 +209,20 @@ class ScheduleFollower:
             self._left_out[message.iteration] = frozenset(message.left_out)
         return True
 
-    def _news(self, message: ControlMessage) -> bool:
-        """A commit of an iteration beyond the newest committed, or the notice of a newer epoch."""
+    def _news(self, sender: str, message: ControlMessage, seqno: int) -> bool:
+        """A commit of an iteration beyond the newest committed, the notice of a newer epoch, or a beat numbered
+        above every one seen from `sender` of a scheduler not behind this peer (its iteration in progress is past
+        the newest commit this peer took: a coordinator that was frozen while its successor committed is no
+        scheduler to follow again)."""
         if isinstance(message, Commit):
+            return message.iteration > self.committed_positions[0]
+        if isinstance(message, Alive):
+            followed = (self.coordinator, self.scheduler, self.candidate)  # only theirs are kept: a bounded table
+            if sender not in followed or seqno <= self._beats.get(sender, -1):
+                return False
+            self._beats[sender] = seqno
+            if len(self._beats) > MAX_BEATING:
+                self._beats.pop(next(p for p in self._beats if p != self.coordinator))
             return message.iteration > self.committed_positions[0]
         return isinstance(message, ScheduleNotice) and message.epoch > self._announced_epoch
 

@@ -2,9 +2,10 @@
 
 Every heartbeat the watch reads the peers' records, keeps gossip links to a few other peers' sidecars (so the
 control plane survives the coordinator), and checks that the scheduler's record is still there. Once it has been
-missing for longer than a record lives, the first live peer of the succession list in the scheduler's newest
-(signed) schedule becomes the scheduler; that peer starts the role (built by the factory the peer was given) in a
-thread of its own.
+missing for longer than a record lives (and no news of it came on gossip: `ScheduleFollower`), the first live peer
+of the succession list in the scheduler's newest (signed) schedule becomes the scheduler; that peer starts the role
+(built by the factory the peer was given) in a thread of its own. It gives the role back should its follower go
+back to the coordinator (whose news shows it alive after all).
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ class Succession:
         """The live peers' records as the watch last read them from the DHT."""
         self._connected: set[str] = set()
         self._thread: threading.Thread | None = None
+        self._role_kwargs: dict[str, Any] = {}
 
     def start(self, stop: threading.Event, role_kwargs: dict[str, Any]) -> None:
         """Watch in a background thread until `stop` is set or the run finishes."""
@@ -110,10 +112,18 @@ class Succession:
                            extra=event("scheduler_changed", previous=f.scheduler, scheduler=f.candidate))
             f.scheduler, f.scheduler_seen = f.candidate, time.monotonic()
             f.notice.set()
-            if f.candidate == self.peer_id and self.role is None and self._thread is None:
-                self._thread = threading.Thread(target=self._hold_role, args=(stop,), daemon=True,
-                                                name="skippipe-scheduler")
-                self._thread.start()
+            if f.candidate == self.peer_id:
+                self.take_role(stop)
+
+    def take_role(self, stop: threading.Event) -> bool:
+        """Hold the scheduler role, in a thread of its own, until `stop` is set, the run is done, or the follower
+        follows another scheduler (the role is then given back, and may be taken again later); False if this peer
+        holds it already."""
+        if self.role is not None or self._thread is not None:
+            return False
+        self._thread = threading.Thread(target=self._hold_role, args=(stop,), daemon=True, name="skippipe-scheduler")
+        self._thread.start()
+        return True
 
     def _hold_role(self, stop: threading.Event) -> None:
         if self._make_role is None:
@@ -125,11 +135,18 @@ class Succession:
             completed, positions = resume_point(self._iteration(), f.committed_positions)
             self.role = self._make_role(**self._role_kwargs, ends_run_on_stop=False)
             self.role.resume(schedules, completed, positions)
-            while not stop.is_set() and not self.role.done:
+            while not stop.is_set() and not self.role.done and f.scheduler == self.peer_id:
                 self.role.tick()
-            self.role.finish(stop)
+            if f.scheduler != self.peer_id:
+                # this peer's watch took a live coordinator for dead, and the coordinator's news (a beat, a commit,
+                # a newer epoch) brought its follower back to it: one scheduler per run, so the role is given back
+                logger.warning("the scheduler %s is alive: this peer gives the scheduler role back", f.scheduler,
+                               extra=event("scheduler_role_returned", scheduler=f.scheduler))
+            else:
+                self.role.finish(stop)
         except Exception:
             logger.exception("the scheduler role failed")
         finally:
             if self.role is not None:
                 self.role.close()
+            self.role, self._thread = None, None  # it may be this peer's to take again, should that one die

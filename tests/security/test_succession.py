@@ -1,12 +1,16 @@
 """The scheduler's successor is named by the scheduler, in its signed schedule; it is not the smallest peer id.
 
 Electing the smallest live peer id let anyone who ground a key with a small id take the role over when the
-coordinator died; the list is in the schedule, which only the scheduler signs (see test_dht_records.py).
+coordinator died; the list is in the schedule, which only the scheduler signs (see test_dht_records.py). A peer
+that took the role from a coordinator alive after all gives it back: one scheduler per run.
 """
 
 from __future__ import annotations
 
-from swarm.control.messages import Done
+import threading
+import time
+
+from swarm.control.messages import Alive, Done
 from swarm.coordinator.actions import PublishSchedule
 from swarm.peer.schedule_follower import ScheduleFollower
 from swarm.peer.succession import Succession
@@ -40,3 +44,51 @@ def test_the_successor_is_the_first_live_peer_the_scheduler_named():
     survivors = {p: (r, 0.5) for p, r in records.items() if p != named[0]}
     (later,) = [a.schedule for a in s.observe(survivors, 120.0) if isinstance(a, PublishSchedule)]
     assert later.meta["successors"] == [p for p in named if p in later.placement]
+
+
+class RoleSeen:
+    """What the succession asks of the scheduler role it holds (`SchedulerRole`'s calls), recorded."""
+
+    def __init__(self, **kwargs) -> None:
+        self.kwargs, self.calls, self.done = kwargs, [], False
+
+    def resume(self, schedules, completed, positions) -> None:
+        self.calls.append(("resume", completed))
+
+    def tick(self) -> None:
+        time.sleep(0.01)
+
+    def finish(self, stop) -> None:
+        self.calls.append("finish")
+
+    def close(self) -> None:
+        self.calls.append("close")
+
+
+def test_a_peer_that_took_the_role_from_a_live_coordinator_gives_it_back_at_its_news():
+    roles: list[RoleSeen] = []
+    follower = ScheduleFollower(records=None, coordinator="coordinator", heartbeat=1.0)
+    succession = Succession("peer-05", None, None, follower, iteration=lambda: 4,
+                            make_role=lambda **kw: roles.append(RoleSeen(**kw)) or roles[-1])
+    follower.scheduler = "peer-05"  # its watch took the coordinator for dead (its record went unread)
+    stop = threading.Event()
+    try:
+        assert succession.take_role(stop) and not succession.take_role(stop)  # one role at a time
+        end = time.monotonic() + 10
+        while not roles or not roles[0].calls:
+            assert time.monotonic() < end
+            time.sleep(0.01)
+        assert roles[0].calls == [("resume", 4)] and roles[0].kwargs == {"ends_run_on_stop": False}
+        follower.on_message("coordinator", Alive(epoch=0, iteration=5), seqno=77)  # alive, and not behind
+        assert follower.scheduler == "coordinator"
+        while succession.role is not None:
+            assert time.monotonic() < end, "the role was not given back"
+            time.sleep(0.01)
+        assert roles[0].calls == [("resume", 4), "close"]  # no 'finished': the run goes on, under the coordinator
+        follower.scheduler = "peer-05"  # should the coordinator die for real later, the role can be taken again
+        assert succession.take_role(stop)
+        while len(roles) < 2:
+            assert time.monotonic() < end
+            time.sleep(0.01)
+    finally:
+        stop.set()

@@ -13,6 +13,7 @@ from swarm.control.gossip import GossipMessage, membership_topic, progress_topic
 from swarm.control.messages import (
     MESSAGE_TYPES,
     Admitted,
+    Alive,
     Broken,
     Commit,
     Done,
@@ -44,7 +45,7 @@ EXAMPLES = [
     Finished(iterations=3, epoch=0, stopped=True), Stuck(peer="QmA", iteration=4, epoch=1),
     Broken(peer="QmA", iteration=4, epoch=1, microbatch=7, attempt=1, gone="QmB", maybe_ran=True, why="late"),
     Unrecoverable(peer="QmA", iteration=4, epoch=1, microbatch=7, why="no detour"), Unreachable(peer="QmB"),
-    ScheduleNotice(epoch=5),
+    ScheduleNotice(epoch=5), Alive(epoch=5, iteration=12),
     Done(peer="QmA", iteration=4, epoch=1, loss_sum=3.5, losses=4, tokens=1024, started=10.0, finished=11.5,
          shards={"1": POSITION}, dropped=2),
     Commit(iteration=4, epoch=1, shards={"1": POSITION}),

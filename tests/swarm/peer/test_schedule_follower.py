@@ -8,7 +8,7 @@ import time
 
 from scheduler.path_rules import PathRules
 from scheduler.schedule import Route, Schedule
-from swarm.control.messages import Commit, Finished, Gone, Join, ScheduleNotice
+from swarm.control.messages import Alive, Commit, Finished, Gone, Join, ScheduleNotice
 from swarm.events import EVENT_ATTR
 from swarm.peer.schedule_follower import ScheduleFollower
 from swarm.wire import ScheduleMsg
@@ -83,6 +83,33 @@ def test_a_peer_that_took_the_live_coordinator_for_dead_follows_it_again_at_its_
     assert f.scheduler == "heir" and not f.gone
     f.on_message("coord", ScheduleNotice(epoch=4))
     assert f.scheduler == "coord" and f.notice.is_set()
+
+
+def test_the_schedulers_beats_keep_it_alive_and_a_replayed_or_stale_beat_does_not():
+    """The scheduler gossips a beat every heartbeat: while beats come, a peer whose reads of the DHT miss the
+    scheduler's record does not take it for dead. A beat counts only numbered above every one seen from its sender
+    (its sidecar numbers what it publishes, under its signature), and only from a scheduler not behind this peer."""
+    f = follower()
+    f.on_message("coord", Commit(iteration=3, epoch=1))
+    f.scheduler_seen = time.monotonic() - 10.0  # its record unseen past its lifetime
+    assert not f.on_message("coord", Alive(epoch=1, iteration=4), seqno=1000)  # nothing for the main loop
+    assert not f.scheduler_silent()
+    f.scheduler_seen = time.monotonic() - 10.0
+    f.on_message("coord", Alive(epoch=1, iteration=4), seqno=1000)  # a replay, re-published by anyone
+    f.on_message("coord", Alive(epoch=1, iteration=4), seqno=999)
+    f.on_message("stranger", Alive(epoch=1, iteration=4), seqno=5000)  # nobody it follows
+    assert f.scheduler_silent()
+    f.on_message("coord", Alive(epoch=1, iteration=3), seqno=1001)  # numbered anew, but behind the commit of 3
+    assert f.scheduler_silent()
+    f.on_message("coord", Alive(epoch=1, iteration=4), seqno=1002)
+    assert not f.scheduler_silent()
+
+    f.scheduler = "heir"  # the watch moved on to the successor, which went on to commit 4 and 5
+    f.on_message("heir", Commit(iteration=5, epoch=2))
+    f.on_message("coord", Alive(epoch=1, iteration=4), seqno=1003)  # the coordinator, unfrozen, is behind
+    assert f.scheduler == "heir"
+    f.on_message("coord", Alive(epoch=3, iteration=6), seqno=1004)  # it is alive and has caught up
+    assert f.scheduler == "coord"
 
 
 def test_waiting_for_a_replacement_ends_when_the_run_finishes():
