@@ -180,6 +180,8 @@ class ScheduleFollower:
                 # host): no successor takes over from a scheduler that still commits. Only news counts: a replay of
                 # its old messages (signed, re-published by anyone) must not keep a dead scheduler in office
                 self.scheduler_seen = time.monotonic()
+        elif isinstance(message, Alive):
+            return False  # the beat of a scheduler this peer does not follow (a successor, or a coordinator behind)
         elif not self.trusted(sender):
             logger.warning("ignored a %s from %s: not the run's scheduler", type(message).__name__, sender,
                            extra=event("ignored_control", sender=sender, kind=type(message).__name__,
