@@ -91,6 +91,18 @@ def test_a_node_starts_no_shared_memory_manager(tmp_path):
     assert "p2pd" in result["children"] and "torch_shm_manager" not in result["children"]
 
 
+def beats_and_is_found(node: Node, records, timeout: float = 30.0) -> bool:
+    """Start `node`'s heartbeat; whether its record shows up in `records` within `timeout` seconds."""
+    node.start_heartbeat(lambda: PeerRecord(peer_id=node.peer_id, stage=-1, seconds_per_layer=1.0, memory_slots=1,
+                                            state=PeerState.ONLINE), period=1.0)
+    end = time.monotonic() + timeout
+    while node.peer_id not in records.fetch_peers():
+        if time.monotonic() >= end:
+            return False
+        time.sleep(0.5)
+    return True
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -113,12 +125,7 @@ def test_a_node_whose_bootstrap_peer_is_not_up_yet_tries_again_and_joins(tmp_pat
         started.join()
         events = [getattr(r, EVENT_ATTR) for r in caplog.records if hasattr(r, EVENT_ATTR)]
         assert [e["attempt"] for e in events if e["event"] == "dht_start_failed"] == [1]
-        first.start_heartbeat(lambda: PeerRecord(peer_id=first.peer_id, stage=-1, seconds_per_layer=1.0,
-                                                 memory_slots=1, state=PeerState.ONLINE), period=1.0)
-        end = time.monotonic() + 30
-        while first.peer_id not in records.fetch_peers():
-            assert time.monotonic() < end, "the second node never found the first"
-            time.sleep(0.5)
+        assert beats_and_is_found(first, records), "the second node never found the first"
     finally:
         started.cancel()
         second.stop()
@@ -147,12 +154,7 @@ def test_a_dht_process_not_ready_in_time_is_killed_and_started_again(tmp_path, c
         assert [f["attempt"] for f in failures] == [1]
         assert "not ready within 4 s" in failures[0]["error"] and "its threads wait in" in failures[0]["error"]
         assert any("DHT up in" in r.getMessage() and "(try 2)" in r.getMessage() for r in caplog.records)
-        node.start_heartbeat(lambda: PeerRecord(peer_id=node.peer_id, stage=-1, seconds_per_layer=1.0,
-                                                memory_slots=1, state=PeerState.ONLINE), period=1.0)
-        end = time.monotonic() + 30
-        while node.peer_id not in records.fetch_peers():
-            assert time.monotonic() < end, "the second DHT never served the node's own record"
-            time.sleep(0.5)
+        assert beats_and_is_found(node, records), "the second DHT never served the node's own record"
     finally:
         released.join()
         node.stop()
