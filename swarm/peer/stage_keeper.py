@@ -11,7 +11,7 @@ digest two veterans of its stage agree on, where it has two.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from concurrent.futures import Future
 
 import torch
@@ -78,15 +78,18 @@ class StageKeeper:
     :param dht: returns the peer's DHT (for its stage group's hivemind averager)
     :param checks: the transport's checks, told whom stage state is expected from while this peer waits for it
     :param state_timeout: seconds a joiner waits for its stage's state (`STATE_TIMEOUT`)
+    :param gone: the peers the scheduler declared gone: a moved or restarting peer stops waiting for the state of a
+      source among them (it would wait out `HANDOVER_TIMEOUT` or `state_timeout` for nothing, its stage unserved)
     :raises InitialWeightsRefused: the peer's --init-from does not hold the run's initial weights
     """
 
     def __init__(self, peer_id: str, options: PeerOptions, config: RunConfig, model_config: ModelConfig, *,
                  inbox: Inbox, outbox: Outbox, dht: Callable[[], DHT], loss_seconds: float,
-                 checks: InboundChecks | None = None, state_timeout: float = STATE_TIMEOUT) -> None:
+                 checks: InboundChecks | None = None, state_timeout: float = STATE_TIMEOUT,
+                 gone: Callable[[], Collection[str]] = frozenset) -> None:
         self.peer_id, self.options, self.config, self.model_config = peer_id, options, config, model_config
         self.inbox, self.outbox, self._dht, self.loss_seconds = inbox, outbox, dht, loss_seconds
-        self.checks, self.state_timeout = checks, state_timeout
+        self.checks, self.state_timeout, self._gone = checks, state_timeout, gone
         self._equipped: dict[str, tuple[int, int]] = {}
         """Peer -> (stage, step) of the state (or digest) this peer sent it, while not known undelivered: a re-plan
         from the same iteration names the same joiners again, and they hold that state already."""
@@ -293,7 +296,7 @@ class StageKeeper:
     def _receive_state(self, schedule: Schedule, source: str | None, timeout: float) -> dict[int, Inbound]:
         senders = [source] if source is not None else state_senders(schedule, self.stage)
         return receive_state(self.inbox, schedule, self.stage, source, timeout,
-                             expect=lambda: self._expect_state(senders))
+                             expect=lambda: self._expect_state(senders), source_gone=lambda: source in self._gone())
 
     def _expect_state(self, peers: list[str]) -> None:
         if self.checks is not None:

@@ -196,11 +196,13 @@ def restore_source(schedule: Schedule, peer: str) -> str | None:
 
 
 def receive_state(inbox: Inbox, schedule: Schedule, stage: int, source: str | None, timeout: float, *,
-                  expect: Callable[[], None] | None = None) -> dict[int, Inbound]:
+                  expect: Callable[[], None] | None = None,
+                  source_gone: Callable[[], bool] = lambda: False) -> dict[int, Inbound]:
     """The two parts of a stage's state, from a peer of `stage` in `schedule` (or from `source`, whatever its
     stage); state from anyone else is dropped. Raises TimeoutError if they do not come within `timeout` (after the
-    last piece of a state too large for one message, while its pieces come). `expect`, if given, is called before
-    each read: it names the senders to the transport, which takes their state only for a while after."""
+    last piece of a state too large for one message, while its pieces come), or as soon as `source_gone` says the
+    scheduler declared `source` gone before anything of its state came. `expect`, if given, is called before each
+    read: it names the senders to the transport, which takes their state only for a while after."""
     end = time.monotonic() + timeout
     parts: dict[int, Inbound] = {}
     arrived = inbox.assembly.arrived[Direction.STATE]
@@ -209,6 +211,8 @@ def receive_state(inbox: Inbox, schedule: Schedule, stage: int, source: str | No
             expect()
         if inbox.assembly.arrived[Direction.STATE] != arrived:  # pieces of a large state: still coming
             arrived, end = inbox.assembly.arrived[Direction.STATE], time.monotonic() + timeout
+        elif not parts and source is not None and source_gone():  # a dead source sends nothing: no use waiting
+            raise TimeoutError(f"{source} was declared gone before its state for stage {stage} came")
         for m in inbox.receive("state", 0.5, any_iteration=True):
             same_stage = schedule.placement.get(m.sender) == stage
             if m.sender == source or (source is None and same_stage):
