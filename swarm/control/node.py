@@ -124,14 +124,17 @@ class Node:
                 break
             except (P2PDaemonError, TimeoutError) as e:  # its p2pd may still be exiting, its socket stays
                 error: Exception = e
-                if isinstance(e, TimeoutError):  # its process is alive and hung, where P2PDaemonError ended it
+                if isinstance(e, TimeoutError) and time.monotonic() - began >= ready_timeout:
+                    # its process is alive and hung (a failed start ends it, whatever it raised)
                     error = TimeoutError(f"the DHT process was not ready within {ready_timeout:.0f} s "
                                          f"({hung_dht_state(dht)})")
                     stop_dht(dht)
                 left = set(glob.glob(P2PD_SOCKETS)) - sockets
                 if attempt == DHT_START_ATTEMPTS:
                     unlink_when_dead(left, FAILED_DAEMON_GRACE)
-                    raise error from (None if error is e else e)
+                    if error is e:
+                        raise
+                    raise error from e
                 wait = DHT_START_BACKOFF * attempt
                 logger.warning("the DHT did not start (try %d of %d): %s; trying again in %.0f s", attempt,
                                DHT_START_ATTEMPTS, str(error)[:MAX_ERROR_CHARS], wait,

@@ -409,7 +409,7 @@ class Peer:
             logger.info("epoch %d reruns iteration %d with this peer: it starts there, not at %d", schedule.epoch,
                         start, self.iteration)
             self.iteration = self.inbox.iteration = start
-        self.follower.gone = self.follower.gone - frozenset(schedule.placement)  # e.g. a holder restarted with its key
+        self.follower.placed_anew(schedule)
         self.runner.new_epoch()
         self._use(schedule)
         if self.peer_id not in schedule.placement:

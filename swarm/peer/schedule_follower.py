@@ -127,6 +127,10 @@ class ScheduleFollower:
         """The scheduler said the run is over."""
         self.gone: frozenset[str] = frozenset()
         """Peers the scheduler declared gone (replaced, never mutated)."""
+        self._gone_under: dict[str, int] = {}
+        """Peer -> the newest epoch when the scheduler declared it gone (`gone` is its keys)."""
+        self._gone_lock = threading.Lock()
+        """`gone` is written by the gossip thread (a 'gone') and the pipeline's (an epoch taken)."""
         self.committed_positions: tuple[int, dict[str, Any]] = (-1, {})
         """(iteration, shard index -> position) of the newest commit: where a shard taken over next starts."""
         self._commits: set[tuple[int, int]] = set()
@@ -174,20 +178,17 @@ class ScheduleFollower:
                            type(message).__name__, self.scheduler,
                            extra=event("scheduler_changed", previous=self.scheduler, scheduler=sender))
             self.scheduler = sender
-        if sender == self.scheduler:
-            if news:
-                # its signed gossip shows it alive even while its DHT record is not (stores time out on a loaded
-                # host): no successor takes over from a scheduler that still commits. Only news counts: a replay of
-                # its old messages (signed, re-published by anyone) must not keep a dead scheduler in office
-                self.scheduler_seen = time.monotonic()
-        elif isinstance(message, Alive):
-            return False  # the beat of a scheduler this peer does not follow (a successor, or a coordinator behind)
-        elif not self.trusted(sender):
+        if sender == self.scheduler and news:
+            # its signed gossip shows it alive even while its DHT record is not (stores time out on a loaded host):
+            # no successor takes over from a scheduler that still commits. Only news counts: a replay of its old
+            # messages (signed, re-published by anyone) must not keep a dead scheduler in office
+            self.scheduler_seen = time.monotonic()
+        if isinstance(message, Alive):
+            return False  # a beat says nothing more (one of a scheduler this peer does not follow passes quietly)
+        if not self.trusted(sender):
             logger.warning("ignored a %s from %s: not the run's scheduler", type(message).__name__, sender,
                            extra=event("ignored_control", sender=sender, kind=type(message).__name__,
                                        why="not the run's scheduler"))
-            return False
-        if isinstance(message, Alive):
             return False
         if isinstance(message, ScheduleNotice):
             self._announced_epoch = max(self._announced_epoch, message.epoch)
@@ -199,7 +200,10 @@ class ScheduleFollower:
                            extra=event("ignored_control", sender=sender, kind=type(message).__name__, why=stale))
             return False
         if isinstance(message, Gone):
-            self.gone = self.gone | frozenset(message.peers)
+            with self._gone_lock:
+                for p in message.peers:
+                    self._gone_under[p] = max(message.epoch, self._gone_under.get(p, 0))
+                self.gone = frozenset(self._gone_under)
         elif isinstance(message, Finished):
             logger.info("the run has finished")
             self.finished.set()
@@ -211,11 +215,21 @@ class ScheduleFollower:
             self._left_out[message.iteration] = frozenset(message.left_out)
         return True
 
+    def placed_anew(self, schedule: Schedule) -> None:
+        """`schedule` is taken: the peers it places that were declared gone under an older epoch are back (a holder
+        restarted with its key, a peer taken back); one declared gone under this epoch or a newer one stays gone: it
+        died after this epoch was planned, and detours and waits for its state must still go around it."""
+        with self._gone_lock:
+            for p in schedule.placement:
+                if self._gone_under.get(p, schedule.epoch) < schedule.epoch:
+                    del self._gone_under[p]
+            self.gone = frozenset(self._gone_under)
+
     def _news(self, sender: str, message: ControlMessage, seqno: int) -> bool:
         """A commit of an iteration beyond the newest committed, the notice of a newer epoch, or a beat numbered
         above every one seen from `sender` of a scheduler not behind this peer (its iteration in progress is past
         the newest commit this peer took: a coordinator that was frozen while its successor committed is no
-        scheduler to follow again)."""
+        scheduler to follow again). A beat's number is recorded here, so call it once per message."""
         if isinstance(message, Commit):
             return message.iteration > self.committed_positions[0]
         if isinstance(message, Alive):

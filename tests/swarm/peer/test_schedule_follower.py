@@ -370,3 +370,14 @@ def test_a_joiner_placed_by_the_bridged_epoch_starts_there_and_keeps_the_newest_
     assert f.due(66) is None and f.due(67).epoch == 8
     assert f.wait_for_placement("me", threading.Event(), 5, newer_than=7).epoch == 8  # placed again, after 7
     assert f.wait_for_placement("stranger", threading.Event(), 0.1) is None
+
+
+def test_a_peer_declared_gone_under_an_epoch_stays_gone_when_that_epoch_is_taken():
+    """The relay died after epoch 3 was planned (declared gone under it): a peer taking epoch 3 late still goes
+    around it and stops waiting for its state; a later epoch that places it (it rejoined) brings it back."""
+    f = follower()
+    f.on_message("coord", Gone(peers=("relay",), iteration=5, epoch=3))
+    f.placed_anew(real_epoch(3, 5))
+    assert f.gone == {"relay"}
+    f.placed_anew(real_epoch(4, 7))
+    assert f.gone == frozenset()
