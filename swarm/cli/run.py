@@ -225,6 +225,7 @@ def join(initial_peers, coordinator, run_id, token, device, precision, threads, 
     from swarm.peer.options import PeerOptions, trusted_coordinator
     from swarm.peer.peer import Peer
     from swarm.peer.run_spec import UnsuitedRun
+    from swarm.peer.startup_watch import watch_startup
 
     if stage != "auto" and not stage.isdigit():
         _fail(f"--stage must be a stage number or auto, got {stage!r}")
@@ -254,6 +255,7 @@ def join(initial_peers, coordinator, run_id, token, device, precision, threads, 
             latency = read_latency_file(latency_file)
         except ValueError as e:
             _fail(str(e))
+    watch_startup()  # a peer hung before its DHT is up dumps its threads' stacks to stderr
     identity = _claim_identity(identity)
     _logging(log_file, log_level, events=events, identity=identity)
     install_console()

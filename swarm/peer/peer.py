@@ -69,6 +69,7 @@ from swarm.peer.run_spec import UnsuitedRun, await_run_spec, keep_members_record
 from swarm.peer.schedule_follower import ScheduleFollower
 from swarm.peer.stage_keeper import JoinAbandoned, StageKeeper
 from swarm.peer.stage_session import restore_source
+from swarm.peer.startup_watch import started
 from swarm.peer.succession import Succession
 from swarm.peer.timeline import Timeline
 from swarm.run_config import RunConfig
@@ -207,6 +208,7 @@ class Peer:
         o, node = self.options, self.node
         proof = token_proof(o.token, self.peer_id, o.run_id) if o.token else b""
         records = node.start_dht(o.initial_peers, proof=proof, **join_reachability(o))
+        started()  # the start-up watch (`swarm.peer.startup_watch`) has nothing to report
         deadline = time.monotonic() + o.join_timeout
         spec = await_run_spec(records, trusted_coordinator(o.initial_peers, o.coordinator), stop, o.join_timeout)
         if spec is None:
