@@ -32,6 +32,9 @@ their tokens per iteration do too: compare tokens/s and time to target.
 module per document) instead of the bundled corpus, which the tiny model memorises within a long window (its
 validation loss then climbs again, and "time to target" measures who memorises first).
 
+`--averaging parts` and `--average-dtype bfloat16` set the stage-group averaging (`swarm.averaging`,
+`swarm.average_dtype`) of every method alike; the defaults are the all-gather in float32.
+
 `--runs N` repeats the whole comparison N times (repetition r uses seed `--seed` + r: a new trace, the same for
 every method within it) and prints min / median / max over the repetitions. `--lock FILE` holds an flock on FILE
 during each swarm run (a machine shared with other heavy jobs). Repetitions run apart (`--seed 2 --runs 1` after a
@@ -236,6 +239,8 @@ checkpoint_every = {args.checkpoint_every}
 [swarm]
 planner = "{method}"
 heartbeat = {args.heartbeat}
+average_dtype = "{args.average_dtype}"
+averaging = "{args.averaging}"
 {data}"""
 
 
@@ -344,6 +349,10 @@ def main() -> None:
     parser.add_argument("--heartbeat", type=float, default=1.0,
                         help="seconds between peer records (a peer is taken for gone ~3 heartbeats after its last); "
                              "on 2 shared cores 20 peers cannot keep 1 s")
+    parser.add_argument("--averaging", choices=("allgather", "parts"), default="allgather",
+                        help="stage-group averaging (swarm.averaging), for every method alike")
+    parser.add_argument("--average-dtype", choices=("float32", "bfloat16"), default="float32",
+                        help="stage gradients on the wire (swarm.average_dtype), for every method alike")
     parser.add_argument("--minutes", type=float, default=3.0, help="length of the measured window")
     parser.add_argument("--rate", type=float, default=0.1, help="failures per peer per minute")
     parser.add_argument("--rejoin", type=float, default=20.0, help="seconds until a dead peer is replaced")
@@ -419,8 +428,9 @@ def main() -> None:
 
 
 SETTING = ("peers", "stages", "minutes", "rate", "rejoin", "deaths", "corpus", "checkpoint_every", "val_batches")
-"""The arguments that make two results files one benchmark (the seeds aside); and `--heartbeat` (1 s in files
-written before it had an option)."""
+"""The arguments that make two results files one benchmark (the seeds aside), with `LATER`."""
+LATER = {"heartbeat": 1.0, "averaging": "allgather", "average_dtype": "float32"}
+"""Arguments that do too, by their value in files written before they were options."""
 
 
 def merge(args: argparse.Namespace) -> None:
@@ -429,7 +439,7 @@ def merge(args: argparse.Namespace) -> None:
     for name in args.merge:
         try:
             data = json.loads(Path(name).read_text())
-            mine = {k: data["args"][k] for k in SETTING} | {"heartbeat": data["args"].get("heartbeat", 1.0)}
+            mine = {k: data["args"][k] for k in SETTING} | {k: data["args"].get(k, v) for k, v in LATER.items()}
             runs = list(data["results"])
         except (OSError, ValueError, KeyError, TypeError) as e:
             sys.exit(f"error: {name} is not a results file of this benchmark: {e}")

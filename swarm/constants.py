@@ -149,6 +149,10 @@ MAX_BUFFERED_MESSAGES = 1024
 messages from its inbox until it catches up (far above what one iteration brings)."""
 OUTBOX_SIZE = 64
 """Messages a peer has handed to its sender threads and not yet sent; a peer that would exceed it waits."""
+AVERAGE_OUTBOX_SIZE = 1024
+"""The same for stage-averaging messages: a round by parts hands over up to n (n - 1) + 5 (n - 1) at once (pieces,
+means, ballot, every part's fallback piece), views of one gradient that cost no copies while they wait. Members
+blocked handing theirs over would not read each other's, so the room covers a round of 30 members."""
 MIN_TRANSFER_RATE = 64 * 1024
 """Bytes per second an inbound tensor must arrive at on average, after a grace of the receive timeout: a message
 of n bytes is dropped once it has taken longer than recv_timeout + n / MIN_TRANSFER_RATE (its total deadline), and

@@ -51,6 +51,8 @@ EVENTS: dict[str, tuple[str, ...]] = {
     "ignored_record": ("signer", "kind", "why"),
     # why: "refused: ..." (left out of the stage mean), "weight cut: ..." or "clipped by CenteredClip"
     "gradient_refused": ("stage", "iteration", "sender", "why"),
+    # averaging by parts: the two owners' means of a part differ (it goes to the fallback)
+    "part_disputed": ("stage", "iteration", "part", "owners"),
     "state_refused": ("stage", "sender", "why"),
     # the scheduler
     "replanned": ("epoch", "start_iteration", "gone", "leaving", "joining"),

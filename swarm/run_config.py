@@ -32,6 +32,7 @@ recompute = "auto"      # blocks / none; auto = blocks for the 500m and 1.5b fla
 
 [swarm]
 wire_dtype = "float32"  # or float16 / bfloat16 on the wire
+average_dtype = "float32"  # or bfloat16: stage gradients on the wire at half the bytes
 profile = ""            # plan on a network preset instead of the measured links (studies, emulation)
 planner = "skippipe"    # or skippipe-no-collision / full-pipeline / random-skip / swarm (baselines, for benchmarks)
 rebalance = true        # a survivor may move to a stage group a departure left the bottleneck
@@ -61,7 +62,8 @@ from swarm.constants import CHUNK_BYTES, MAX_TENSOR_BYTES, MIN_CHUNK_BYTES
 from swarm.wire import RunSpec
 
 WireDtype = Literal["float32", "float16", "bfloat16"]
-Averaging = Literal["allgather", "hivemind"]
+Averaging = Literal["allgather", "parts", "hivemind"]
+AverageDtype = Literal["float32", "bfloat16"]
 Planner = Literal["skippipe", "skippipe-no-collision", "full-pipeline", "random-skip", "swarm"]
 PLANNERS: tuple[str, ...] = ("skippipe", "skippipe-no-collision", "full-pipeline", "random-skip", "swarm")
 FULL_PATH_PLANNERS = ("full-pipeline", "swarm")
@@ -120,10 +122,16 @@ class RunConfig:
     deadline."""
     heartbeat: float = 2.0
     """Seconds between a peer's record refreshes; a record expires after three missed ones (failure detection)."""
+    average_dtype: AverageDtype = "float32"
+    """dtype of stage gradients in the all-gather averaging: bfloat16 halves a round's bytes (each member rounds its
+    own contribution the same way, so the members' means stay bit-identical), at 8 bits of mantissa per
+    gradient element, as DDP's bf16 compression hook. float16 is not offered: gradient sums overflow it."""
     averaging: Averaging = "allgather"
-    """Stage-group averaging: all-gather over the tensor transport (exact, one round trip, for small groups)
-    or hivemind's DecentralizedAverager (butterfly all-reduce, for large groups and models; a member that stops
-    mid-round leaves its part unaveraged, and the group's copies then drift apart slightly)."""
+    """Stage-group averaging: all-gather over the tensor transport (exact, one round trip; each member sends its
+    gradient to every other), by parts over the tensor transport (`swarm.stage_group.parts_round`: a reduce-scatter
+    with two owners per part, then the parts' means to everyone; as robust, 4 (n - 1) / n gradients a member instead
+    of n - 1, in groups of five or more), or hivemind's DecentralizedAverager (butterfly all-reduce, not robust to a
+    faulty member; one that stops mid-round leaves its part unaveraged, and the copies then drift apart slightly)."""
     checkpoint_every: int = 0
     """Iterations between a peer's own checkpoints (0 = never); written where the peer's --checkpoint-dir says."""
     architecture: ModelConfig | None = None
@@ -180,8 +188,10 @@ class RunConfig:
                              "run.stages")
         if not isinstance(self.rebalance, bool):
             raise ValueError(f"swarm.rebalance must be true or false, got {self.rebalance!r}")
-        if self.averaging not in ("allgather", "hivemind"):
-            raise ValueError(f"swarm.averaging must be allgather or hivemind, got {self.averaging!r}")
+        if self.average_dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"swarm.average_dtype must be float32 or bfloat16, got {self.average_dtype!r}")
+        if self.averaging not in ("allgather", "parts", "hivemind"):
+            raise ValueError(f"swarm.averaging must be allgather, parts or hivemind, got {self.averaging!r}")
         if not isinstance(self.profile, str):
             raise ValueError("swarm.profile must be a string")
         self.optim.validate()
@@ -315,6 +325,8 @@ class RunConfig:
             hyper["message_bytes"] = self.message_bytes
         if self.chunk_bytes != CHUNK_BYTES:  # likewise
             hyper["chunk_bytes"] = self.chunk_bytes
+        if self.average_dtype != "float32":  # likewise
+            hyper["average_dtype"] = self.average_dtype
         hyper["init_weights"] = list(self.init_weights)
         hyper["optim"] = dataclasses.asdict(self.optim)
         hyper["train"] = self.train.to_dict()

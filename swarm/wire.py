@@ -179,6 +179,21 @@ class Direction(IntEnum):
     """A stage's weights or optimizer moments for a peer joining that stage (route = (sender, receiver))."""
 
 
+class AverageStep(IntEnum):
+    """What an AVERAGE message carries (`HopHeader.average_step`; `swarm.stage_group`)."""
+
+    WHOLE = 0
+    """A member's whole flattened gradient sum, for every other member (the all-gather)."""
+    PIECE = 1
+    """A member's piece of part `microbatch` of its gradient sum, for the part's two owners (averaging by parts)."""
+    PART_MEAN = 2
+    """An owner's combination of part `microbatch`'s pieces, for every other member; `lineage` = its inputs' digest."""
+    BALLOT = 3
+    """The parts a member could not take (one uint8 flag per part), for every other member."""
+    FALLBACK = 4
+    """A member's piece of a part somebody could not take, for every other member, who combine it themselves."""
+
+
 @dataclass(frozen=True)
 class HopHeader:
     """Travels in front of every activation or gradient, so a relay needs no global state to forward it.
@@ -217,6 +232,8 @@ class HopHeader:
     chunks: int = 1
     """AVERAGE and STATE messages too large for one message travel as `chunks` pieces, this one number `chunk`
     (`swarm.peer.message_chunks`)."""
+    average_step: AverageStep = AverageStep.WHOLE
+    """AVERAGE messages: what the tensor is (`AverageStep`); `microbatch` numbers the part where it is one."""
     version: int = WIRE_VERSION
 
     @property
@@ -253,6 +270,8 @@ class HopHeader:
             d["lineage"] = self.lineage
         if self.chunks != 1:
             d["chunk"], d["chunks"] = self.chunk, self.chunks
+        if self.average_step:
+            d["average_step"] = int(self.average_step)
         return pack(d)
 
     @classmethod
@@ -293,6 +312,8 @@ class HopHeader:
             lineage=read_bytes(d.get("lineage", b""), "header.lineage", MAX_LINEAGE_BYTES),
             chunk=read_int(d.get("chunk", 0), "header.chunk", 0, chunks - 1),
             chunks=chunks,
+            average_step=AverageStep(read_int(d.get("average_step", 0), "header.average_step", 0,
+                                              len(AverageStep) - 1)),
             version=version,
         )
 

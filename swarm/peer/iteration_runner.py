@@ -45,6 +45,7 @@ from swarm.run_config import RunConfig
 from swarm.stage_group.allgather import GroupRound, average_stage_group
 from swarm.stage_group.lineage import chain, judge
 from swarm.stage_group.mending import mend
+from swarm.stage_group.parts_round import average_by_parts
 from swarm.wire import Direction
 
 logger = logging.getLogger(__name__)
@@ -158,15 +159,14 @@ class IterationRunner:
         if self.config.averaging == "hivemind":
             visits, heard = session.average_with_hivemind(len(group), self.averaging_deadline)
         else:
-            round_ = average_stage_group(me=self.peer_id, worker=worker, group=group, run_id=self.run_id,
-                                         iteration=iteration, epoch=schedule.epoch, send=self.outbox.send,
-                                         receive=lambda t: self.inbox.receive("average", t),
-                                         deadline=self.averaging_deadline, scheduled=schedule.visits(),
-                                         left_out=self.follower.left_out(iteration),
-                                         alive=self._worth_waiting_for, hold=self.inbox.hold,
-                                         faulty=lambda suspect, why: self.reports.faulty(
-                                             suspect, iteration, schedule.epoch, why),
-                                         lineage=session.lineage)
+            average = average_by_parts if self.config.averaging == "parts" else average_stage_group
+            round_ = average(me=self.peer_id, worker=worker, group=group, run_id=self.run_id, iteration=iteration,
+                             epoch=schedule.epoch, send=self.outbox.send,
+                             receive=lambda t: self.inbox.receive("average", t), deadline=self.averaging_deadline,
+                             scheduled=schedule.visits(), left_out=self.follower.left_out(iteration),
+                             alive=self._worth_waiting_for, hold=self.inbox.hold,
+                             faulty=lambda suspect, why: self.reports.faulty(suspect, iteration, schedule.epoch, why),
+                             lineage=session.lineage, wire_dtype=self.config.average_dtype)
             visits, heard = round_.visits, round_.heard
         t2 = time.perf_counter()
         self.timeline.record("average", time.time() - (t2 - t1), time.time(), iteration=iteration)

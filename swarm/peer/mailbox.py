@@ -23,6 +23,7 @@ from typing import Literal
 import torch
 
 from swarm.constants import (
+    AVERAGE_OUTBOX_SIZE,
     CHUNK_BYTES,
     INBOX_SIZE,
     MAX_BUFFERED_MESSAGES,
@@ -251,7 +252,8 @@ class Outbox:
         self._failed = failed
         self._pools = {kind: ThreadPoolExecutor(n, thread_name_prefix=f"skippipe-send-{kind}")
                        for kind, n in self.THREADS.items()}
-        self._room = {kind: threading.BoundedSemaphore(OUTBOX_SIZE) for kind in self.THREADS}
+        self._room = {kind: threading.BoundedSemaphore(AVERAGE_OUTBOX_SIZE if kind == "average" else OUTBOX_SIZE)
+                      for kind in self.THREADS}
         self._lanes: dict[tuple[Kind, str], deque[tuple[Callable[[], bool], Future[bool]]]] = {}
         self._lanes_lock = threading.Lock()
 

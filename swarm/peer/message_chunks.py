@@ -8,11 +8,12 @@ message's deadline. The outbox cuts such a flat tensor into `chunks` pieces of a
 series until all have arrived and files the whole message (`Reassembly`), so whoever receives it sees one message,
 as before.
 
-A receiver holds at most one unfinished series per sender, direction and part, of at most `max_bytes` in all (the
-run's largest stage message: `largest_stage_message`): a new series replaces an unfinished one (its sender died
+A receiver holds at most one unfinished series per sender, direction, part and averaging step
+(`HopHeader.average_step`), and at most `max_bytes` (the run's largest stage message: `largest_stage_message`) of
+unfinished series per sender and direction in all: a new series replaces an unfinished one (its sender died
 mid-series, or moved on to a later iteration), and a piece that does not fit its series (another dtype, a piece
-twice, sizes that do not add up) drops the series. A stage-group member can thus make a receiver hold no more than
-honest traffic does.
+twice, sizes that do not add up, more than the sender may hold) drops the series. A stage-group member can thus make
+a receiver hold no more than honest traffic does.
 """
 
 from __future__ import annotations
@@ -77,20 +78,21 @@ class Reassembly:
         self.max_bytes = max_bytes
         self.arrived: Counter[Direction] = Counter()
         """Bytes of the pieces taken so far, by direction: a receiver waiting for a large state sees it coming."""
-        self._series: dict[tuple[str, Direction, int], _Series] = {}
+        self._series: dict[tuple[str, Direction, int, int], _Series] = {}
 
     def add(self, m: Inbound) -> Inbound | None:
         """Take a piece; returns the whole message once its last piece is in (None until then, or if the piece
         was refused)."""
         h, piece = m.header, m.tensor
-        where = (m.sender, h.direction, h.microbatch)
+        where = (m.sender, h.direction, h.microbatch, h.average_step)
         key = (h.iteration, h.epoch, h.chunks, piece.dtype)
         series = self._series.get(where)
         if series is None or series.key != key:
             series = self._series[where] = _Series(key)  # a new series replaces an unfinished one
         nbytes = piece.numel() * piece.element_size()
+        held = sum(x.nbytes for w, x in self._series.items() if w[:2] == where[:2])
         why = "not flat" if piece.dim() != 1 else f"piece {h.chunk} twice" if h.chunk in series.pieces else \
-            f"over {self.max_bytes} bytes" if series.nbytes + nbytes > self.max_bytes else None
+            f"over {self.max_bytes} bytes from one sender" if held + nbytes > self.max_bytes else None
         if why is not None:
             del self._series[where]
             logger.warning("dropped a chunked %s message of iteration %d from %s: %s", h.direction.name.lower(),

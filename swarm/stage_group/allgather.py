@@ -1,6 +1,7 @@
 """Stage-group gradient averaging by all-gather over the tensor transport, robust to a faulty member.
 
-Every peer of a stage sends its summed gradients (flattened) and its visit count to the others, then each
+Every peer of a stage sends its summed gradients (flattened; in float32, or rounded to bfloat16 for half the bytes,
+each member rounding its own contribution too) and its visit count to the others, then each
 combines the group's contributions with `peers.averaging.stage_mean`, in peer-id order, so that every member
 installs bit-identical gradients and, after the optimizer step, holds bit-identical parameters. Nobody's word is
 taken: a claimed visit count counts at most what the schedule gave that member (`visit_bounds`), a gradient far
@@ -8,7 +9,8 @@ larger than the stage's recent ones is refused, and with three members or more C
 them can do to the mean. Every refusal is logged with a `gradient_refused` event. For the small stage groups of a
 pipeline (a handful of peers) this costs one round trip;
 `swarm.stage_group.hivemind_averager.StageAverager` (hivemind's DecentralizedAverager, butterfly all-reduce) is
-the choice for large groups and large models, but it is not Byzantine-robust.
+made for large groups and large models, but it is not Byzantine-robust; `swarm.stage_group.parts_round` averages
+groups of five or more by parts, robustly, at 4 (n - 1) / n gradients a member instead of n - 1.
 
 A member that does not deliver before the deadline is left out of this round (logged): the others still
 step, weighted by the visits they did receive. Where that splits the group (a member that died mid-round reached
@@ -30,9 +32,12 @@ from peers.averaging import Aggregation, history_norm, stage_mean, visit_bounds
 from peers.worker import StageWorker
 from swarm.events import event
 from swarm.net.delivery import Inbound, Send
-from swarm.wire import Direction, HopHeader
+from swarm.wire import AverageStep, Direction, HopHeader
 
 logger = logging.getLogger(__name__)
+
+WIRE_DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+"""The dtypes stage gradients may travel in (float16 would overflow gradient sums)."""
 
 
 def flatten(grads: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -64,7 +69,8 @@ def average_stage_group(*, me: str, worker: StageWorker, group: list[str], run_i
                         left_out: Collection[str] = (),
                         alive: Callable[[str], bool] = lambda peer: True,
                         hold: Callable[[Inbound], None] | None = None,
-                        faulty: Callable[[str, str], None] | None = None, lineage: bytes = b"") -> GroupRound:
+                        faulty: Callable[[str, str], None] | None = None, lineage: bytes = b"",
+                        wire_dtype: str = "float32") -> GroupRound:
     """Install the stage group's robust visit-weighted mean gradient on `worker`.
 
     :param group: peer ids serving this stage (this peer included)
@@ -79,6 +85,9 @@ def average_stage_group(*, me: str, worker: StageWorker, group: list[str], run_i
       the stage's history, a non-finite or misshapen one), for the scheduler; a clipped one is no proof (an honest
       outlier is clipped too), nor a weight above its bound (detours add visits to honest members)
     :param lineage: this peer's stage copy's lineage, sent with its gradients (empty: unknown)
+    :param wire_dtype: "float32", or "bfloat16": every member sends its gradients rounded to bfloat16 and combines
+      its own rounded the same way, so all members still combine the same values; a contribution in any other dtype
+      is refused
     """
     def refuse(sender: str, why: str, proof: bool = False) -> None:
         logger.warning("stage %d averaging of iteration %d, gradients of %s: %s", worker.stage, iteration, sender,
@@ -87,8 +96,10 @@ def average_stage_group(*, me: str, worker: StageWorker, group: list[str], run_i
         if proof and faulty is not None:
             faulty(sender, why)
 
+    if wire_dtype not in WIRE_DTYPES:
+        raise ValueError(f"wire_dtype must be one of {', '.join(WIRE_DTYPES)}, got {wire_dtype!r}")
     sums = worker.gradient_sums()
-    flat = flatten(sums)
+    flat = flatten(sums).to(WIRE_DTYPES[wire_dtype])  # what goes on the wire, and what this member combines
     contributions: dict[str, tuple[torch.Tensor, int]] = {me: (flat, worker.visits)}
     lineages = {me: lineage}
     others = sorted(p for p in group if p != me and p not in left_out)
@@ -111,6 +122,8 @@ def average_stage_group(*, me: str, worker: StageWorker, group: list[str], run_i
                 refuse(m.sender, f"refused: not a member of stage {worker.stage}'s group")
             elif h.stages and h.stages[0] != worker.stage:
                 refuse(m.sender, f"refused: stage {h.stages[0]}, this group is stage {worker.stage}")
+            elif h.average_step != AverageStep.WHOLE:
+                refuse(m.sender, f"refused: a {h.average_step.name.lower()} message, this group all-gathers")
             elif m.tensor.shape != flat.shape or m.tensor.dtype != flat.dtype or not torch.isfinite(m.tensor).all():
                 refuse(m.sender, f"refused: {tuple(m.tensor.shape)} {m.tensor.dtype}, expected finite "
                        f"{tuple(flat.shape)} {flat.dtype}", proof=True)
@@ -124,7 +137,7 @@ def average_stage_group(*, me: str, worker: StageWorker, group: list[str], run_i
         logger.warning("stage %d averaging of iteration %d went ahead without %s", worker.stage, iteration, missing)
     order = sorted(contributions)  # every member combines in peer-id order: bit-identical means
     bounds = visit_bounds(scheduled, group, order)
-    result = stage_mean([contributions[p][0] for p in order], [contributions[p][1] for p in order],
+    result = stage_mean([contributions[p][0].float() for p in order], [contributions[p][1] for p in order],
                         bounds=[bounds[p] for p in order], reference=history_norm(worker), aggregation=aggregation)
     for i, why in sorted(result.refused.items()):
         refuse(order[i], why, proof=why.startswith("refused"))

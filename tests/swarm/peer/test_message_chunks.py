@@ -18,7 +18,7 @@ from swarm.peer.mailbox import Inbox, Outbox
 from swarm.peer.message_chunks import Reassembly, cut, largest_stage_message
 from swarm.peer.timeline import Timeline
 from swarm.run_config import RunConfig
-from swarm.wire import Direction, HopHeader
+from swarm.wire import AverageStep, Direction, HopHeader
 from tests.utils.swarm_workers import TRANSPORT_RUN
 
 pytestmark = pytest.mark.timeout(120)
@@ -84,6 +84,22 @@ def test_pieces_that_do_not_fit_their_series_drop_it(tamper):
     else:
         pieces[1] = Inbound("a", pieces[1].header, pieces[1].tensor.reshape(16, 16))
     assert all(assembly.add(p) is None for p in pieces)
+
+
+def test_averaging_steps_are_kept_apart_and_a_sender_holds_no_more_than_max_bytes_in_all():
+    assembly = Reassembly(max_bytes=3 * 1024)
+    piece, mean = torch.randn(256), torch.randn(256)  # 1 KiB each, cut into 4 pieces of 256 bytes
+    as_mean = lambda m: Inbound(m.sender, replace(m.header, average_step=AverageStep.PART_MEAN), m.tensor)  # noqa: E731
+    pieces, means = pieces_of(piece, 256, part=1), [as_mean(m) for m in pieces_of(mean, 256, part=1)]
+    for p, m in zip(pieces[:-1], means[:-1], strict=True):  # interleaved: one part, two steps
+        assert assembly.add(p) is None and assembly.add(m) is None
+    assert torch.equal(assembly.add(pieces[-1]).tensor, piece) and torch.equal(assembly.add(means[-1]).tensor, mean)
+    # unfinished series of many parts: 3 KiB held from one sender, no piece more from it; others are not held up
+    assert all(assembly.add(pieces_of(torch.randn(256), 256, part=k)[0]) is None for k in range(12))
+    whole = torch.randn(256)
+    assert all(assembly.add(p) is None for p in pieces_of(whole, 256, part=20))  # never completes
+    other = [Inbound("c", p.header, p.tensor) for p in pieces_of(whole, 256, part=20)]
+    assert [assembly.add(p) is None for p in other] == [True, True, True, False]
 
 
 def test_a_receiver_holds_up_to_the_largest_stage_message_of_its_run():

@@ -65,7 +65,7 @@ class Mailboxes:
 
 
 def run_group(workers: dict[str, StageWorker], boxes: Mailboxes, *, alive=lambda p: True, deadline: float = 10.0,
-              scheduled: dict[str, int] | None = None) -> dict[str, tuple[int, int]]:
+              scheduled: dict[str, int] | None = None, wire_dtype: str = "float32") -> dict[str, tuple[int, int]]:
     """Every member of `workers` averages in its own thread; `scheduled` defaults to the visits each made."""
     results: dict[str, tuple[int, int]] = {}
     scheduled = scheduled if scheduled is not None else {p: w.visits for p, w in workers.items()}
@@ -73,7 +73,7 @@ def run_group(workers: dict[str, StageWorker], boxes: Mailboxes, *, alive=lambda
     def member(peer: str) -> None:
         r = average_stage_group(me=peer, worker=workers[peer], group=GROUP, run_id="r", iteration=4, epoch=2,
                                 send=boxes.send_from(peer), receive=boxes.receive_for(peer), deadline=deadline,
-                                scheduled=scheduled, alive=alive)
+                                scheduled=scheduled, alive=alive, wire_dtype=wire_dtype)
         results[peer] = (r.visits, r.heard)
 
     threads = [threading.Thread(target=member, args=(p,)) for p in workers]
@@ -102,6 +102,44 @@ def test_every_member_installs_the_same_visit_weighted_mean():
         for name, mean in expected.items():
             torch.testing.assert_close(grads[name], mean, rtol=1e-6, atol=1e-7)
             assert torch.equal(grads[name], {n: q.grad for n, q in workers["peer-a"].module.named_parameters()}[name])
+
+
+def test_bfloat16_on_the_wire_halves_the_bytes_and_keeps_the_members_identical():
+    visits = {"peer-a": 1, "peer-b": 3, "peer-c": 2}
+    workers = {p: trained(p, v, seed=i) for i, (p, v) in enumerate(visits.items())}
+    rounded = [{n: g.bfloat16().float() for n, g in workers[p].gradient_sums().items()} for p in GROUP]
+    expected, _ = visit_weighted_mean(rounded, [visits[p] for p in GROUP])
+    exact, _ = visit_weighted_mean([workers[p].gradient_sums() for p in GROUP], [visits[p] for p in GROUP])
+    boxes, sent = Mailboxes(), []
+    plain = boxes.send_from
+
+    def recording(sender: str):
+        def send(peer: str, header: HopHeader, tensor: torch.Tensor) -> None:
+            sent.append(tensor.dtype)
+            plain(sender)(peer, header, tensor)
+        return send
+
+    boxes.send_from = recording
+    assert run_group(workers, boxes, wire_dtype="bfloat16") == dict.fromkeys(GROUP, (6, 3))
+    assert sent == [torch.bfloat16] * 6
+    first = {n: q.grad for n, q in workers["peer-a"].module.named_parameters()}
+    for p in GROUP:
+        grads = {n: q.grad for n, q in workers[p].module.named_parameters()}
+        for name, mean in expected.items():
+            assert torch.equal(grads[name], first[name])  # every member combined the same rounded values
+            assert grads[name].dtype == torch.float32
+            torch.testing.assert_close(grads[name], mean, rtol=1e-6, atol=1e-7)  # the mean of the rounded sums
+    assert not all(torch.allclose(first[n], m, rtol=1e-6, atol=1e-7) for n, m in exact.items())  # it did round
+
+
+def test_a_float32_contribution_to_a_bfloat16_round_is_refused():
+    workers = {p: trained(p, v, seed=v) for p, v in (("peer-a", 2), ("peer-b", 1), ("peer-c", 3))}
+    boxes = Mailboxes()
+    honest = boxes.send_from("peer-c")
+    boxes.send_from = lambda sender, own=boxes.send_from: (
+        (lambda peer, h, t: honest(peer, h, t.float())) if sender == "peer-c" else own(sender))
+    results = run_group(workers, boxes, alive=declared_gone_soon("peer-c"), deadline=5.0, wire_dtype="bfloat16")
+    assert results["peer-a"] == (3, 2) and results["peer-b"] == (3, 2)
 
 
 def test_a_silent_member_is_left_out_once_it_is_not_worth_waiting_for():
