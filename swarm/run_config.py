@@ -123,15 +123,16 @@ class RunConfig:
     heartbeat: float = 2.0
     """Seconds between a peer's record refreshes; a record expires after three missed ones (failure detection)."""
     average_dtype: AverageDtype = "float32"
-    """dtype of stage gradients in the all-gather averaging: bfloat16 halves a round's bytes (each member rounds its
-    own contribution the same way, so the members' means stay bit-identical), at 8 bits of mantissa per
-    gradient element, as DDP's bf16 compression hook. float16 is not offered: gradient sums overflow it."""
+    """dtype of stage gradients on the wire (all-gather and by parts): bfloat16 halves their bytes (each member rounds
+    its own contribution the same way, so the members' means stay bit-identical), at 8 bits of mantissa per gradient
+    element, as DDP's bf16 compression hook. float16 is not offered: gradient sums overflow it."""
     averaging: Averaging = "allgather"
     """Stage-group averaging: all-gather over the tensor transport (exact, one round trip; each member sends its
     gradient to every other), by parts over the tensor transport (`swarm.stage_group.parts_round`: a reduce-scatter
-    with two owners per part, then the parts' means to everyone; as robust, 4 (n - 1) / n gradients a member instead
-    of n - 1, in groups of five or more), or hivemind's DecentralizedAverager (butterfly all-reduce, not robust to a
-    faulty member; one that stops mid-round leaves its part unaveraged, and the copies then drift apart slightly)."""
+    with two owners per part, then the parts' means to everyone; robust per part, 4 (n - 1) / n gradients a member
+    instead of n - 1, in groups of five or more: for slow links, not for hosts where message latency dominates),
+    or hivemind's DecentralizedAverager (butterfly all-reduce, not robust to a faulty member; one that stops
+    mid-round leaves its part unaveraged, and the copies then drift apart slightly)."""
     checkpoint_every: int = 0
     """Iterations between a peer's own checkpoints (0 = never); written where the peer's --checkpoint-dir says."""
     architecture: ModelConfig | None = None

@@ -25,6 +25,14 @@ reached some of them and not others, the all-gather's case.
 
 Every member installs the same mean when it heard the same messages: parts taken are the owners' (identical) bits,
 and fallback parts are combined in peer-id order from the same pieces. The lineage chains over each part's digest.
+
+Two costs against the all-gather. CenteredClip runs per part, so an honest member whose part lies far from the
+others' (the embedding rows of the tokens only it saw) can be clipped where the whole-vector clip would not have
+clipped it: the honest group's mean is then not exactly the weighted mean (a 10-peer check clipped in 4 rounds of
+6). And a round takes three steps and ~4x the messages: it pays where bytes dominate (slow links, large stages);
+where each message's latency does (20 peers on 2 cores), it was no faster (BENCHMARKS.md, "Stage averaging by
+parts"). Hence not the default. Computing the clip from the parts' Gram matrices (the whole-vector distances are
+their sums) would remove the first cost; not built.
 """
 
 from __future__ import annotations
@@ -172,9 +180,6 @@ class PartsRound:
     # ---- what is still awaited -----------------------------------------------------------------------------------
     def awaiting_part(self, k: int) -> list[str]:
         return [p for p in self.others if p not in self.pieces[k] and self.alive(p)]
-
-    def awaiting_pieces(self) -> bool:
-        return any(self.awaiting_part(k) for k in self.owned if self.me not in self.means[k])
 
     def awaiting_means(self) -> bool:
         return any(o not in self.means[k] and o != self.me and self.alive(o)
