@@ -166,7 +166,7 @@ class IterationRunner:
                              scheduled=schedule.visits(), left_out=self.follower.left_out(iteration),
                              alive=self._worth_waiting_for, hold=self.inbox.hold,
                              faulty=lambda suspect, why: self.reports.faulty(suspect, iteration, schedule.epoch, why),
-                             lineage=session.lineage, wire_dtype=self.config.average_dtype)
+                             lineage=session.lineage, wire_dtype=self.config.average_dtype, late=self._late_mate)
             visits, heard = round_.visits, round_.heard
         t2 = time.perf_counter()
         self.timeline.record("average", time.time() - (t2 - t1), time.time(), iteration=iteration)
@@ -277,6 +277,12 @@ class IterationRunner:
             self._probed.add(peer)
             self._probe(peer, f"{peer}'s averaging contribution is {overdue:.1f} s late")
         return True
+
+    def _late_mate(self, peer: str, seconds: float) -> None:
+        """A stage mate's averaging contribution is late against its mates': probe it now, not an iteration in."""
+        if peer not in self._probed:
+            self._probed.add(peer)
+            self._probe(peer, f"{peer}'s averaging contribution is {seconds:.1f} s late against its mates'")
 
     def _check_next_hop(self, peer: str, microbatch: int) -> None:
         """A microbatch sent to `peer` is overdue: probe `peer` off the main loop. One that does not answer is

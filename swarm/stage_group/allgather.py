@@ -21,6 +21,7 @@ round (`swarm.stage_group.lineage`), and the strays take the other members' stat
 from __future__ import annotations
 
 import logging
+import statistics
 import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
@@ -38,6 +39,11 @@ logger = logging.getLogger(__name__)
 
 WIRE_DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 """The dtypes stage gradients may travel in (float16 would overflow gradient sums)."""
+LATE_FLOOR = 3.0
+"""Seconds past the median of its mates' contributions before a member not heard from is late (a live peer on a
+loaded 2-core machine sends well within it)."""
+LATE_SHARE = 0.5
+"""A member is late once the time past that median exceeds this share of the median's own time into the round."""
 
 
 def flatten(grads: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -70,7 +76,7 @@ def average_stage_group(*, me: str, worker: StageWorker, group: list[str], run_i
                         alive: Callable[[str], bool] = lambda peer: True,
                         hold: Callable[[Inbound], None] | None = None,
                         faulty: Callable[[str, str], None] | None = None, lineage: bytes = b"",
-                        wire_dtype: str = "float32") -> GroupRound:
+                        wire_dtype: str = "float32", late: Callable[[str, float], None] | None = None) -> GroupRound:
     """Install the stage group's robust visit-weighted mean gradient on `worker`.
 
     :param group: peer ids serving this stage (this peer included)
@@ -88,6 +94,9 @@ def average_stage_group(*, me: str, worker: StageWorker, group: list[str], run_i
     :param wire_dtype: "float32", or "bfloat16": every member sends its gradients rounded to bfloat16 and combines
       its own rounded the same way, so all members still combine the same values; a contribution in any other dtype
       is refused
+    :param late: told (member, seconds) once of each member still awaited when half of the others' contributions
+      came and it is late against their median (`LATE_FLOOR`, `LATE_SHARE`): the caller probes it, since a frozen
+      member resets nothing and would be waited for until it is declared gone
     """
     def refuse(sender: str, why: str, proof: bool = False) -> None:
         logger.warning("stage %d averaging of iteration %d, gradients of %s: %s", worker.stage, iteration, sender,
@@ -108,8 +117,19 @@ def average_stage_group(*, me: str, worker: StageWorker, group: list[str], run_i
                            direction=Direction.AVERAGE, epoch=epoch, dtype="", shape=(),
                            stages=(worker.stage, worker.stage), weight=worker.visits, lineage=lineage)
         send(peer, header, flat)
-    end = time.monotonic() + deadline
+    began = time.monotonic()
+    end = began + deadline
+    arrived: list[float] = []
+    told: set[str] = set()
     while time.monotonic() < end and any(p not in contributions and alive(p) for p in others):
+        if late is not None and arrived and 2 * len(arrived) >= len(others):
+            median = statistics.median_low(arrived)
+            behind = time.monotonic() - began - median
+            if behind > max(LATE_FLOOR, LATE_SHARE * median):
+                for p in others:
+                    if p not in contributions and p not in told:
+                        told.add(p)
+                        late(p, behind)
         for m in receive(min(0.2, max(0.0, end - time.monotonic()))):
             h = m.header
             if h.epoch != epoch:
@@ -132,6 +152,7 @@ def average_stage_group(*, me: str, worker: StageWorker, group: list[str], run_i
             else:
                 contributions[m.sender] = (m.tensor, h.weight)
                 lineages[m.sender] = h.lineage
+                arrived.append(time.monotonic() - began)
     missing = [p for p in others if p not in contributions]
     if missing:
         logger.warning("stage %d averaging of iteration %d went ahead without %s", worker.stage, iteration, missing)

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import logging
 import math
+import statistics
 import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, replace
@@ -49,7 +50,15 @@ from peers.averaging import Aggregation, history_norm, stage_mean, visit_bounds
 from peers.worker import StageWorker
 from swarm.events import event
 from swarm.net.delivery import Inbound, Send
-from swarm.stage_group.allgather import WIRE_DTYPES, GroupRound, average_stage_group, flatten, unflatten
+from swarm.stage_group.allgather import (
+    LATE_FLOOR,
+    LATE_SHARE,
+    WIRE_DTYPES,
+    GroupRound,
+    average_stage_group,
+    flatten,
+    unflatten,
+)
 from swarm.stage_group.lineage import next_lineage
 from swarm.wire import AverageStep, Direction, HopHeader
 
@@ -92,7 +101,7 @@ def average_by_parts(*, me: str, worker: StageWorker, group: list[str], run_id: 
                      left_out: Collection[str] = (), alive: Callable[[str], bool] = lambda peer: True,
                      hold: Callable[[Inbound], None] | None = None,
                      faulty: Callable[[str, str], None] | None = None, lineage: bytes = b"",
-                     wire_dtype: str = "float32") -> GroupRound:
+                     wire_dtype: str = "float32", late: Callable[[str, float], None] | None = None) -> GroupRound:
     """Install the stage group's robust visit-weighted mean gradient on `worker`, averaged by parts (see the module)
     in groups of `MIN_MEMBERS` or more, by the all-gather in smaller ones. Parameters as `average_stage_group`'s;
     `deadline` bounds each step's wait."""
@@ -102,11 +111,11 @@ def average_by_parts(*, me: str, worker: StageWorker, group: list[str], run_id: 
         return average_stage_group(me=me, worker=worker, group=group, run_id=run_id, iteration=iteration,
                                    epoch=epoch, send=send, receive=receive, deadline=deadline, scheduled=scheduled,
                                    aggregation=aggregation, left_out=left_out, alive=alive, hold=hold, faulty=faulty,
-                                   lineage=lineage, wire_dtype=wire_dtype)
+                                   lineage=lineage, wire_dtype=wire_dtype, late=late)
     return PartsRound(me=me, worker=worker, group=group, members=members, run_id=run_id, iteration=iteration,
                       epoch=epoch, send=send, receive=receive, deadline=deadline, scheduled=scheduled,
                       aggregation=aggregation, alive=alive, hold=hold, faulty=faulty, lineage=lineage,
-                      wire_dtype=wire_dtype).run()
+                      wire_dtype=wire_dtype, late=late).run()
 
 
 class PartsRound:
@@ -116,13 +125,18 @@ class PartsRound:
                  iteration: int, epoch: int, send: Send, receive: Callable[[float], list[Inbound]], deadline: float,
                  scheduled: Mapping[str, int], aggregation: Aggregation, alive: Callable[[str], bool],
                  hold: Callable[[Inbound], None] | None, faulty: Callable[[str, str], None] | None, lineage: bytes,
-                 wire_dtype: str) -> None:
+                 wire_dtype: str, late: Callable[[str, float], None] | None = None) -> None:
         if wire_dtype not in WIRE_DTYPES:
             raise ValueError(f"wire_dtype must be one of {', '.join(WIRE_DTYPES)}, got {wire_dtype!r}")
         self.me, self.worker, self.group, self.members, self.run_id = me, worker, group, members, run_id
         self.iteration, self.epoch, self.deadline, self.scheduled = iteration, epoch, deadline, scheduled
         self._send, self._receive, self.alive, self.hold, self.faulty = send, receive, alive, hold, faulty
-        self.aggregation = aggregation
+        self.aggregation, self.late = aggregation, late
+        self.began = time.monotonic()
+        self.first_heard: dict[str, float] = {}
+        """Each member's first message of the round, in seconds into it: one never heard from is late against the
+        others as in the all-gather (`LATE_FLOOR`, `LATE_SHARE`)."""
+        self.told: set[str] = set()
         self.lineage, self.dtype = lineage, WIRE_DTYPES[wire_dtype]
         self.others = [p for p in members if p != me]
         self.sums = worker.gradient_sums()
@@ -166,6 +180,7 @@ class PartsRound:
         end = time.monotonic() + self.deadline
         while True:
             self.combine_ready()
+            self.tell_late()
             if done() or time.monotonic() >= end:
                 return
             for m in self._receive(min(0.2, max(0.0, end - time.monotonic()))):
@@ -176,6 +191,19 @@ class PartsRound:
         for k in self.owned:
             if self.me not in self.means[k] and not self.awaiting_part(k):
                 self.combine_owned(k)
+
+    def tell_late(self) -> None:
+        """Tell `late` of the members never heard from once half of the others were, past their median."""
+        heard = list(self.first_heard.values())
+        if self.late is None or not heard or 2 * len(heard) < len(self.others):
+            return
+        median = statistics.median_low(heard)
+        behind = time.monotonic() - self.began - median
+        if behind > max(LATE_FLOOR, LATE_SHARE * median):
+            for p in self.others:
+                if p not in self.first_heard and p not in self.told:
+                    self.told.add(p)
+                    self.late(p, behind)
 
     # ---- what is still awaited -----------------------------------------------------------------------------------
     def awaiting_part(self, k: int) -> list[str]:
@@ -291,6 +319,7 @@ class PartsRound:
             return self.refuse(m.sender, f"refused: not a member of stage {self.worker.stage}'s group")
         if h.stages and h.stages[0] != self.worker.stage:
             return self.refuse(m.sender, f"refused: stage {h.stages[0]}, this group is stage {self.worker.stage}")
+        self.first_heard.setdefault(m.sender, time.monotonic() - self.began)
         step, k, n = h.average_step, h.microbatch, len(self.members)
         if step == AverageStep.BALLOT:
             if t.shape != (n,) or t.dtype != torch.uint8 or bool((t > 1).any()):

@@ -12,6 +12,7 @@ from scheduler.path_rules import PathRules
 from scheduler.schedule import Route, Schedule
 from swarm.constants import MAX_TENSOR_BYTES, WIRE_VERSION
 from swarm.wire import (
+    AverageStep,
     Direction,
     HopHeader,
     PeerRecord,
@@ -55,7 +56,7 @@ def repack(data: bytes, **changes) -> bytes:
 # ---- round trips -------------------------------------------------------------------------------------------------
 def test_records_round_trip():
     h = header(restore_dtype="float32", dtype="bfloat16", sent_at=1796055206.4553084, attempt=2,
-               counted=(1, 3), lineage=bytes(range(16)), chunk=2, chunks=5)
+               counted=(1, 3), lineage=bytes(range(16)), chunk=2, chunks=5, average_step=AverageStep.PART_MEAN)
     assert HopHeader.from_msgpack(h.to_msgpack()) == h
     assert h.origin == PEER_A and h.target == PEER_B
     rec = PeerRecord(peer_id=PEER_A, stage=0, seconds_per_layer=0.01, memory_slots=3,
@@ -143,6 +144,8 @@ def test_oversized_message_rejected_before_unpacking():
     ({"chunks": 0}, "chunks"),
     ({"chunks": 1 << 20}, "chunks"),
     ({"chunk": 1}, "chunk"),
+    ({"average_step": 5}, "average_step"),
+    ({"average_step": "piece"}, "average_step"),
     ({"version": WIRE_VERSION + 1}, "version"),
     ({"version": ...}, "version"),
     ({"run": ...}, "run"),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from dataclasses import replace
 
 import pytest
@@ -18,7 +19,7 @@ from peers.model import ModelConfig
 from peers.optim import OptimConfig
 from peers.worker import StageWorker
 from swarm.net.delivery import Inbound
-from swarm.stage_group.allgather import average_stage_group
+from swarm.stage_group.allgather import LATE_FLOOR, average_stage_group
 from swarm.wire import HopHeader
 
 pytestmark = pytest.mark.timeout(60)
@@ -65,7 +66,8 @@ class Mailboxes:
 
 
 def run_group(workers: dict[str, StageWorker], boxes: Mailboxes, *, alive=lambda p: True, deadline: float = 10.0,
-              scheduled: dict[str, int] | None = None, wire_dtype: str = "float32") -> dict[str, tuple[int, int]]:
+              scheduled: dict[str, int] | None = None, wire_dtype: str = "float32",
+              late=None) -> dict[str, tuple[int, int]]:
     """Every member of `workers` averages in its own thread; `scheduled` defaults to the visits each made."""
     results: dict[str, tuple[int, int]] = {}
     scheduled = scheduled if scheduled is not None else {p: w.visits for p, w in workers.items()}
@@ -73,7 +75,7 @@ def run_group(workers: dict[str, StageWorker], boxes: Mailboxes, *, alive=lambda
     def member(peer: str) -> None:
         r = average_stage_group(me=peer, worker=workers[peer], group=GROUP, run_id="r", iteration=4, epoch=2,
                                 send=boxes.send_from(peer), receive=boxes.receive_for(peer), deadline=deadline,
-                                scheduled=scheduled, alive=alive, wire_dtype=wire_dtype)
+                                scheduled=scheduled, alive=alive, wire_dtype=wire_dtype, late=late)
         results[peer] = (r.visits, r.heard)
 
     threads = [threading.Thread(target=member, args=(p,)) for p in workers]
@@ -150,6 +152,41 @@ def test_a_silent_member_is_left_out_once_it_is_not_worth_waiting_for():
     grads = dict(workers["peer-a"].module.named_parameters())
     for name, mean in expected.items():
         torch.testing.assert_close(grads[name].grad, mean)
+
+
+def test_a_frozen_member_is_reported_late_against_its_mates_and_not_waited_for_once_probed():
+    """peer-c sends nothing and is never declared gone: once the others came, it is late against them; the caller's
+    probe (here: at once unanswered) makes it not worth waiting for, long before the round's deadline."""
+    workers = {p: trained(p, v, seed=v) for p, v in (("peer-a", 2), ("peer-b", 1))}
+    told: list[tuple[str, str, float]] = []
+    probed_dead: dict[str, set[str]] = {p: set() for p in workers}  # each member's own probe
+
+    def late_for(member: str):
+        def late(peer: str, seconds: float) -> None:
+            told.append((member, peer, seconds))
+            probed_dead[member].add(peer)
+        return late
+
+    results: dict[str, tuple[int, int]] = {}
+    boxes = Mailboxes()
+
+    def member(peer: str) -> None:
+        r = average_stage_group(me=peer, worker=workers[peer], group=GROUP, run_id="r", iteration=4, epoch=2,
+                                send=boxes.send_from(peer), receive=boxes.receive_for(peer), deadline=30.0,
+                                scheduled={"peer-a": 2, "peer-b": 1, "peer-c": 1},
+                                alive=lambda p, me=peer: p not in probed_dead[me], late=late_for(peer))
+        results[peer] = (r.visits, r.heard)
+
+    began = time.monotonic()
+    threads = [threading.Thread(target=member, args=(p,)) for p in workers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert results == dict.fromkeys(workers, (3, 2))
+    assert time.monotonic() - began < LATE_FLOOR + 5.0  # not the 30-s deadline
+    assert sorted((m, p) for m, p, _ in told) == [("peer-a", "peer-c"), ("peer-b", "peer-c")]  # once each
+    assert all(seconds > LATE_FLOOR for _, _, seconds in told)
 
 
 @pytest.mark.parametrize("tamper, why", [

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 
@@ -18,7 +19,7 @@ from peers.model import ModelConfig
 from peers.optim import OptimConfig
 from peers.worker import StageWorker
 from swarm.net.delivery import Inbound
-from swarm.stage_group.allgather import GroupRound
+from swarm.stage_group.allgather import LATE_FLOOR, GroupRound
 from swarm.stage_group.parts_round import average_by_parts, owners, part_bounds
 from swarm.wire import AverageStep, HopHeader
 
@@ -77,7 +78,7 @@ class Mailboxes:
 
 
 def run_group(workers: dict[str, StageWorker], boxes: Mailboxes, *, alive=lambda p: True, deadline: float = 10.0,
-              wire_dtype: str = "float32", faulty=None) -> dict[str, GroupRound]:
+              wire_dtype: str = "float32", faulty=None, late=None) -> dict[str, GroupRound]:
     """Every member of `workers` averages by parts in its own thread, over the group `GROUP[:len(workers)]` plus
     any member named by `boxes` only (one that never runs)."""
     results: dict[str, GroupRound] = {}
@@ -88,7 +89,7 @@ def run_group(workers: dict[str, StageWorker], boxes: Mailboxes, *, alive=lambda
         results[peer] = average_by_parts(me=peer, worker=workers[peer], group=group, run_id="r", iteration=4,
                                          epoch=2, send=boxes.send_from(peer), receive=boxes.receive_for(peer),
                                          deadline=deadline, scheduled=scheduled, alive=alive,
-                                         faulty=faulty, wire_dtype=wire_dtype)
+                                         faulty=faulty, wire_dtype=wire_dtype, late=late)
 
     threads = [threading.Thread(target=member, args=(p,)) for p in workers]
     for t in threads:
@@ -174,6 +175,19 @@ def test_a_silent_member_costs_its_parts_a_fallback_and_is_left_out():
     results = run_group(workers, Mailboxes(GROUP), alive=lambda p: not (p == "peer-f" and gone.is_set()))
     assert_identical_means(workers, expected)
     assert {r.heard for r in results.values()} == {5}
+
+
+def test_a_frozen_member_is_reported_late_against_the_others_once_probed_it_is_not_waited_for():
+    workers = group_of(6)
+    del workers["peer-f"]
+    expected = honest_mean(workers)
+    told: list[str] = []
+    began = time.monotonic()
+    run_group(workers, Mailboxes(GROUP), deadline=30.0, alive=lambda p: p not in told,
+              late=lambda peer, seconds: told.append(peer))
+    assert time.monotonic() - began < 3 * LATE_FLOOR + 5.0  # not the 30-s deadline of each step
+    assert set(told) == {"peer-f"}
+    assert_identical_means(workers, expected)
 
 
 def test_a_hostile_piece_is_refused_as_proof_and_the_rest_averaged():
