@@ -63,6 +63,9 @@ class HostRegistry:
         self._lock: FileLock | None = None
 
     def join(self) -> None:
+        """Register this process (held until `leave` or its end); the entries of processes that died unregistered
+        (killed) are swept first, so that they do not pile up where nobody counts (peers run with --threads)."""
+        live_peers(self.directory)
         stem = self.directory / f"{os.getpid()}-{secrets.token_hex(4)}"
         lock = FileLock(stem.with_suffix(".tmp"))
         if not lock.acquire():  # a fresh random name: nobody else holds it

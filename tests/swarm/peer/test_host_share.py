@@ -24,6 +24,13 @@ def test_the_registry_counts_live_peers_and_forgets_the_dead(tmp_path):
     assert live_peers(tmp_path) == 1 and len(os.listdir(tmp_path)) == 1
 
 
+def test_joining_sweeps_the_entries_of_dead_processes(tmp_path):
+    for pid in range(100, 130):  # peers killed without cleaning up, never counted (they ran with --threads)
+        (tmp_path / f"{pid}-dead.lock").write_text(f"{pid}\n")
+    HostRegistry(tmp_path).join()
+    assert len(os.listdir(tmp_path)) == 1
+
+
 def test_an_automatic_share_shrinks_as_peers_join(tmp_path):
     share = ThreadShare(None, tmp_path)
     peers = [HostRegistry(tmp_path) for _ in range(available_cpus() + 1)]
