@@ -32,13 +32,16 @@ class HolderShards:
         """A holder with its own documents draws from all of them, whatever the schedule assigns."""
         self.shards = self.shards or {0: self.corpus.shard(0, 1)}
 
-    def assign(self, indices: Sequence[int], total: int, positions: Mapping[str, Any]) -> None:
+    def assign(self, indices: Sequence[int], total: int, positions: Mapping[str, Any], *,
+               reload: bool = False) -> None:
         """Draw from shards `indices` of the run's `total` from now on. A shard kept is kept as it stands; a shard
-        taken over starts at its committed position in `positions` (shard index as a string -> state), if any."""
+        taken over starts at its committed position in `positions` (shard index as a string -> state), if any.
+        With `reload` (this holder was out of the run: taken for gone, then placed again), a shard it kept starts
+        at its position in `positions` too: another holder may have carried it meanwhile."""
         shards = {}
         for k in map(int, indices):
             shard = self.shards.get(k) or self.corpus.shard(k, total)
-            if k not in self.shards and positions.get(str(k)) is not None:
+            if (reload or k not in self.shards) and positions.get(str(k)) is not None:
                 shard.load_state_dict(positions[str(k)])
             shards[k] = shard
         for k, shard in self.shards.items():

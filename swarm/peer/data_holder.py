@@ -45,10 +45,13 @@ class DataHolder:
             corpus = corpus.with_documents(data_paths)
         return cls(HolderShards(corpus, DataLedger(ledger_path, holder=peer_id)), peer_id, own_data=bool(data_paths))
 
-    def follow(self, schedule: Schedule, iteration: int, committed: tuple[int, dict[str, Any]]) -> None:
+    def follow(self, schedule: Schedule, iteration: int, committed: tuple[int, dict[str, Any]], *,
+               placed_again: bool = False) -> None:
         """Draw from the shards `schedule` assigns this holder from `iteration` on; `committed` is the scheduler's
         newest commit (its iteration, shard positions). A bad committed position is refused (logged) and the
-        schedule's used."""
+        schedule's used. `placed_again`: this holder is placed after being out of the run (taken for gone while
+        alive, say): the shards it still holds start where the commit (or the schedule) says, not where it left
+        them, since others carried them meanwhile."""
         if self.own_data:
             self.shards.use_own_data()
             return
@@ -60,11 +63,11 @@ class DataHolder:
         commit_iteration, positions = committed
         starts = {**planned, **positions} if commit_iteration == iteration - 1 else planned
         try:
-            self.shards.assign(specs, total, starts)
+            self.shards.assign(specs, total, starts, reload=placed_again)
         except ValueError as e:
             logger.error("the scheduler's commit of iteration %d gave a bad data position (%s): using the "
                          "schedule's", commit_iteration, e)
-            self.shards.assign(specs, total, planned)
+            self.shards.assign(specs, total, planned, reload=placed_again)
 
     def draw(self, schedule: Schedule, iteration: int) -> dict[int, torch.Tensor]:
         """This holder's microbatches for `iteration`, in the order it injects them."""

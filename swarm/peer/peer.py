@@ -375,7 +375,8 @@ class Peer:
                 return True
             schedule = later
         if self.stage == 0:
-            self.data.follow(schedule, self.iteration, self.follower.positions_for(schedule, self.iteration, stop))
+            self.data.follow(schedule, self.iteration, self.follower.positions_for(schedule, self.iteration, stop),
+                             placed_again=True)
         logger.info("peer %s runs schedule epoch %d on stage %d from iteration %d", self.peer_id, schedule.epoch,
                     self.stage, self.iteration,
                     extra=event("placed", stage=self.stage, epoch=schedule.epoch, iteration=self.iteration))

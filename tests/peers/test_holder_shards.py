@@ -85,3 +85,29 @@ def test_a_holder_left_out_of_a_commit_has_its_shard_drawn_again_and_nothing_dou
     # read as if the commit had counted the dead holder's draws, its shard's first samples would count twice
     doubled = sample_status(entries, {(0, 0): (), (1, 1): ()})
     assert set(Counter(c["processed"] for c in doubled.values())) == {1, 2}
+
+
+def test_a_holder_placed_again_takes_its_old_shard_at_the_committed_position_not_where_it_left_it(corpus):
+    """A holder taken for gone while alive (its record expired on a loaded DHT) keeps its shard's state; another
+    carries the shard meanwhile; placed again with it, it resumes where the commit says: nothing doubles."""
+    back, carrier = HolderShards(corpus, DataLedger(holder="a")), HolderShards(corpus, DataLedger(holder="b"))
+    back.assign([0], 1, {})
+    back.draw([0], iteration=0, epoch=0)
+    back.commit(0)
+    carrier.assign([0], 1, back.positions())  # "a" is dropped from iteration 1; "b" carries its shard
+    carrier.draw([0], iteration=1, epoch=1)
+    carrier.commit(1)
+    back.assign([0], 1, carrier.positions(), reload=True)  # "a" is placed again from iteration 2
+    back.draw([0], iteration=2, epoch=2)
+    back.commit(2)
+    status = sample_status(back.ledger.entries + carrier.ledger.entries)
+    assert set(Counter(c["processed"] for c in status.values())) == {1}
+    stale = HolderShards(corpus, DataLedger(holder="a"))  # without reload, it would resume where it left it
+    stale.assign([0], 1, {})
+    stale.draw([0], iteration=0, epoch=0)
+    stale.commit(0)
+    stale.assign([0], 1, carrier.positions())
+    stale.draw([0], iteration=2, epoch=2)
+    stale.commit(2)
+    doubled = sample_status(stale.ledger.entries + carrier.ledger.entries)
+    assert 2 in Counter(c["processed"] for c in doubled.values())
