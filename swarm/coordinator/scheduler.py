@@ -42,8 +42,6 @@ from swarm.coordinator.actions import Action, Announce, PublishSchedule, RecordI
 from swarm.coordinator.commit_tracker import CommitTracker, iteration_metrics
 from swarm.coordinator.epochs import EpochHistory, successors
 from swarm.coordinator.first_plan import SETTLE_SECONDS, FirstPlan
-from swarm.coordinator.late_holders import WITNESS as LATE_WITNESS
-from swarm.coordinator.late_holders import LateHolders
 from swarm.coordinator.liveness import Liveness
 from swarm.coordinator.replanner import NoDataHolder, Replanner
 from swarm.coordinator.restart_reports import RestartReports
@@ -98,8 +96,6 @@ class Scheduler:
         """Peers' reports against each other, judged into `liveness` (pings, estrangements, evictions)."""
         self._failed_replan: tuple[tuple, float] | None = None
         """(The membership change that could not be planned, when it was tried)."""
-        self.late_holders = LateHolders()
-        """When the holders reported the iteration in progress: a silent one is asked before its record expires."""
 
     @property
     def schedule(self) -> Schedule | None:
@@ -130,7 +126,6 @@ class Scheduler:
         if first is None:
             return []
         self._restart_reports.progress(now)  # the first iteration's clock starts
-        self.late_holders.began(now)
         return self._publish(first)
 
     def resume(self, schedules: Iterable[Schedule], completed: int, records: Mapping[str, tuple[PeerRecord, float]],
@@ -227,7 +222,6 @@ class Scheduler:
         except (RuntimeError, ValueError) as e:
             logger.error("could not re-plan: %s", e)
             return []
-        self.late_holders.began(now)
         return self._publish(schedule)
 
     def _publish(self, schedule: Schedule) -> list[Action]:
@@ -264,28 +258,11 @@ class Scheduler:
         """Take the pings that waited their timeout out as witnesses against their peers. A placed peer declared
         gone since the last read (on a ping, a second report, a fault) is re-planned without at once: the next read
         of the records may be seconds away on a loaded DHT."""
-        asked = self._ask_late_holders(now)
         self.suspicions.expire_pings(now)
         if self.schedule is None or self.liveness.declared_gone.isdisjoint(self.schedule.placement):
-            return asked
-        return asked + self._follow_membership({**self.liveness.live(now), **self.liveness.not_declared(
-            self.schedule.placement)}, now)
-
-    def _ask_late_holders(self, now: float) -> list[Action]:
-        """Ping the holders whose report of the iteration in progress is late against the others' (`LateHolders`);
-        the lateness is the scheduler's own report, which an unanswered ping corroborates."""
-        if self.schedule is None:
             return []
-        running = self.epochs.in_force(self.completed)
-        waited = [h for h in running.data_holders if h not in self.liveness.declared_gone and
-                  h not in self.suspicions.evicted]
-        asked: list[Action] = []
-        for holder in self.late_holders.late(self.completed, running.epoch, waited, now):
-            logger.info("%s has not reported iteration %d, which most holders have: asked whether it is alive",
-                        holder, self.completed)
-            self.liveness.report_unreachable(LATE_WITNESS, holder, now)
-            asked += self.suspicions.ping(holder, now)
-        return asked
+        return self._follow_membership({**self.liveness.live(now), **self.liveness.not_declared(
+            self.schedule.placement)}, now)
 
     def _restart_iteration(self, sender: str, report: Stuck | Unrecoverable, now: float) -> list[Action]:
         """A scheduled peer reports the iteration in progress unable to finish: stuck past its deadline (a message
@@ -329,7 +306,6 @@ class Scheduler:
             logger.warning("ignored a progress report from %s: %s", sender, why,
                            extra=event("ignored_control", sender=sender, kind="Done", why=why))
             return []
-        self.late_holders.done(sender, report.iteration, report.epoch, now)
         return self._commit_if_reported(now)
 
     def _commit_if_reported(self, now: float) -> list[Action]:
@@ -343,8 +319,6 @@ class Scheduler:
         records = {p: r for p, r in self.liveness.records.items() if p in running.placement}
         record = iteration_metrics(self.completed, reports, epoch=running.epoch, peers_online=self.peers_online,
                                    records=records, left_out=commit.left_out)
-        self.late_holders.committed(self.completed)
-        self.late_holders.began(now)
         self.completed += 1
         self.suspicions.committed()
         self._restart_reports.progress(now, record["iteration_seconds"])
