@@ -225,7 +225,7 @@ def join(initial_peers, coordinator, run_id, token, device, precision, threads, 
     from swarm.peer.options import PeerOptions, trusted_coordinator
     from swarm.peer.peer import Peer
     from swarm.peer.run_spec import UnsuitedRun
-    from swarm.peer.startup_watch import watch_startup
+    from swarm.peer.startup_watch import started, watch_startup
 
     if stage != "auto" and not stage.isdigit():
         _fail(f"--stage must be a stage number or auto, got {stage!r}")
@@ -255,7 +255,6 @@ def join(initial_peers, coordinator, run_id, token, device, precision, threads, 
             latency = read_latency_file(latency_file)
         except ValueError as e:
             _fail(str(e))
-    watch_startup()  # a peer hung before its DHT is up dumps its threads' stacks to stderr
     identity = _claim_identity(identity)
     _logging(log_file, log_level, events=events, identity=identity)
     install_console()
@@ -281,12 +280,15 @@ def join(initial_peers, coordinator, run_id, token, device, precision, threads, 
                           emulate_seconds_per_layer=emulate_speed,
                           link_latency=latency, probe_sample=probe_sample, fault=fault, threads=threads,
                           host_registry=str(registry) if registry else None)
+    watch_startup()  # a peer hung before its DHT is up dumps its threads' stacks to stderr
     try:
         restart_as = Peer(options, scheduler_role=SchedulerRole).run(stop_event())
     except (NotAdmitted, TimeoutError, UnsuitedRun) as e:  # refused, unanswered, or cannot serve: say why
         said = str(e)  # ours always say why; a library's bare timeout does not: its traceback goes to the log
         logging.getLogger("swarm").error("%s", said or f"{type(e).__name__} while joining", exc_info=not said)
         _fail(said or f"{type(e).__name__} while joining (the traceback is in the log)")
+    finally:
+        started()  # however it ended, nothing to dump later
     if restart_as is not None:
         _restart_with("--reachability", restart_as)
 

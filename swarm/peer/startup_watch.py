@@ -10,6 +10,7 @@ rest of the process is stuck in.
 from __future__ import annotations
 
 import faulthandler
+import io
 
 STARTUP_STACKS_AFTER = 60.0
 """Seconds a peer may take from its start to its DHT being up before it dumps its stacks (joiners on a loaded
@@ -17,8 +18,12 @@ STARTUP_STACKS_AFTER = 60.0
 
 
 def watch_startup(seconds: float = STARTUP_STACKS_AFTER) -> None:
-    """Dump every thread's stack to stderr in `seconds` unless `started` comes first."""
-    faulthandler.dump_traceback_later(seconds, repeat=False, exit=False)
+    """Dump every thread's stack to stderr in `seconds` unless `started` comes first. Nothing where stderr has no
+    file descriptor (a test runner's captured stream): faulthandler writes to a descriptor."""
+    try:
+        faulthandler.dump_traceback_later(seconds, repeat=False, exit=False)
+    except (AttributeError, ValueError, io.UnsupportedOperation):
+        return
 
 
 def started() -> None:

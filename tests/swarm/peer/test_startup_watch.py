@@ -21,3 +21,13 @@ def test_a_process_stuck_before_it_is_up_dumps_its_stacks():
 
 def test_a_process_up_in_time_dumps_nothing():
     assert run("started()\ntime.sleep(1.5)") == ""
+
+
+def test_a_stderr_without_a_descriptor_means_no_watch(monkeypatch):
+    import io
+
+    from swarm.peer.startup_watch import started, watch_startup
+
+    monkeypatch.setattr("sys.stderr", io.StringIO())
+    watch_startup(0.1)  # no error, nothing armed
+    started()

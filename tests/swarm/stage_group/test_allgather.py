@@ -15,28 +15,16 @@ import pytest
 import torch
 
 from peers.averaging import visit_weighted_mean
-from peers.model import ModelConfig
-from peers.optim import OptimConfig
 from peers.worker import StageWorker
 from swarm.net.delivery import Inbound
 from swarm.stage_group.allgather import LATE_FLOOR, average_stage_group
 from swarm.wire import HopHeader
+from tests.utils.queues import receive_from
+from tests.utils.stage_workers import trained
 
 pytestmark = pytest.mark.timeout(60)
 
-MICRO = ModelConfig(vocab_size=64, dim=16, n_layers=4, n_heads=2, ffn_dim=32, max_seq_len=16)
-SPLIT = (2, 1, 1)
 GROUP = ["peer-a", "peer-b", "peer-c"]
-
-
-def trained(peer: str, visits: int, seed: int) -> StageWorker:
-    """A stage-1 worker that ran `visits` microbatches of random activations forward and backward."""
-    w = StageWorker(peer, 1, MICRO, SPLIT, OptimConfig(grad_clip=0), seed=0)
-    gen = torch.Generator().manual_seed(seed)
-    for mb in range(visits):
-        out = w.forward(mb, torch.randn(2, 8, MICRO.dim, generator=gen))
-        w.backward(mb, torch.randn(out.shape, generator=gen))
-    return w
 
 
 class Mailboxes:
@@ -53,16 +41,7 @@ class Mailboxes:
         return send
 
     def receive_for(self, peer: str):
-        def receive(timeout: float) -> list[Inbound]:
-            try:
-                first = self.boxes[peer].get(timeout=timeout)
-            except queue.Empty:
-                return []
-            out = [first]
-            while not self.boxes[peer].empty():
-                out.append(self.boxes[peer].get_nowait())
-            return out
-        return receive
+        return receive_from(self.boxes[peer])
 
 
 def run_group(workers: dict[str, StageWorker], boxes: Mailboxes, *, alive=lambda p: True, deadline: float = 10.0,
