@@ -388,9 +388,12 @@ class Peer:
             self._adopt(due)
 
     def _abandon_iteration(self) -> None:
-        """Drop the iteration's gradients and stashes; a holder requeues its draws and rewinds its shards."""
+        """Drop the iteration's gradients and stashes; a holder requeues its draws and rewinds its shards, unless the
+        run ended with this iteration committed (its 'finished' came before the commit): those draws are processed."""
         self.keeper.worker.reset()
-        if self.data is not None:  # a no-op unless it drew for this iteration
+        if self.data is not None and self.follower.finished_after > self.iteration:
+            self.data.settle(self.iteration, self.follower.left_out(self.iteration))
+        elif self.data is not None:  # a no-op unless it drew for this iteration
             self.data.shards.rewind(self.iteration)
         self._adopt_due_schedule()
 

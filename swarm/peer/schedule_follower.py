@@ -125,6 +125,8 @@ class ScheduleFollower:
         """Set by a schedule notice: read the DHT again."""
         self.finished = threading.Event()
         """The scheduler said the run is over."""
+        self.finished_after = 0
+        """Iterations the run committed, as the scheduler's 'finished' says (0 until it does)."""
         self.gone: frozenset[str] = frozenset()
         """Peers the scheduler declared gone (replaced, never mutated)."""
         self._gone_under: dict[str, int] = {}
@@ -206,6 +208,7 @@ class ScheduleFollower:
                 self.gone = frozenset(self._gone_under)
         elif isinstance(message, Finished):
             logger.info("the run has finished")
+            self.finished_after = message.iterations
             self.finished.set()
             self.notice.set()
         elif isinstance(message, Commit):
