@@ -75,6 +75,15 @@ class DataHolder:
                      key=lambda r: (r.inject_after, r.microbatch))
         return self.shards.draw([r.microbatch for r in own], iteration=iteration, epoch=schedule.epoch)
 
+    def abandon(self, iteration: int, finished_after: int, left_out: Collection[str]) -> None:
+        """`iteration` is abandoned: its draws go back and the shards rewind (a no-op unless it drew), unless the run
+        ended after `finished_after` > `iteration` iterations (its 'finished' came before this commit): then it was
+        committed, and its draws are settled as `settle` would."""
+        if finished_after > iteration:
+            self.settle(iteration, left_out)
+        else:
+            self.shards.rewind(iteration)
+
     def settle(self, iteration: int, left_out: Collection[str], retried: Sequence[tuple[int, int]] = ()) -> bool:
         """The scheduler committed `iteration`: its draws are processed (`retried`: (microbatch, attempt) that ran
         again within it), unless the commit left this holder out (it was taken for gone while it ran, and its

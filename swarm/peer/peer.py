@@ -208,7 +208,7 @@ class Peer:
         o, node = self.options, self.node
         proof = token_proof(o.token, self.peer_id, o.run_id) if o.token else b""
         records = node.start_dht(o.initial_peers, proof=proof, **join_reachability(o))
-        started()  # the start-up watch (`swarm.peer.startup_watch`) has nothing to report
+        started()  # the DHT is up: the start-up watch (`swarm.peer.startup_watch`) has nothing to report
         deadline = time.monotonic() + o.join_timeout
         spec = await_run_spec(records, trusted_coordinator(o.initial_peers, o.coordinator), stop, o.join_timeout)
         if spec is None:
@@ -388,13 +388,10 @@ class Peer:
             self._adopt(due)
 
     def _abandon_iteration(self) -> None:
-        """Drop the iteration's gradients and stashes; a holder requeues its draws and rewinds its shards, unless the
-        run ended with this iteration committed (its 'finished' came before the commit): those draws are processed."""
+        """Drop the iteration's gradients and stashes; a holder's draws go back (`DataHolder.abandon`)."""
         self.keeper.worker.reset()
-        if self.data is not None and self.follower.finished_after > self.iteration:
-            self.data.settle(self.iteration, self.follower.left_out(self.iteration))
-        elif self.data is not None:  # a no-op unless it drew for this iteration
-            self.data.shards.rewind(self.iteration)
+        if self.data is not None:
+            self.data.abandon(self.iteration, self.follower.finished_after, self.follower.left_out(self.iteration))
         self._adopt_due_schedule()
 
     def _adopt(self, schedule: Schedule) -> None:
