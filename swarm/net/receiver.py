@@ -275,11 +275,18 @@ class Receiver:
                                                   min_rate=self.min_rate))
 
     async def _consume(self, channel: Channel) -> None:
+        """Hand `channel`'s messages to `on_receive` on its pool, one at a time, until the pool is shut down (this
+        peer is closing: a message that lands then goes nowhere, and is no error)."""
         loop = asyncio.get_running_loop()
         while True:
             sender, header, tensor, need = await self._queues[channel].get()
             try:
-                await loop.run_in_executor(self._pools[channel], self.on_receive[channel], sender, header, tensor)
+                try:
+                    job = loop.run_in_executor(self._pools[channel], self.on_receive[channel], sender, header, tensor)
+                except RuntimeError:  # "cannot schedule new futures after shutdown"
+                    logger.debug("dropped a message from %s on %s: this peer is shutting down", sender, channel)
+                    return
+                await job
             except Exception:
                 logger.exception("on_receive failed for microbatch %d from %s", header.microbatch, sender)
             finally:
