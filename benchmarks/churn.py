@@ -117,7 +117,9 @@ def play_trace(swarm: LocalSwarm, failures: list[float], window: float, rejoin: 
                joiner_args: Callable[[int], list[str]], deaths: tuple[str, ...] = ("kill",), *,
                played: Played | None = None) -> Played:
     """From now on for `window` seconds: at each failure time a random live peer dies (the kinds of `deaths` in
-    turn, see `death_kinds`), and a new peer joins `rejoin` seconds after each death. What it did goes into
+    turn, see `death_kinds`), and a new peer joins `rejoin` seconds after each death. A victim may be a joiner still
+    starting (a volunteer that dies while joining): its log then stops before its DHT is up, which is no hang
+    (seed 2's peer-24, frozen 9 s after it started, was read as one for three sessions). What it did goes into
     `played` as it happens (a new one if None), so that a caller interrupted meanwhile knows which trees it froze."""
     kinds = iter(death_kinds(seed, len(failures), deaths))
     events = sorted([(t, "die") for t in failures] + [(t + rejoin, "join") for t in failures])
