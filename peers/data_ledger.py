@@ -124,7 +124,7 @@ def _cut_torn_tail(path: Path) -> None:
 
 def committed(records: Iterable[Mapping[str, Any]]) -> dict[tuple[int, int], frozenset[str]]:
     """The scheduler's commits from its metrics lines (1-based `iteration`, `epoch`, `left_out`): (iteration,
-    epoch) -> the holders whose draws the commit did not count (taken for gone while it ran)."""
+    epoch) -> the holders whose draws the commit did not count (taken for gone while it ran, or late)."""
     return {(int(r["iteration"]) - 1, int(r["epoch"])): frozenset(r.get("left_out", ())) for r in records}
 
 

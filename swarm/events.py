@@ -63,6 +63,8 @@ EVENTS: dict[str, tuple[str, ...]] = {
     # witness: what corroborated it (reporters, ping, heartbeat, broken, faulty: `swarm.coordinator.liveness`)
     "declared_gone": ("peer", "why", "witness"),
     "taken_back": ("peer", "why"),
+    # holders late against the others' median report, left out of an iteration's commit (not taken for gone)
+    "holders_excused": ("iteration", "epoch", "peers", "seconds"),
     # two members of one stage group cannot reach each other: `peer` sits out `seconds` (`partner` keeps serving)
     "estranged": ("peer", "partner", "stage", "seconds"),
     # admission: the scheduler's decisions, and a joiner told it is not admitted

@@ -5,18 +5,46 @@ but those left out of it: a holder declared gone during the iteration is excused
 without its draws, which the holder that takes its shard over draws again), and so is one declared gone or evicted
 before its report came (its report is not counted). Only then do the peers average and step. The commit carries
 every shard's position after it, so a shard that changes holder starts where the last commit left it.
+
+A holder late against the others is excused too (`late`, `excuse_late`): once half of the holders counted have
+reported, one still awaited past their median report by `LATE_HOLDER_FLOOR` seconds or `LATE_HOLDER_SHARE` of the
+median, whichever is more, is left out of the commit. It is not taken for gone, so a load spike costs the slow holder
+one iteration's draws (they go back), never its place; its stage mates probe it (a frozen one is then found at once).
+What this buys: a frozen holder held every iteration it ran in until its record expired (16-26 s), and a holder
+whose microbatches were re-queued around a dead relay held the others for its whole recovery (10-15 s past the
+cutoff in the 20-peer churn runs of 2026-12-06). A holder left out for being late is waited for in the next
+iteration, however long it takes: one always slower than the others (a weaker machine than the plan assumed) still
+has every other iteration counted, and its shard moves on.
 """
 
 from __future__ import annotations
 
+import statistics
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import replace
 
 from scheduler.costs import jitter_quantiles, pooled_jitter
 from scheduler.schedule import Schedule
 from swarm.control.messages import Commit, Done
 from swarm.wire import PeerRecord
+
+LATE_HOLDER_FLOOR = 3.0
+"""Seconds past the reported holders' median report before a holder still awaited is left out..."""
+LATE_HOLDER_SHARE = 0.5
+"""...or this share of that median, whichever is more: in the nine 20-peer runs without churn of 2026-12-06, a holder
+came that late in 1 iteration of 139 (the first of a run, by 0.4 s)."""
+
+
+def overdue(arrivals: Sequence[float], awaited: int, elapsed: float) -> float | None:
+    """How far past the others' median report the `awaited` holders are, `elapsed` seconds into the iteration, once
+    they are late (None before): `arrivals` are the reports' seconds into it, and at least as many must have come as
+    are awaited (a lone fast holder says nothing about the others)."""
+    if not awaited or len(arrivals) < awaited:
+        return None
+    median = statistics.median_low(arrivals)
+    behind = elapsed - median
+    return behind if behind > max(LATE_HOLDER_FLOOR, LATE_HOLDER_SHARE * median) else None
 
 
 class CommitTracker:
@@ -26,21 +54,49 @@ class CommitTracker:
     def __init__(self, shard_positions: Mapping[str, dict[str, int]] | None = None) -> None:
         self._reports: dict[tuple[int, int], dict[str, Done]] = {}
         self._excused: dict[tuple[int, int], set[str]] = {}
+        self._arrived: dict[tuple[int, int], dict[str, float]] = {}
+        """(Iteration, epoch) -> holder -> when its report came (the caller's clock)."""
+        self._late: dict[tuple[int, int], set[str]] = {}
+        """(Iteration, epoch) -> the holders excused from it for being late."""
+        self._late_last: set[str] = set()
+        """The holders the last commit left out for being late: waited for in the next."""
         self.shard_positions: dict[str, dict[str, int]] = dict(shard_positions or {})
         """Shard index -> its data position after the last committed iteration (for handing it over)."""
 
-    def add(self, sender: str, report: Done, *, own: Collection[str] | None = None, own_data: bool = False
-            ) -> str | None:
-        """Keep `sender`'s report (the newest per iteration, epoch and holder); why not, if it is refused. With
-        `own` (the shards its epoch gave it), a report that moves another holder's shard is refused; a holder with
-        its own documents (`own_data`) moves no shard of the run, whatever it reports."""
+    def add(self, sender: str, report: Done, *, own: Collection[str] | None = None, own_data: bool = False,
+            now: float = 0.0) -> str | None:
+        """Keep `sender`'s report (the newest per iteration, epoch and holder), which came at `now`; why not, if it
+        is refused. With `own` (the shards its epoch gave it), a report that moves another holder's shard is refused;
+        a holder with its own documents (`own_data`) moves no shard of the run, whatever it reports."""
         if own_data:
             report = replace(report, shards={})
         elif own is not None and not set(report.shards) <= set(own):
             foreign = sorted(set(report.shards) - set(own))
             return f"it reports shards {foreign[:5]}, which are not its own"
         self._reports.setdefault((report.iteration, report.epoch), {})[sender] = report
+        self._arrived.setdefault((report.iteration, report.epoch), {}).setdefault(sender, now)
         return None
+
+    def late(self, iteration: int, schedule: Schedule, left_out: Collection[str], started: float, now: float
+             ) -> tuple[list[str], float]:
+        """The holders of `iteration` under `schedule` still awaited at `now` that are late against those that
+        reported (see the module docstring), and by how many seconds past the others' median; ([], 0) while none
+        is, or while one awaited was left out of the last commit for being late (it is waited for this time).
+        `started`: when the iteration began (its clock is the caller's, as `add`'s `now`)."""
+        out = self._excused.get((iteration, schedule.epoch), set()) | set(left_out)
+        counted = [p for p in schedule.data_holders if p not in out]
+        arrived = {p: t for p, t in self._arrived.get((iteration, schedule.epoch), {}).items() if p in counted}
+        awaited = [p for p in counted if p not in arrived]
+        if self._late_last.intersection(awaited):
+            return [], 0.0
+        behind = overdue([max(0.0, t - started) for t in arrived.values()], len(awaited), now - started)
+        return (awaited, behind) if behind is not None else ([], 0.0)
+
+    def excuse_late(self, iteration: int, epoch: int, holders: Collection[str]) -> None:
+        """`holders` were late against the others in `iteration` under `epoch` (`late`): it commits without them,
+        and the next iteration waits for them."""
+        self.excuse(iteration, epoch, holders)
+        self._late.setdefault((iteration, epoch), set()).update(holders)
 
     def excuse(self, iteration: int, epoch: int, holders: Collection[str]) -> None:
         """`holders` were declared gone while `iteration` ran under `epoch`: it commits without them."""
@@ -60,8 +116,11 @@ class CommitTracker:
             return None
         for r in reports.values():
             self.shard_positions.update(r.shards)
+        self._late_last = self._late.get((iteration, schedule.epoch), set())
         self._reports = {k: v for k, v in self._reports.items() if k[0] > iteration}
+        self._arrived = {k: v for k, v in self._arrived.items() if k[0] > iteration}
         self._excused = {k: v for k, v in self._excused.items() if k[0] > iteration}
+        self._late = {k: v for k, v in self._late.items() if k[0] > iteration}
         return Commit(iteration=iteration, epoch=schedule.epoch, shards=dict(self.shard_positions),
                       left_out=tuple(sorted(p for p in out if p in schedule.placement))), list(reports.values())
 

@@ -10,12 +10,13 @@ an iteration once every data holder has reported it.
 A re-planned epoch starts at the next iteration: the one in progress goes on, its forwards detoured around gone
 peers (peers are told who is gone). A gone data holder's microbatches cannot finish: the iteration commits without
 them (its draws go back to its shard, which a surviving holder takes over at the last commit's position), rather
-than running again for the sake of one holder's share. It runs again under the new epoch only when no holder of it
-is left or a holder is leaving (it hands its stage over first). A joiner that takes over a shard another holder
-carries starts it where the commit of the iteration in progress leaves it: every schedule says which commit its
-shard positions are as of (`meta["positions_after"]`), and such a joiner waits for the later one. With the
-SWARM-style planner a stable swarm is also re-planned every `SWARM_REPLAN_ITERATIONS` iterations (rebalanced and
-rewired), from the next iteration.
+than running again for the sake of one holder's share; it runs again under the new epoch only when no holder of it
+is left or a holder is leaving (it hands its stage over first). A holder late against the others is left out of
+the commit the same way, without being taken for gone (`CommitTracker.late`, `check_late_holders`).
+A joiner that takes over a shard another holder carries starts it where the commit of the iteration in progress leaves
+it: every schedule says which commit its shard positions are as of (`meta["positions_after"]`), and such a joiner waits
+for the later one. With the SWARM-style planner a stable swarm is also re-planned every `SWARM_REPLAN_ITERATIONS`
+iterations (rebalanced and rewired), from the next iteration.
 """
 
 from __future__ import annotations
@@ -301,18 +302,39 @@ class Scheduler:
             return []
         holder = self.liveness.records.get(sender)
         why = self.commits.add(sender, report, own=self.epochs.shards_of(sender, report.epoch),
-                               own_data=holder is not None and holder.data_holder)
+                               own_data=holder is not None and holder.data_holder, now=now)
         if why is not None:
             logger.warning("ignored a progress report from %s: %s", sender, why,
                            extra=event("ignored_control", sender=sender, kind="Done", why=why))
             return []
         return self._commit_if_reported(now)
 
+    def check_late_holders(self, now: float) -> list[Action]:
+        """Leave the holders late against the others out of the iteration in progress (`CommitTracker.late`), and
+        commit it if the others all reported. They stay in the run: only their draws of this iteration go back (and
+        the commit's `left_out`, which names them, has their stage mates probe them)."""
+        if self.schedule is None:
+            return []
+        running = self.epochs.in_force(self.completed)
+        late, behind = self.commits.late(self.completed, running, self._left_out(running),
+                                         started=self._restart_reports.progress_at, now=now)
+        if not late:
+            return []
+        logger.warning("iteration %d commits without %s: %.1f s behind the other holders' median report",
+                       self.completed, late, behind, extra=event("holders_excused", iteration=self.completed,
+                                                                 epoch=running.epoch, peers=late,
+                                                                 seconds=round(behind, 2)))
+        self.commits.excuse_late(self.completed, running.epoch, late)
+        return self._commit_if_reported(now)
+
+    def _left_out(self, running: Schedule) -> list[str]:
+        """The peers of epoch `running` that a commit of it leaves out: evicted or declared gone."""
+        return [p for p in running.placement if p in self.suspicions.evicted or p in self.liveness.declared_gone]
+
     def _commit_if_reported(self, now: float) -> list[Action]:
         """Commit the iteration in progress if every holder of its epoch not left out of it has reported it."""
         running = self.epochs.in_force(self.completed)
-        committed = self.commits.try_commit(self.completed, running, left_out=[
-            p for p in running.placement if p in self.suspicions.evicted or p in self.liveness.declared_gone])
+        committed = self.commits.try_commit(self.completed, running, left_out=self._left_out(running))
         if committed is None:
             return []
         commit, reports = committed

@@ -112,7 +112,7 @@ class SchedulerRole:
     def tick(self) -> None:
         """One round: look at the newest read of the peers' records, if one came since the last look, then handle
         the control messages that came meanwhile, then the pings whose answer is overdue (and the deaths declared
-        meanwhile). It never waits on the DHT:
+        meanwhile), then the data holders late against the others. It never waits on the DHT:
         a read that fails (it times out on a loaded host) or is slow (a silent node) skips a look, and no read is not
         an empty swarm."""
         records = self.poller.start().take()
@@ -120,6 +120,7 @@ class SchedulerRole:
             self._carry_out(self.scheduler.observe(self._members(records), time.monotonic()))
         self._drain(TICK_WAIT)
         self._carry_out(self.scheduler.check_pings(time.monotonic()))
+        self._carry_out(self.scheduler.check_late_holders(time.monotonic()))
         self._beat(time.monotonic())
 
     def _beat(self, now: float) -> None:

@@ -86,12 +86,13 @@ class DataHolder:
 
     def settle(self, iteration: int, left_out: Collection[str], retried: Sequence[tuple[int, int]] = ()) -> bool:
         """The scheduler committed `iteration`: its draws are processed (`retried`: (microbatch, attempt) that ran
-        again within it), unless the commit left this holder out (it was taken for gone while it ran, and its
-        microbatches were not counted): then they go back, and the shard is drawn on from where it stood before
-        them, by whichever holder carries it next. True if this holder's draws were counted."""
+        again within it), unless the commit left this holder out (it was taken for gone while it ran, or was late
+        against the others, and its microbatches were not counted): then they go back, and the shard is drawn on
+        from where it stood before them, by whichever holder carries it next. True if this holder's draws were
+        counted."""
         if self.peer_id in left_out:
-            logger.warning("iteration %d committed without this holder's microbatches (it was taken for gone): its "
-                           "draws go back", iteration)
+            logger.warning("iteration %d committed without this holder's microbatches (it was taken for gone, or "
+                           "was late against the other holders): its draws go back", iteration)
             self.shards.rewind(iteration)
             return False
         for microbatch, attempt in retried:

@@ -142,8 +142,8 @@ class IterationRunner:
                               self._stopping(),
                               settled=lambda: self.follower.is_committed(iteration, schedule.epoch))
         self.disproved = self.disproved | executor.disproved
-        if stage == 0 and data is not None:
-            self.reports.done(iteration, schedule.epoch, result, data.shards.positions())
+        if stage == 0 and data is not None and not self.follower.is_committed(iteration, schedule.epoch):
+            self.reports.done(iteration, schedule.epoch, result, data.shards.positions())  # else: left out, late
         waited = time.time()
         self._wait_for_commit(executor, schedule, iteration)
         self.timeline.record("commit", waited, time.time(), iteration=iteration)
@@ -154,6 +154,7 @@ class IterationRunner:
             data.settle(iteration, self.follower.left_out(iteration), result.requeued)
         t1 = time.perf_counter()
         group = schedule.stage_peers(stage)
+        self._probe_left_out(group, iteration)
         self._averaging = (time.monotonic(), self.clock.averaging_overdue(schedule))
         round_ = None
         if self.config.averaging == "hivemind":
@@ -277,6 +278,15 @@ class IterationRunner:
             self._probed.add(peer)
             self._probe(peer, f"{peer}'s averaging contribution is {overdue:.1f} s late")
         return True
+
+    def _probe_left_out(self, group: list[str], iteration: int) -> None:
+        """Probe the stage mates the commit of `iteration` left out that are not known gone: holders late against
+        the others (`CommitTracker.late`). A frozen one is found now, by its mates' unanswered probes, rather than by
+        its record's expiry; a slow one answers, and stays."""
+        for peer in sorted(self.follower.left_out(iteration) - self.follower.gone - {self.peer_id}):
+            if peer in group and peer not in self._probed:
+                self._probed.add(peer)
+                self._probe(peer, f"{peer} was left out of iteration {iteration}'s commit for being late")
 
     def _late_mate(self, peer: str, seconds: float) -> None:
         """A stage mate's averaging contribution is late against its mates': probe it now, not an iteration in."""

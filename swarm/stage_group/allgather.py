@@ -84,7 +84,9 @@ def average_stage_group(*, me: str, worker: StageWorker, group: list[str], run_i
     :param scheduled: visits the iteration's schedule gives each peer (`Schedule.visits()`): bounds the weights
     :param aggregation: "centered_clip" (tolerates one faulty member of three or more) or "mean"
     :param left_out: members whose input is neither waited for nor taken: the scheduler's list in the commit,
-      the same for every member (`Commit.left_out`)
+      the same for every member (`Commit.left_out`). Those still `alive` are sent the others' gradients all the
+      same (after the others), and a member left out itself sends nothing and installs the others' mean: a holder
+      the commit left out for being late stays in the run, and its copy of the stage must stay the group's
     :param alive: whether a member is still worth waiting for (False once the scheduler dropped it)
     :param hold: takes messages of a newer schedule epoch for later
     :param faulty: told (member, why) of each contribution refused as proof of a fault (a gradient far outside
@@ -109,10 +111,12 @@ def average_stage_group(*, me: str, worker: StageWorker, group: list[str], run_i
         raise ValueError(f"wire_dtype must be one of {', '.join(WIRE_DTYPES)}, got {wire_dtype!r}")
     sums = worker.gradient_sums()
     flat = flatten(sums).to(WIRE_DTYPES[wire_dtype])  # what goes on the wire, and what this member combines
-    contributions: dict[str, tuple[torch.Tensor, int]] = {me: (flat, worker.visits)}
+    excused = me in left_out
+    contributions: dict[str, tuple[torch.Tensor, int]] = {} if excused else {me: (flat, worker.visits)}
     lineages = {me: lineage}
     others = sorted(p for p in group if p != me and p not in left_out)
-    for peer in others:
+    listeners = sorted(p for p in group if p != me and p in left_out and alive(p))
+    for peer in [] if excused else others + listeners:
         header = HopHeader(run=run_id, iteration=iteration, microbatch=0, route=(me, peer), hop=1,
                            direction=Direction.AVERAGE, epoch=epoch, dtype="", shape=(),
                            stages=(worker.stage, worker.stage), weight=worker.visits, lineage=lineage)
@@ -156,6 +160,8 @@ def average_stage_group(*, me: str, worker: StageWorker, group: list[str], run_i
     missing = [p for p in others if p not in contributions]
     if missing:
         logger.warning("stage %d averaging of iteration %d went ahead without %s", worker.stage, iteration, missing)
+    if not contributions:  # left out, and no mate's gradients came: this copy steps alone, and is mended later
+        contributions[me] = (flat, worker.visits)
     order = sorted(contributions)  # every member combines in peer-id order: bit-identical means
     bounds = visit_bounds(scheduled, group, order)
     result = stage_mean([contributions[p][0].float() for p in order], [contributions[p][1] for p in order],

@@ -104,8 +104,14 @@ def average_by_parts(*, me: str, worker: StageWorker, group: list[str], run_id: 
                      wire_dtype: str = "float32", late: Callable[[str, float], None] | None = None) -> GroupRound:
     """Install the stage group's robust visit-weighted mean gradient on `worker`, averaged by parts (see the module)
     in groups of `MIN_MEMBERS` or more, by the all-gather in smaller ones. Parameters as `average_stage_group`'s;
-    `deadline` bounds each step's wait."""
-    members = sorted({p for p in group if p not in left_out} | {me})
+    `deadline` bounds each step's wait. A member the commit left out (a holder late against the others) takes no
+    part: it steps on its own gradient, and the lineages find its copy apart and mend it at the next round (the
+    all-gather instead sends it the others' gradients)."""
+    if me in left_out:
+        return average_stage_group(me=me, worker=worker, group=[me], run_id=run_id, iteration=iteration, epoch=epoch,
+                                   send=send, receive=receive, deadline=deadline, scheduled=scheduled,
+                                   aggregation=aggregation, lineage=lineage, wire_dtype=wire_dtype)
+    members = sorted(p for p in group if p not in left_out)
     numel = sum(p.numel() for p in worker.module.parameters())
     if len(members) < MIN_MEMBERS or numel < len(members):
         return average_stage_group(me=me, worker=worker, group=group, run_id=run_id, iteration=iteration,

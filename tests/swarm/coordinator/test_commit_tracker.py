@@ -1,6 +1,7 @@
 """An iteration commits once every holder of its epoch reported it, those left out of it aside (neither waited for
 nor counted); reports of another epoch do not count; the
-commit carries the shard positions; the metrics line adds the holders' reports up."""
+commit carries the shard positions; the metrics line adds the holders' reports up; holders late against the others'
+median report are found once half of the counted holders reported."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from swarm.control.messages import Done
-from swarm.coordinator.commit_tracker import CommitTracker, iteration_metrics
+from swarm.coordinator.commit_tracker import LATE_HOLDER_FLOOR, CommitTracker, iteration_metrics, overdue
 from swarm.wire import PeerRecord
 
 
@@ -69,3 +70,42 @@ def test_a_report_moving_another_holders_shard_is_refused_and_own_documents_move
     assert tracker.add("b", done("b", shards={"1": {**moved, "cursor": 99}}), own=[], own_data=True) is None
     commit, _ = tracker.try_commit(3, schedule)
     assert commit.shards == {"1": {**moved, "cursor": 4}}  # neither report moved shard 1
+
+
+def test_holders_are_late_once_past_the_others_median_report_by_the_floor_or_half_of_it():
+    # two of four came, at 10 and 10.5 s: the median is 10 s, late means more than max(3, 5) = 5 s behind it
+    assert overdue([10.0, 10.5], awaited=2, elapsed=14.9) is None
+    assert overdue([10.0, 10.5], awaited=2, elapsed=15.5) == pytest.approx(5.5)
+    # a short iteration (median 1.1 s): the floor rules
+    assert overdue([1.0, 1.2, 1.1], awaited=1, elapsed=1.1 + LATE_HOLDER_FLOOR - 0.1) is None
+    assert overdue([1.0, 1.2, 1.1], awaited=1, elapsed=1.1 + LATE_HOLDER_FLOOR + 0.1) is not None
+    # fewer came than are awaited: a lone fast holder says nothing about the others, however long it has been
+    assert overdue([10.0], awaited=3, elapsed=1000.0) is None
+    assert overdue([], awaited=0, elapsed=1000.0) is None
+
+
+def test_the_late_holders_are_those_counted_and_awaited_and_waited_for_in_the_iteration_after():
+    schedule = SimpleNamespace(epoch=1, data_holders=["a", "b", "c", "d", "e"],
+                               placement={p: 0 for p in "abcde"})
+    tracker = CommitTracker()
+    tracker.add("a", done("a"), now=110.0)
+    tracker.add("b", done("b"), now=110.5)
+    tracker.add("c", done("c", iteration=2), now=111.0)  # an older iteration's report
+    assert tracker.late(3, schedule, left_out=["e"], started=100.0, now=200.0) == (["c", "d"], pytest.approx(90.0))
+    assert tracker.late(3, schedule, left_out=["e"], started=100.0, now=114.0) == ([], 0.0)
+    tracker.excuse_late(3, 1, ["c", "d"])
+    commit, reports = tracker.try_commit(3, schedule, left_out=["e"])
+    assert {r.peer for r in reports} == {"a", "b"} and commit.left_out == ("c", "d", "e")
+    # left out for being late, c and d are waited for in the next iteration, however late
+    tracker.add("a", done("a", iteration=4), now=120.0)
+    tracker.add("b", done("b", iteration=4), now=121.0)
+    tracker.add("e", done("e", iteration=4), now=121.0)
+    assert tracker.late(4, schedule, left_out=[], started=110.0, now=1000.0) == ([], 0.0)
+    tracker.add("c", done("c", iteration=4), now=1001.0)
+    tracker.add("d", done("d", iteration=4), now=1001.0)
+    assert tracker.try_commit(4, schedule)[0].left_out == ()
+    # a report repeated later keeps its first arrival
+    tracker.add("a", done("a", iteration=5), now=120.0)
+    tracker.add("a", done("a", iteration=5), now=190.0)
+    assert tracker.late(5, SimpleNamespace(epoch=1, data_holders=["a", "b"]), left_out=[], started=110.0,
+                        now=126.0) == (["b"], pytest.approx(6.0))

@@ -27,6 +27,7 @@ from swarm.coordinator.first_plan import LINK_WAIT_SECONDS, SETTLE_SECONDS
 from swarm.coordinator.liveness import FIRST_REJOIN_COOLDOWN
 from swarm.coordinator.restart_reports import MIN_STUCK_SECONDS
 from swarm.coordinator.scheduler import REPLAN_RETRY_SECONDS, Scheduler
+from swarm.events import EVENT_ATTR
 from swarm.wire import PeerRecord, PeerState, ScheduleMsg
 from tests.swarm.coordinator.conftest import STAGES, make_replanner, make_scheduler
 
@@ -151,6 +152,44 @@ def test_a_gone_holder_is_left_out_of_the_commit_of_the_iteration_in_progress(re
     assert s.handle(dead, Done(peer=dead, iteration=3, epoch=0, loss_sum=2.0, losses=4, tokens=256, started=100.0,
                                finished=101.0, shards={shard: moved}), LATER) == []
     assert s.completed == 4 and s.commits.shard_positions.get(shard) == before
+
+
+def test_a_holder_late_against_the_others_is_left_out_of_the_commit_but_stays_in_the_run(records, caplog):
+    """The others reported 10 s into the iteration; one holder has not (frozen, or its microbatches went around a
+    dead relay): past max(3 s, half of 10 s) behind them, the iteration commits without its draws. It is not taken
+    for gone: no epoch, no notice, and the next iteration waits for it however late it is (a holder always slower
+    than the others still has every other iteration counted)."""
+    s = make_scheduler("skippipe")
+    schedule = planned(s, records)
+    commit(s, 1, now=100.0)  # iteration 1 starts at 100 s
+    late, *others = schedule.data_holders
+    for h in others:
+        assert s.handle(h, Done(peer=h, iteration=1, epoch=0, loss_sum=2.0, losses=4, tokens=256, started=100.0,
+                                finished=110.0), 110.0) == []
+    assert s.check_late_holders(114.0) == []
+    with caplog.at_level("WARNING"):
+        actions = s.check_late_holders(116.0)
+    (commit_msg,) = notices(actions)
+    assert commit_msg == Commit(iteration=1, epoch=0, shards=commit_msg.shards, left_out=(late,))
+    assert published(actions) == [] and s.completed == 2 and late not in s.liveness.declared_gone
+    (excused,) = [getattr(r, EVENT_ATTR) for r in caplog.records if hasattr(r, EVENT_ATTR)]
+    assert excused["event"] == "holders_excused" and excused["peers"] == [late] and excused["seconds"] == 6.0
+    # its report of the committed iteration is not counted; the next iteration waits for it
+    assert s.handle(late, Done(peer=late, iteration=1, epoch=0, loss_sum=2.0, losses=4, tokens=256, started=100.0,
+                               finished=117.0), 117.0) == []
+    for h in others:
+        s.handle(h, Done(peer=h, iteration=2, epoch=0, loss_sum=2.0, losses=4, tokens=256, started=117.0,
+                         finished=118.0), 118.0)
+    assert s.check_late_holders(200.0) == [] and s.completed == 2
+    (again,) = [m for m in notices(s.handle(late, Done(peer=late, iteration=2, epoch=0, loss_sum=2.0, losses=4,
+                                                        tokens=256, started=117.0, finished=201.0), 201.0))]
+    assert again.iteration == 2 and again.left_out == () and s.completed == 3
+    # counted once, it may be left out again
+    for h in others:
+        s.handle(h, Done(peer=h, iteration=3, epoch=0, loss_sum=2.0, losses=4, tokens=256, started=201.0,
+                         finished=202.0), 202.0)
+    (third,) = notices(s.check_late_holders(210.0))
+    assert third.iteration == 3 and third.left_out == (late,)
 
 
 def test_an_epoch_that_only_started_at_the_iteration_in_progress_goes_along_with_the_one_replacing_it(records):

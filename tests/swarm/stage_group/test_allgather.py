@@ -1,8 +1,8 @@
 """The default stage averaging (all-gather over the transport's messages), driven directly: three members of one
 stage, each in its own thread, exchange their gradient sums through in-memory mailboxes standing in for the
 transport (which its own tests cover). Every member installs the visit-weighted mean, bit-identical across the
-group; a member that never sends is left out once it is no longer worth waiting for; hostile contributions are
-dropped."""
+group; a member that never sends is left out once it is no longer worth waiting for; a member the commit left out
+takes the others' mean without giving its own; hostile contributions are dropped."""
 
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ class Mailboxes:
 
 def run_group(workers: dict[str, StageWorker], boxes: Mailboxes, *, alive=lambda p: True, deadline: float = 10.0,
               scheduled: dict[str, int] | None = None, wire_dtype: str = "float32",
-              late=None) -> dict[str, tuple[int, int]]:
+              late=None, left_out: tuple[str, ...] = ()) -> dict[str, tuple[int, int]]:
     """Every member of `workers` averages in its own thread; `scheduled` defaults to the visits each made."""
     results: dict[str, tuple[int, int]] = {}
     scheduled = scheduled if scheduled is not None else {p: w.visits for p, w in workers.items()}
@@ -54,7 +54,8 @@ def run_group(workers: dict[str, StageWorker], boxes: Mailboxes, *, alive=lambda
     def member(peer: str) -> None:
         r = average_stage_group(me=peer, worker=workers[peer], group=GROUP, run_id="r", iteration=4, epoch=2,
                                 send=boxes.send_from(peer), receive=boxes.receive_for(peer), deadline=deadline,
-                                scheduled=scheduled, alive=alive, wire_dtype=wire_dtype, late=late)
+                                scheduled=scheduled, alive=alive, wire_dtype=wire_dtype, late=late,
+                                left_out=left_out)
         results[peer] = (r.visits, r.heard)
 
     threads = [threading.Thread(target=member, args=(p,)) for p in workers]
@@ -131,6 +132,27 @@ def test_a_silent_member_is_left_out_once_it_is_not_worth_waiting_for():
     grads = dict(workers["peer-a"].module.named_parameters())
     for name, mean in expected.items():
         torch.testing.assert_close(grads[name].grad, mean)
+
+
+def test_a_member_left_out_of_the_commit_gives_nothing_and_installs_the_others_mean():
+    """A holder the commit left out for being late stays in the run: its mates neither wait for its gradients nor
+    take them, but send it theirs, and its copy of the stage steps with theirs; one declared gone is sent nothing."""
+    workers = {p: trained(p, v, seed=v) for p, v in (("peer-a", 2), ("peer-b", 1), ("peer-c", 3))}
+    expected, _ = visit_weighted_mean([workers[p].gradient_sums() for p in ("peer-a", "peer-b")], [2, 1])
+    boxes, sent = Mailboxes(), []
+    plain = boxes.send_from
+    boxes.send_from = lambda sender: (lambda peer, h, t: (sent.append((sender, peer)), plain(sender)(peer, h, t)))
+    assert run_group(workers, boxes, left_out=("peer-c",)) == dict.fromkeys(GROUP, (3, 2))
+    assert sorted(sent) == [("peer-a", "peer-b"), ("peer-a", "peer-c"), ("peer-b", "peer-a"), ("peer-b", "peer-c")]
+    for p in GROUP:
+        for name, q in workers[p].module.named_parameters():
+            torch.testing.assert_close(q.grad, expected[name])
+            assert torch.equal(q.grad, dict(workers["peer-a"].module.named_parameters())[name].grad)
+    sent.clear()
+    workers = {p: trained(p, v, seed=v) for p, v in (("peer-a", 2), ("peer-b", 1))}
+    assert run_group(workers, boxes, left_out=("peer-c",), alive=lambda p: p != "peer-c") == \
+        dict.fromkeys(["peer-a", "peer-b"], (3, 2))
+    assert sorted(sent) == [("peer-a", "peer-b"), ("peer-b", "peer-a")]
 
 
 def test_a_frozen_member_is_reported_late_against_its_mates_and_not_waited_for_once_probed():

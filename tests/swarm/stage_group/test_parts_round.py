@@ -57,7 +57,8 @@ class Mailboxes:
 
 
 def run_group(workers: dict[str, StageWorker], boxes: Mailboxes, *, alive=lambda p: True, deadline: float = 10.0,
-              wire_dtype: str = "float32", faulty=None, late=None) -> dict[str, GroupRound]:
+              wire_dtype: str = "float32", faulty=None, late=None, left_out: tuple[str, ...] = ()
+              ) -> dict[str, GroupRound]:
     """Every member of `workers` averages by parts in its own thread, over the group `GROUP[:len(workers)]` plus
     any member named by `boxes` only (one that never runs)."""
     results: dict[str, GroupRound] = {}
@@ -68,7 +69,7 @@ def run_group(workers: dict[str, StageWorker], boxes: Mailboxes, *, alive=lambda
         results[peer] = average_by_parts(me=peer, worker=workers[peer], group=group, run_id="r", iteration=4,
                                          epoch=2, send=boxes.send_from(peer), receive=boxes.receive_for(peer),
                                          deadline=deadline, scheduled=scheduled, alive=alive,
-                                         faulty=faulty, wire_dtype=wire_dtype, late=late)
+                                         faulty=faulty, wire_dtype=wire_dtype, late=late, left_out=left_out)
 
     threads = [threading.Thread(target=member, args=(p,)) for p in workers]
     for t in threads:
@@ -154,6 +155,24 @@ def test_a_silent_member_costs_its_parts_a_fallback_and_is_left_out():
     results = run_group(workers, Mailboxes(GROUP), alive=lambda p: not (p == "peer-f" and gone.is_set()))
     assert_identical_means(workers, expected)
     assert {r.heard for r in results.values()} == {5}
+
+
+def test_a_member_left_out_of_the_commit_steps_alone_at_once_and_the_others_average_by_parts_without_it():
+    """A holder the commit left out for being late takes no part in a round by parts (the all-gather sends it the
+    others' gradients instead): it installs its own gradient without waiting, its lineage then differs and it is
+    mended; the others' round is the round of the group without it."""
+    workers = group_of(6)
+    own = workers["peer-f"].gradient_sums()
+    expected = honest_mean({p: w for p, w in workers.items() if p != "peer-f"})
+    boxes = Mailboxes(GROUP)
+    began = time.monotonic()
+    results = run_group(workers, boxes, left_out=("peer-f",), deadline=20.0)
+    assert time.monotonic() - began < 10.0
+    assert_identical_means({p: w for p, w in workers.items() if p != "peer-f"}, expected)
+    assert {p: r.heard for p, r in results.items()} == {**dict.fromkeys(GROUP[:5], 5), "peer-f": 1}
+    assert not any(sender == "peer-f" for sender, _ in boxes.steps)
+    for name, grad in installed(workers["peer-f"]).items():
+        torch.testing.assert_close(grad, own[name] / workers["peer-f"].visits)
 
 
 def test_a_frozen_member_is_reported_late_against_the_others_once_probed_it_is_not_waited_for():

@@ -1,0 +1,77 @@
+"""A data holder freezes in the middle of an iteration's pipeline (its whole process tree stopped: nothing is reset,
+nothing answers). The others must not wait for its record to expire: once they reported the iteration and it is late
+against them (`swarm.coordinator.commit_tracker.overdue`), the iteration commits without its draws, its stage mates
+probe it, and it is taken for gone on their unanswered probes; the run goes on, and every sample drawn is still
+processed exactly once.
+
+A local swarm of 6 peers (3 stages) beats every 8 s, so a record expires 16-26 s after a freeze, far beyond an
+iteration. Compute is emulated at 0.05 s a layer, so that most of an iteration is its pipeline (where a holder's
+'done' is awaited) rather than the averaging (where a frozen member is found by its mates' probes already): the
+freeze, 0.3 s after a commit, lands in the pipeline. Before late holders were left out, the iteration waited for the
+frozen holder until its record expired.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+
+import psutil
+import pytest
+
+from peers.data_ledger import committed, read_ledger, sample_status
+from swarm.local.local_swarm import LocalSwarm
+from swarm.net.identity import ensure_identity
+from tests.utils.waiting import wait_for
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
+
+PEERS = 6
+FROZEN_AFTER = 5
+ITERATIONS = 12
+HEARTBEAT = 8.0
+EXPIRY_FLOOR = 2 * HEARTBEAT
+"""The soonest a frozen peer's record can expire after the freeze (its last beat may have been just before it)."""
+
+
+def test_a_frozen_holder_is_left_out_of_the_commit_and_found_by_its_mates_probes(tmp_path):
+    config = tmp_path / "run.toml"
+    config.write_text(f"[run]\nrun_id = 'late'\nstages = 3\nskip = 0.33\nmicrobatches = 2\n"
+                      f"iterations = {ITERATIONS}\nmin_peers = {PEERS}\nseed = 0\n[swarm]\nheartbeat = {HEARTBEAT}\n")
+    run_dir = tmp_path / "run"
+    args = [["--iteration-deadline", "120", "--emulate-speed", "0.05",
+             "--ledger", str(run_dir / f"ledger-{i:02d}.jsonl")] for i in range(PEERS)]
+    swarm = LocalSwarm(run_dir, PEERS, run_id="late", coordinator_args=["--config", str(config)], peer_args=args)
+    frozen: list[psutil.Process] = []
+    ids: dict[str, int] = {}
+    try:
+        swarm.start()
+        swarm.watch(FROZEN_AFTER, timeout=240)
+        time.sleep(0.3)  # the peers average and step (~0.1 s): the next iteration's pipeline is under way
+        ids = {ensure_identity(str(run_dir / f"peer-{i:02d}.key")): i for i in range(PEERS)}
+        victim = max({r["origin"] for r in swarm.schedule()["routes"]})  # a data holder
+        frozen_at = time.time()
+        frozen = swarm.freeze(swarm.peers[ids[victim]])
+        wait_for(lambda: {p.status() for p in frozen} == {psutil.STATUS_STOPPED}, 10, "the whole tree stopped")
+        records = swarm.watch(ITERATIONS, timeout=240)
+    finally:
+        for p in frozen:  # SIGCONT, then the whole tree is killed
+            try:
+                p.resume()
+            except psutil.NoSuchProcess:
+                pass
+        if frozen:
+            swarm.kill(swarm.peers[ids[victim]])
+        swarm.stop()
+    assert [r["iteration"] for r in records] == list(range(1, ITERATIONS + 1))
+    excused = [e for e in swarm.events("holders_excused", who="coordinator") if victim in e["peers"]]
+    gone = swarm.events("declared_gone", who="coordinator")
+    assert excused, "the frozen holder was never left out for being late"
+    assert [e["peer"] for e in gone] == [victim], gone  # the frozen holder, and no live one
+    first = next(r for r in records if victim in r["left_out"])
+    assert first["time"] - frozen_at < EXPIRY_FLOOR, first  # the others' work did not wait for its record
+    assert gone[0]["time"] - frozen_at < EXPIRY_FLOOR, gone  # found by its mates, not by its record's expiry
+    entries = [e for f in sorted(run_dir.glob("ledger-*.jsonl")) for e in read_ledger(f)]
+    status = sample_status(entries, committed(records))
+    processed = Counter(c["processed"] for c in status.values())
+    assert status and set(processed) == {1}, f"samples processed {dict(processed)} times"
