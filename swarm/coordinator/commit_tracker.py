@@ -12,9 +12,10 @@ median, whichever is more, is left out of the commit. It is not taken for gone, 
 one iteration's draws (they go back), never its place; its stage mates probe it (a frozen one is then found at once).
 What this buys: a frozen holder held every iteration it ran in until its record expired (16-26 s), and a holder
 whose microbatches were re-queued around a dead relay held the others for its whole recovery (10-15 s past the
-cutoff in the 20-peer churn runs of 2026-12-06). A holder left out for being late is waited for in the next
-iteration, however long it takes: one always slower than the others (a weaker machine than the plan assumed) still
-has every other iteration counted, and its shard moves on.
+cutoff in the 20-peer churn runs of 2026-12-06). A holder left out for being late gets `LATE_AGAIN_PATIENCE` times
+the margin in the next iteration: one up to 2.5x slower than the others (a weaker machine than the plan assumed)
+still has every other iteration counted, and its shard moves on; one held up longer (stuck, say) still cannot hold
+the others for ever.
 """
 
 from __future__ import annotations
@@ -34,17 +35,20 @@ LATE_HOLDER_FLOOR = 3.0
 LATE_HOLDER_SHARE = 0.5
 """...or this share of that median, whichever is more: in the nine 20-peer runs without churn of 2026-12-06, a holder
 came that late in 1 iteration of 139 (the first of a run, by 0.4 s)."""
+LATE_AGAIN_PATIENCE = 3.0
+"""How many times the margin a holder the last commit left out for being late gets."""
 
 
-def overdue(arrivals: Sequence[float], awaited: int, elapsed: float) -> float | None:
+def overdue(arrivals: Sequence[float], awaited: int, elapsed: float, patience: float = 1.0) -> float | None:
     """How far past the others' median report the `awaited` holders are, `elapsed` seconds into the iteration, once
-    they are late (None before): `arrivals` are the reports' seconds into it, and at least as many must have come as
-    are awaited (a lone fast holder says nothing about the others)."""
+    they are late (None before): more than `patience` x max(`LATE_HOLDER_FLOOR`, `LATE_HOLDER_SHARE` x the median).
+    `arrivals` are the reports' seconds into it, and at least as many must have come as are awaited (a lone fast
+    holder says nothing about the others)."""
     if not awaited or len(arrivals) < awaited:
         return None
     median = statistics.median_low(arrivals)
     behind = elapsed - median
-    return behind if behind > max(LATE_HOLDER_FLOOR, LATE_HOLDER_SHARE * median) else None
+    return behind if behind > patience * max(LATE_HOLDER_FLOOR, LATE_HOLDER_SHARE * median) else None
 
 
 class CommitTracker:
@@ -81,20 +85,19 @@ class CommitTracker:
              ) -> tuple[list[str], float]:
         """The holders of `iteration` under `schedule` still awaited at `now` that are late against those that
         reported (see the module docstring), and by how many seconds past the others' median; ([], 0) while none
-        is, or while one awaited was left out of the last commit for being late (it is waited for this time).
+        is. One awaited that the last commit left out for being late gets `LATE_AGAIN_PATIENCE` times the margin.
         `started`: when the iteration began (its clock is the caller's, as `add`'s `now`)."""
         out = self._excused.get((iteration, schedule.epoch), set()) | set(left_out)
         counted = [p for p in schedule.data_holders if p not in out]
         arrived = {p: t for p, t in self._arrived.get((iteration, schedule.epoch), {}).items() if p in counted}
         awaited = [p for p in counted if p not in arrived]
-        if self._late_last.intersection(awaited):
-            return [], 0.0
-        behind = overdue([max(0.0, t - started) for t in arrived.values()], len(awaited), now - started)
+        patience = LATE_AGAIN_PATIENCE if self._late_last.intersection(awaited) else 1.0
+        behind = overdue([max(0.0, t - started) for t in arrived.values()], len(awaited), now - started, patience)
         return (awaited, behind) if behind is not None else ([], 0.0)
 
     def excuse_late(self, iteration: int, epoch: int, holders: Collection[str]) -> None:
         """`holders` were late against the others in `iteration` under `epoch` (`late`): it commits without them,
-        and the next iteration waits for them."""
+        and the next iteration is more patient with them."""
         self.excuse(iteration, epoch, holders)
         self._late.setdefault((iteration, epoch), set()).update(holders)
 

@@ -19,6 +19,7 @@ the peer is asked to stop; no commit in time is an IterationTimeout.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -167,7 +168,8 @@ class IterationRunner:
                              scheduled=schedule.visits(), left_out=self.follower.left_out(iteration),
                              alive=self._worth_waiting_for, hold=self.inbox.hold,
                              faulty=lambda suspect, why: self.reports.faulty(suspect, iteration, schedule.epoch, why),
-                             lineage=session.lineage, wire_dtype=self.config.average_dtype, late=self._late_mate)
+                             lineage=session.lineage, wire_dtype=self.config.average_dtype, late=self._late_mate,
+                             tell=functools.partial(self.outbox.send, report=False))
             visits, heard = round_.visits, round_.heard
         t2 = time.perf_counter()
         self.timeline.record("average", time.time() - (t2 - t1), time.time(), iteration=iteration)
@@ -205,6 +207,9 @@ class IterationRunner:
         that claims a new lineage every round must not cost its group a state transfer each); then chain this
         copy's lineage over the round."""
         mine, verdict = session.lineage, judge(round_.lineages)
+        if self.peer_id in self.follower.left_out(iteration):  # its mates never saw its lineage: none mends it now
+            session.lineage = chain(mine, verdict, None, iteration, round_.contributors)
+            return
         due = tuple(p for p in verdict.strays if iteration - self._mended.get(p, -MEND_INTERVAL) >= MEND_INTERVAL)
         self._mended.update(dict.fromkeys(due, iteration))
         mended = None

@@ -257,9 +257,10 @@ class Outbox:
         self._lanes: dict[tuple[Kind, str], deque[tuple[Callable[[], bool], Future[bool]]]] = {}
         self._lanes_lock = threading.Lock()
 
-    def send(self, peer: str, header: HopHeader, tensor: torch.Tensor) -> Future[bool]:
+    def send(self, peer: str, header: HopHeader, tensor: torch.Tensor, *, report: bool = True) -> Future[bool]:
         """Queue a message for `peer`; the future says whether it was delivered (a stage-group message too large for
-        one goes as several pieces: `swarm.peer.message_chunks`; delivered once all of them are)."""
+        one goes as several pieces: `swarm.peer.message_chunks`; delivered once all of them are). With `report`
+        False a failure is not told to `failed`: a courtesy copy to a peer that may rightly refuse it."""
         plain = header.direction in (Direction.AVERAGE, Direction.STATE) or self.wire_dtype == "float32"
         wire = None if plain else self.wire_dtype
         if header.direction in PIPELINE:
@@ -272,11 +273,12 @@ class Outbox:
                 return withheld
             header, tensor = tampered
         kind = KIND_OF[header.direction]
-        sent = [self.submit(functools.partial(self._deliver, peer, h, t, wire), kind,
+        sent = [self.submit(functools.partial(self._deliver, peer, h, t, wire, report), kind,
                             lane=peer if kind == "state" else None) for h, t in cut(header, tensor, self.chunk_bytes)]
         return sent[0] if len(sent) == 1 else all_delivered(sent)
 
-    def _deliver(self, peer: str, header: HopHeader, tensor: torch.Tensor, wire: str | None) -> bool:
+    def _deliver(self, peer: str, header: HopHeader, tensor: torch.Tensor, wire: str | None, report: bool = True
+                 ) -> bool:
         """Send one message on this sender thread; whether it was delivered (a pipeline message that was not comes
         back to the inbox as `Undelivered`)."""
         try:
@@ -294,7 +296,7 @@ class Outbox:
             logger.warning("could not send %s of microbatch %d to %s: %s", header.direction.name.lower(),
                            header.microbatch, peer, e)
             unreachable = isinstance(e, PeerUnreachable)
-            if self._failed is not None and not isinstance(e, MessageRefused):  # it answered: reachable
+            if self._failed is not None and report and not isinstance(e, MessageRefused):  # it answered: reachable
                 self._failed(peer, unreachable)
             if header.direction in PIPELINE:
                 self._inbox.signal(Undelivered(peer, header, tensor, unreachable=unreachable))

@@ -76,7 +76,8 @@ def average_stage_group(*, me: str, worker: StageWorker, group: list[str], run_i
                         alive: Callable[[str], bool] = lambda peer: True,
                         hold: Callable[[Inbound], None] | None = None,
                         faulty: Callable[[str, str], None] | None = None, lineage: bytes = b"",
-                        wire_dtype: str = "float32", late: Callable[[str, float], None] | None = None) -> GroupRound:
+                        wire_dtype: str = "float32", late: Callable[[str, float], None] | None = None,
+                        tell: Send | None = None) -> GroupRound:
     """Install the stage group's robust visit-weighted mean gradient on `worker`.
 
     :param group: peer ids serving this stage (this peer included)
@@ -85,8 +86,8 @@ def average_stage_group(*, me: str, worker: StageWorker, group: list[str], run_i
     :param aggregation: "centered_clip" (tolerates one faulty member of three or more) or "mean"
     :param left_out: members whose input is neither waited for nor taken: the scheduler's list in the commit,
       the same for every member (`Commit.left_out`). Those still `alive` are sent the others' gradients all the
-      same (after the others), and a member left out itself sends nothing and installs the others' mean: a holder
-      the commit left out for being late stays in the run, and its copy of the stage must stay the group's
+      same (after the others, by `tell`), and a member left out itself sends nothing and installs the others' mean:
+      a holder the commit left out for being late stays in the run, and its copy of the stage must stay the group's
     :param alive: whether a member is still worth waiting for (False once the scheduler dropped it)
     :param hold: takes messages of a newer schedule epoch for later
     :param faulty: told (member, why) of each contribution refused as proof of a fault (a gradient far outside
@@ -96,6 +97,8 @@ def average_stage_group(*, me: str, worker: StageWorker, group: list[str], run_i
     :param wire_dtype: "float32", or "bfloat16": every member sends its gradients rounded to bfloat16 and combines
       its own rounded the same way, so all members still combine the same values; a contribution in any other dtype
       is refused
+    :param tell: sends to members left out (default `send`): a copy they may refuse (one left out for being late
+      may be placed from a later iteration, or gone), whose failure says nothing of their reachability
     :param late: told (member, seconds) once of each member still awaited when half of the others' contributions
       came and it is late against their median (`LATE_FLOOR`, `LATE_SHARE`): the caller probes it, since a frozen
       member resets nothing and would be waited for until it is declared gone
@@ -120,7 +123,7 @@ def average_stage_group(*, me: str, worker: StageWorker, group: list[str], run_i
         header = HopHeader(run=run_id, iteration=iteration, microbatch=0, route=(me, peer), hop=1,
                            direction=Direction.AVERAGE, epoch=epoch, dtype="", shape=(),
                            stages=(worker.stage, worker.stage), weight=worker.visits, lineage=lineage)
-        send(peer, header, flat)
+        (send if peer in others else tell or send)(peer, header, flat)
     began = time.monotonic()
     end = began + deadline
     arrived: list[float] = []

@@ -101,12 +101,13 @@ def average_by_parts(*, me: str, worker: StageWorker, group: list[str], run_id: 
                      left_out: Collection[str] = (), alive: Callable[[str], bool] = lambda peer: True,
                      hold: Callable[[Inbound], None] | None = None,
                      faulty: Callable[[str, str], None] | None = None, lineage: bytes = b"",
-                     wire_dtype: str = "float32", late: Callable[[str, float], None] | None = None) -> GroupRound:
+                     wire_dtype: str = "float32", late: Callable[[str, float], None] | None = None,
+                     tell: Send | None = None) -> GroupRound:
     """Install the stage group's robust visit-weighted mean gradient on `worker`, averaged by parts (see the module)
     in groups of `MIN_MEMBERS` or more, by the all-gather in smaller ones. Parameters as `average_stage_group`'s;
     `deadline` bounds each step's wait. A member the commit left out (a holder late against the others) takes no
-    part: it steps on its own gradient, and the lineages find its copy apart and mend it at the next round (the
-    all-gather instead sends it the others' gradients)."""
+    part: it steps on its own gradient, and the lineages find its copy apart and mend it at the next round it takes
+    part in (the all-gather instead sends it the others' gradients, by `tell`)."""
     if me in left_out:
         return average_stage_group(me=me, worker=worker, group=[me], run_id=run_id, iteration=iteration, epoch=epoch,
                                    send=send, receive=receive, deadline=deadline, scheduled=scheduled,
@@ -117,7 +118,7 @@ def average_by_parts(*, me: str, worker: StageWorker, group: list[str], run_id: 
         return average_stage_group(me=me, worker=worker, group=group, run_id=run_id, iteration=iteration,
                                    epoch=epoch, send=send, receive=receive, deadline=deadline, scheduled=scheduled,
                                    aggregation=aggregation, left_out=left_out, alive=alive, hold=hold, faulty=faulty,
-                                   lineage=lineage, wire_dtype=wire_dtype, late=late)
+                                   lineage=lineage, wire_dtype=wire_dtype, late=late, tell=tell)
     return PartsRound(me=me, worker=worker, group=group, members=members, run_id=run_id, iteration=iteration,
                       epoch=epoch, send=send, receive=receive, deadline=deadline, scheduled=scheduled,
                       aggregation=aggregation, alive=alive, hold=hold, faulty=faulty, lineage=lineage,

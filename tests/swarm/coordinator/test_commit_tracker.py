@@ -79,12 +79,13 @@ def test_holders_are_late_once_past_the_others_median_report_by_the_floor_or_hal
     # a short iteration (median 1.1 s): the floor rules
     assert overdue([1.0, 1.2, 1.1], awaited=1, elapsed=1.1 + LATE_HOLDER_FLOOR - 0.1) is None
     assert overdue([1.0, 1.2, 1.1], awaited=1, elapsed=1.1 + LATE_HOLDER_FLOOR + 0.1) is not None
+    assert overdue([1.0, 1.2, 1.1], awaited=1, elapsed=1.1 + LATE_HOLDER_FLOOR + 0.1, patience=3.0) is None
     # fewer came than are awaited: a lone fast holder says nothing about the others, however long it has been
     assert overdue([10.0], awaited=3, elapsed=1000.0) is None
     assert overdue([], awaited=0, elapsed=1000.0) is None
 
 
-def test_the_late_holders_are_those_counted_and_awaited_and_waited_for_in_the_iteration_after():
+def test_the_late_holders_are_those_counted_and_awaited_and_get_more_patience_the_iteration_after():
     schedule = SimpleNamespace(epoch=1, data_holders=["a", "b", "c", "d", "e"],
                                placement={p: 0 for p in "abcde"})
     tracker = CommitTracker()
@@ -96,11 +97,12 @@ def test_the_late_holders_are_those_counted_and_awaited_and_waited_for_in_the_it
     tracker.excuse_late(3, 1, ["c", "d"])
     commit, reports = tracker.try_commit(3, schedule, left_out=["e"])
     assert {r.peer for r in reports} == {"a", "b"} and commit.left_out == ("c", "d", "e")
-    # left out for being late, c and d are waited for in the next iteration, however late
+    # left out for being late, c and d get three times the margin in the next iteration: 3 x max(3, 11 / 2) s
     tracker.add("a", done("a", iteration=4), now=120.0)
     tracker.add("b", done("b", iteration=4), now=121.0)
     tracker.add("e", done("e", iteration=4), now=121.0)
-    assert tracker.late(4, schedule, left_out=[], started=110.0, now=1000.0) == ([], 0.0)
+    assert tracker.late(4, schedule, left_out=[], started=110.0, now=137.0) == ([], 0.0)
+    assert tracker.late(4, schedule, left_out=[], started=110.0, now=138.0) == (["c", "d"], pytest.approx(17.0))
     tracker.add("c", done("c", iteration=4), now=1001.0)
     tracker.add("d", done("d", iteration=4), now=1001.0)
     assert tracker.try_commit(4, schedule)[0].left_out == ()

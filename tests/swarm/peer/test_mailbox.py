@@ -91,6 +91,10 @@ def test_an_undelivered_pipeline_message_comes_back_and_the_outbox_is_bounded(tm
         assert outbox.send("b", message(0).header, torch.zeros(4)).result(timeout=5) is False
         (back,) = inbox.receive("hop", 1.0)
         assert isinstance(back, Undelivered) and back.peer == "b" and failed == ["b"]
+        # a courtesy copy (`report=False`: a stage mate the commit left out) fails without a word to `failed`
+        assert outbox.send("c", message(0).header, torch.zeros(4), report=False).result(timeout=5) is False
+        assert failed == ["b"]
+        inbox.receive("hop", 1.0)
         release, started = threading.Event(), []
 
         def job() -> bool:

@@ -46,7 +46,7 @@ class Mailboxes:
 
 def run_group(workers: dict[str, StageWorker], boxes: Mailboxes, *, alive=lambda p: True, deadline: float = 10.0,
               scheduled: dict[str, int] | None = None, wire_dtype: str = "float32",
-              late=None, left_out: tuple[str, ...] = ()) -> dict[str, tuple[int, int]]:
+              late=None, left_out: tuple[str, ...] = (), told: list | None = None) -> dict[str, tuple[int, int]]:
     """Every member of `workers` averages in its own thread; `scheduled` defaults to the visits each made."""
     results: dict[str, tuple[int, int]] = {}
     scheduled = scheduled if scheduled is not None else {p: w.visits for p, w in workers.items()}
@@ -55,8 +55,14 @@ def run_group(workers: dict[str, StageWorker], boxes: Mailboxes, *, alive=lambda
         r = average_stage_group(me=peer, worker=workers[peer], group=GROUP, run_id="r", iteration=4, epoch=2,
                                 send=boxes.send_from(peer), receive=boxes.receive_for(peer), deadline=deadline,
                                 scheduled=scheduled, alive=alive, wire_dtype=wire_dtype, late=late,
-                                left_out=left_out)
+                                left_out=left_out, tell=None if told is None else telling(peer))
         results[peer] = (r.visits, r.heard)
+
+    def telling(peer: str):
+        def tell(to: str, header: HopHeader, tensor: torch.Tensor) -> None:
+            told.append((peer, to))
+            boxes.send_from(peer)(to, header, tensor)
+        return tell
 
     threads = [threading.Thread(target=member, args=(p,)) for p in workers]
     for t in threads:
@@ -136,14 +142,17 @@ def test_a_silent_member_is_left_out_once_it_is_not_worth_waiting_for():
 
 def test_a_member_left_out_of_the_commit_gives_nothing_and_installs_the_others_mean():
     """A holder the commit left out for being late stays in the run: its mates neither wait for its gradients nor
-    take them, but send it theirs, and its copy of the stage steps with theirs; one declared gone is sent nothing."""
+    take them, but send it theirs (by `tell`), and its copy of the stage steps with theirs; one declared gone is sent
+    nothing."""
     workers = {p: trained(p, v, seed=v) for p, v in (("peer-a", 2), ("peer-b", 1), ("peer-c", 3))}
     expected, _ = visit_weighted_mean([workers[p].gradient_sums() for p in ("peer-a", "peer-b")], [2, 1])
     boxes, sent = Mailboxes(), []
     plain = boxes.send_from
     boxes.send_from = lambda sender: (lambda peer, h, t: (sent.append((sender, peer)), plain(sender)(peer, h, t)))
-    assert run_group(workers, boxes, left_out=("peer-c",)) == dict.fromkeys(GROUP, (3, 2))
+    told: list[tuple[str, str]] = []
+    assert run_group(workers, boxes, left_out=("peer-c",), told=told) == dict.fromkeys(GROUP, (3, 2))
     assert sorted(sent) == [("peer-a", "peer-b"), ("peer-a", "peer-c"), ("peer-b", "peer-a"), ("peer-b", "peer-c")]
+    assert sorted(told) == [("peer-a", "peer-c"), ("peer-b", "peer-c")]  # a courtesy copy: its failure is not news
     for p in GROUP:
         for name, q in workers[p].module.named_parameters():
             torch.testing.assert_close(q.grad, expected[name])
