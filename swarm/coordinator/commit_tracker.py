@@ -13,9 +13,10 @@ one iteration's draws (they go back), never its place; its stage mates probe it 
 What this buys: a frozen holder held every iteration it ran in until its record expired (16-26 s), and a holder
 whose microbatches were re-queued around a dead relay held the others for its whole recovery (10-15 s past the
 cutoff in the 20-peer churn runs of 2026-12-06). A holder left out for being late gets `LATE_AGAIN_PATIENCE` times
-the margin in the next iteration: one up to 2.5x slower than the others (a weaker machine than the plan assumed)
-still has every other iteration counted, and its shard moves on; one held up longer (stuck, say) still cannot hold
-the others for ever.
+the margin in the next iteration, and if it is left out then too, the iteration after waits for it as long as it
+takes (a holder stuck for good is the iteration deadline's, as before): one up to 2.5x slower than the others has
+every other iteration counted, one slower still every third, and its shard moves on. A much slower holder is not
+taken off its shard (the plan assumed its speed): the others wait for it one iteration in three.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ LATE_HOLDER_SHARE = 0.5
 came that late in 1 iteration of 139 (the first of a run, by 0.4 s)."""
 LATE_AGAIN_PATIENCE = 3.0
 """How many times the margin a holder the last commit left out for being late gets."""
+LATE_STREAK = 2
+"""Commits in a row a holder may be left out of for being late; the next one waits for it."""
 
 
 def overdue(arrivals: Sequence[float], awaited: int, elapsed: float, patience: float = 1.0) -> float | None:
@@ -62,8 +65,8 @@ class CommitTracker:
         """(Iteration, epoch) -> holder -> when its report came (the caller's clock)."""
         self._late: dict[tuple[int, int], set[str]] = {}
         """(Iteration, epoch) -> the holders excused from it for being late."""
-        self._late_last: set[str] = set()
-        """The holders the last commit left out for being late: waited for in the next."""
+        self._late_streak: dict[str, int] = {}
+        """Holder -> the commits in a row, up to the last, that left it out for being late."""
         self.shard_positions: dict[str, dict[str, int]] = dict(shard_positions or {})
         """Shard index -> its data position after the last committed iteration (for handing it over)."""
 
@@ -85,13 +88,17 @@ class CommitTracker:
              ) -> tuple[list[str], float]:
         """The holders of `iteration` under `schedule` still awaited at `now` that are late against those that
         reported (see the module docstring), and by how many seconds past the others' median; ([], 0) while none
-        is. One awaited that the last commit left out for being late gets `LATE_AGAIN_PATIENCE` times the margin.
-        `started`: when the iteration began (its clock is the caller's, as `add`'s `now`)."""
+        is. One awaited that the last commit left out for being late gets `LATE_AGAIN_PATIENCE` times the margin,
+        and one left out of the last `LATE_STREAK` commits is waited for. `started`: when the iteration began (its
+        clock is the caller's, as `add`'s `now`)."""
         out = self._excused.get((iteration, schedule.epoch), set()) | set(left_out)
         counted = [p for p in schedule.data_holders if p not in out]
         arrived = {p: t for p, t in self._arrived.get((iteration, schedule.epoch), {}).items() if p in counted}
         awaited = [p for p in counted if p not in arrived]
-        patience = LATE_AGAIN_PATIENCE if self._late_last.intersection(awaited) else 1.0
+        streak = max((self._late_streak.get(p, 0) for p in awaited), default=0)
+        if streak >= LATE_STREAK:
+            return [], 0.0
+        patience = LATE_AGAIN_PATIENCE if streak else 1.0
         behind = overdue([max(0.0, t - started) for t in arrived.values()], len(awaited), now - started, patience)
         return (awaited, behind) if behind is not None else ([], 0.0)
 
@@ -119,7 +126,8 @@ class CommitTracker:
             return None
         for r in reports.values():
             self.shard_positions.update(r.shards)
-        self._late_last = self._late.get((iteration, schedule.epoch), set())
+        left_late = self._late.get((iteration, schedule.epoch), set())
+        self._late_streak = {p: self._late_streak.get(p, 0) + 1 for p in left_late}
         self._reports = {k: v for k, v in self._reports.items() if k[0] > iteration}
         self._arrived = {k: v for k, v in self._arrived.items() if k[0] > iteration}
         self._excused = {k: v for k, v in self._excused.items() if k[0] > iteration}

@@ -12,9 +12,9 @@ iteration. Compute is emulated at 0.05 s a layer, so that most of an iteration i
 freeze, 0.3 s after a commit, lands in the pipeline. Before late holders were left out, the iteration waited for the
 frozen holder until its record expired.
 
-A data holder that is merely slow (its process runs ~10% of the time from iteration 3 on: a volunteer's machine taken
-by another job) is left out of iterations it is late in, but never taken for gone: it answers its mates' probes; it
-is waited for in the iteration after each, so it still has some iterations counted; its copy of the stage keeps the
+A data holder that is merely slow (its process runs 0.05 s in every 1.55 s from iteration 3 on: a volunteer's machine
+taken by another job) is left out of iterations it is late in, but never taken for gone: it answers its mates' probes;
+it is left out of two commits in a row at most, so it still has iterations counted; its copy of the stage keeps the
 group's (it takes the others' mean, and no copy is mended), and every sample is processed once.
 """
 
@@ -58,7 +58,7 @@ def processed_once(run_dir, records: list[dict]) -> Counter:
     return Counter(c["processed"] for c in sample_status(entries, committed(records)).values())
 
 
-def slowed(pid: int, stop: threading.Event, running: float = 0.02, stopped: float = 0.2) -> threading.Thread:
+def slowed(pid: int, stop: threading.Event, running: float = 0.05, stopped: float = 1.5) -> threading.Thread:
     """Run process `pid` `running` seconds out of every `running + stopped` until `stop` is set (then it runs on)."""
     proc = psutil.Process(pid)
 
@@ -140,7 +140,8 @@ def test_a_slow_holder_is_left_out_when_late_but_stays_and_keeps_its_stage_copy(
     assert [r["iteration"] for r in records] == list(range(1, ITERATIONS + 1))
     left_out = [r["iteration"] for r in records if victim in r["left_out"]]
     assert left_out, "the slow holder was never late enough to be left out"
-    assert not any(b == a + 1 for a, b in zip(left_out, left_out[1:])), left_out  # never twice in a row
+    assert not any(c == a + 2 for a, c in zip(left_out, left_out[2:])), left_out  # never three times in a row
+    assert any(victim not in r["left_out"] for r in records[left_out[0]:]), "its draws were never counted again"
     assert not swarm.events("declared_gone", who="coordinator"), "a live, slow holder was taken for gone"
     assert {r["epoch"] for r in records} == {0}  # no re-plan: it kept its place
     assert not swarm.events("stage_mended"), "a stage copy went apart"

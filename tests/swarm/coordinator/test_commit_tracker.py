@@ -111,3 +111,23 @@ def test_the_late_holders_are_those_counted_and_awaited_and_get_more_patience_th
     tracker.add("a", done("a", iteration=5), now=190.0)
     assert tracker.late(5, SimpleNamespace(epoch=1, data_holders=["a", "b"]), left_out=[], started=110.0,
                         now=126.0) == (["b"], pytest.approx(6.0))
+
+
+def test_a_holder_left_out_late_twice_in_a_row_is_waited_for_the_third_time():
+    schedule = SimpleNamespace(epoch=1, data_holders=["a", "b"], placement={"a": 0, "b": 0})
+    tracker = CommitTracker()
+    started = 0.0
+    for iteration, patience in ((0, 1.0), (1, 3.0)):
+        tracker.add("a", done("a", iteration=iteration), now=started + 1.0)
+        assert tracker.late(iteration, schedule, [], started, now=started + 1.0 + patience * 3.0) == ([], 0.0)
+        late, _ = tracker.late(iteration, schedule, [], started, now=started + 1.1 + patience * 3.0)
+        assert late == ["b"]
+        tracker.excuse_late(iteration, 1, late)
+        assert tracker.try_commit(iteration, schedule)[0].left_out == ("b",)
+        started += 20.0
+    tracker.add("a", done("a", iteration=2), now=started + 1.0)
+    assert tracker.late(2, schedule, [], started, now=started + 1000.0) == ([], 0.0)  # the third time it is awaited
+    tracker.add("b", done("b", iteration=2), now=started + 1000.0)
+    assert tracker.try_commit(2, schedule)[0].left_out == ()
+    tracker.add("a", done("a", iteration=3), now=started + 1001.0)  # counted: it starts afresh
+    assert tracker.late(3, schedule, [], started + 1000.0, now=started + 1005.0)[0] == ["b"]
