@@ -30,7 +30,7 @@ import pytest
 from peers.data_ledger import committed, read_ledger, sample_status
 from swarm.local.local_swarm import LocalSwarm
 from swarm.net.identity import ensure_identity
-from tests.utils.waiting import wait_for
+from tests.utils.freezing import frozen_host
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
@@ -86,8 +86,6 @@ def test_a_frozen_holder_is_left_out_of_the_commit_and_found_by_its_mates_probes
     config, args = run_config(tmp_path, "late")
     run_dir = tmp_path / "run"
     swarm = LocalSwarm(run_dir, PEERS, run_id="late", coordinator_args=["--config", config], peer_args=args)
-    frozen: list[psutil.Process] = []
-    ids: dict[str, int] = {}
     try:
         swarm.start()
         swarm.watch(FROZEN_AFTER, timeout=240)
@@ -95,17 +93,9 @@ def test_a_frozen_holder_is_left_out_of_the_commit_and_found_by_its_mates_probes
         ids = {ensure_identity(str(run_dir / f"peer-{i:02d}.key")): i for i in range(PEERS)}
         victim = max({r["origin"] for r in swarm.schedule()["routes"]})  # a data holder
         frozen_at = time.time()
-        frozen = swarm.freeze(swarm.peers[ids[victim]])
-        wait_for(lambda: {p.status() for p in frozen} == {psutil.STATUS_STOPPED}, 10, "the whole tree stopped")
-        records = swarm.watch(ITERATIONS, timeout=240)
+        with frozen_host(swarm, swarm.peers[ids[victim]]):
+            records = swarm.watch(ITERATIONS, timeout=240)
     finally:
-        for p in frozen:  # SIGCONT, then the whole tree is killed
-            try:
-                p.resume()
-            except psutil.NoSuchProcess:
-                pass
-        if frozen:
-            swarm.kill(swarm.peers[ids[victim]])
         swarm.stop()
     assert [r["iteration"] for r in records] == list(range(1, ITERATIONS + 1))
     excused = [e for e in swarm.events("holders_excused", who="coordinator") if victim in e["peers"]]

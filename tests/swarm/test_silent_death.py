@@ -15,7 +15,6 @@ from __future__ import annotations
 import statistics
 import time
 
-import psutil
 import pytest
 
 from swarm.local.local_swarm import LocalSwarm
@@ -27,7 +26,7 @@ from swarm.peer.iteration_clock import (
     PROBE_TIMEOUT_FACTOR,
     SILENCE_FLOOR,
 )
-from tests.utils.waiting import wait_for
+from tests.utils.freezing import frozen_host
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
@@ -57,8 +56,6 @@ def test_a_frozen_peer_is_routed_around_and_declared_gone_within_a_few_iteration
                       f"iterations = {ITERATIONS}\nmin_peers = {PEERS}\nseed = 0\n[swarm]\nheartbeat = {HEARTBEAT}\n")
     swarm = LocalSwarm(tmp_path / "run", PEERS, run_id="silent", coordinator_args=["--config", str(config)],
                        peer_args=["--iteration-deadline", "120"])
-    ids = {}
-    frozen: list[psutil.Process] = []
     try:
         swarm.start()
         swarm.watch(FROZEN_AFTER, timeout=240)
@@ -69,19 +66,10 @@ def test_a_frozen_peer_is_routed_around_and_declared_gone_within_a_few_iteration
         victim = next(pid for pid, i in sorted(ids.items(), key=lambda kv: kv[1])
                       if where[pid] != 0 and pid in busy and list(where.values()).count(where[pid]) > 1)
         frozen_at = time.time()
-        frozen = swarm.freeze(swarm.peers[ids[victim]])
-        # SIGSTOP is delivered asynchronously: a process may still show running for a moment
-        wait_for(lambda: {p.status() for p in frozen} == {psutil.STATUS_STOPPED}, 10, "the whole tree stopped")
-        assert len(frozen) >= 3, frozen  # the peer, its p2pd and its gossip sidecar at least
-        records = swarm.watch(ITERATIONS, timeout=240)
+        with frozen_host(swarm, swarm.peers[ids[victim]]) as frozen:
+            assert len(frozen) >= 3, frozen  # the peer, its p2pd and its gossip sidecar at least
+            records = swarm.watch(ITERATIONS, timeout=240)
     finally:
-        for p in frozen:  # SIGCONT, then the whole tree is killed
-            try:
-                p.resume()
-            except psutil.NoSuchProcess:
-                pass
-        if frozen:
-            swarm.kill(swarm.peers[ids[victim]])
         swarm.stop()
     assert [r["iteration"] for r in records] == list(range(1, ITERATIONS + 1))
     gone = swarm.events("declared_gone", who="coordinator")
