@@ -9,7 +9,8 @@ every shard's position after it, so a shard that changes holder starts where the
 A holder late against the others is excused too (`late`, `excuse_late`): once half of the holders counted have
 reported, one still awaited past their median report by `LATE_HOLDER_FLOOR` seconds or `LATE_HOLDER_SHARE` of the
 median, whichever is more, is left out of the commit. It is not taken for gone, so a load spike costs the slow holder
-one iteration's draws (they go back), never its place; its stage mates probe it (a frozen one is then found at once).
+one iteration's draws (they go back), never its place; its stage mates probe it (a frozen one is found by their
+unanswered probes, a probe's timeout later).
 What this buys: a frozen holder held every iteration it ran in until its record expired (16-26 s), and a holder
 whose microbatches were re-queued around a dead relay held the others for its whole recovery (10-15 s past the
 cutoff in the 20-peer churn runs of 2026-12-06). A holder left out for being late gets `LATE_AGAIN_PATIENCE` times
