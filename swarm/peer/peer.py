@@ -383,8 +383,7 @@ class Peer:
         return True
 
     def _adopt_due_schedule(self) -> None:
-        due = self.follower.due(self.iteration)
-        if due is not None:
+        if (due := self.follower.due(self.iteration)) is not None:
             self._adopt(due)
 
     def _abandon_iteration(self) -> None:
