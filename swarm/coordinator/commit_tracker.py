@@ -7,52 +7,35 @@ before its report came (its report is not counted). Only then do the peers avera
 every shard's position after it, so a shard that changes holder starts where the last commit left it.
 
 A holder late against the others is excused too (`late`, `excuse_late`): once half of the holders counted have
-reported, one still awaited past their median report by `LATE_HOLDER_FLOOR` seconds or `LATE_HOLDER_SHARE` of the
-median, whichever is more, is left out of the commit. It is not taken for gone, so a load spike costs the slow holder
-one iteration's draws (they go back), never its place; its stage mates probe it (a frozen one is found by their
-unanswered probes, a probe's timeout later).
-What this buys: a frozen holder held every iteration it ran in until its record expired (16-26 s), and a holder
-whose microbatches were re-queued around a dead relay held the others for its whole recovery (10-15 s past the
-cutoff in the 20-peer churn runs of 2026-12-06). A holder left out for being late gets `LATE_AGAIN_PATIENCE` times
-the margin in the next iteration, and if it is left out then too, the iteration after waits for it as long as it
-takes (a holder stuck for good is the iteration deadline's, as before): one up to 2.5x slower than the others has
-every other iteration counted, one slower still every third, and its shard moves on. A much slower holder is not
-taken off its shard (the plan assumed its speed): the others wait for it one iteration in three.
+reported, one still awaited past their median report by max(3 s, half the median) (`swarm.lateness`, the stage
+averaging's rule for its members) is left out of the commit. It is not taken for gone, so a load spike costs the
+slow holder one iteration's draws (they go back), never its place; its stage mates probe it (a frozen one is found
+by their unanswered probes, a probe's timeout later). What this buys: a frozen holder held every iteration it ran in
+until its record expired (16-26 s), and a holder whose microbatches were re-queued around a dead relay held the
+others for its whole recovery (10-15 s past the cutoff in the 20-peer churn runs of 2026-12-06). A holder left out
+for being late gets `LATE_AGAIN_PATIENCE` times the margin in the next iteration, and if it is left out then too,
+the iteration after waits for it as long as it takes (a holder stuck for good is the iteration deadline's, as
+before): one up to 2.5x slower than the others has every other iteration counted, one slower still every third, and
+its shard moves on. A much slower holder is not taken off its shard (the plan assumed its speed): the others wait
+for it one iteration in three.
 """
 
 from __future__ import annotations
 
-import statistics
 import time
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Mapping
 from dataclasses import replace
 
 from scheduler.costs import jitter_quantiles, pooled_jitter
 from scheduler.schedule import Schedule
 from swarm.control.messages import Commit, Done
+from swarm.lateness import overdue
 from swarm.wire import PeerRecord
 
-LATE_HOLDER_FLOOR = 3.0
-"""Seconds past the reported holders' median report before a holder still awaited is left out..."""
-LATE_HOLDER_SHARE = 0.5
-"""...or this share of that median, whichever is more: in the nine 20-peer runs without churn of 2026-12-06, a holder
-came that late in 1 iteration of 139 (the first of a run, by 0.4 s)."""
 LATE_AGAIN_PATIENCE = 3.0
 """How many times the margin a holder the last commit left out for being late gets."""
 LATE_STREAK = 2
 """Commits in a row a holder may be left out of for being late; the next one waits for it."""
-
-
-def overdue(arrivals: Sequence[float], awaited: int, elapsed: float, patience: float = 1.0) -> float | None:
-    """How far past the others' median report the `awaited` holders are, `elapsed` seconds into the iteration, once
-    they are late (None before): more than `patience` x max(`LATE_HOLDER_FLOOR`, `LATE_HOLDER_SHARE` x the median).
-    `arrivals` are the reports' seconds into it, and at least as many must have come as are awaited (a lone fast
-    holder says nothing about the others)."""
-    if not awaited or len(arrivals) < awaited:
-        return None
-    median = statistics.median_low(arrivals)
-    behind = elapsed - median
-    return behind if behind > patience * max(LATE_HOLDER_FLOOR, LATE_HOLDER_SHARE * median) else None
 
 
 class CommitTracker:

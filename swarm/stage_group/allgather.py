@@ -21,7 +21,6 @@ round (`swarm.stage_group.lineage`), and the strays take the other members' stat
 from __future__ import annotations
 
 import logging
-import statistics
 import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ from peers import flat_tensors
 from peers.averaging import Aggregation, history_norm, stage_mean, visit_bounds
 from peers.worker import StageWorker
 from swarm.events import event
+from swarm.lateness import overdue
 from swarm.net.delivery import Inbound, Send
 from swarm.wire import AverageStep, Direction, HopHeader
 
@@ -39,11 +39,6 @@ logger = logging.getLogger(__name__)
 
 WIRE_DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 """The dtypes stage gradients may travel in (float16 would overflow gradient sums)."""
-LATE_FLOOR = 3.0
-"""Seconds past the median of its mates' contributions before a member not heard from is late (a live peer on a
-loaded 2-core machine sends well within it)."""
-LATE_SHARE = 0.5
-"""A member is late once the time past that median exceeds this share of the median's own time into the round."""
 
 
 def flatten(grads: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -100,7 +95,7 @@ def average_stage_group(*, me: str, worker: StageWorker, group: list[str], run_i
     :param tell: sends to members left out (default `send`): a copy they may refuse (one left out for being late
       may be placed from a later iteration, or gone), whose failure says nothing of their reachability
     :param late: told (member, seconds) once of each member still awaited when half of the others' contributions
-      came and it is late against their median (`LATE_FLOOR`, `LATE_SHARE`): the caller probes it, since a frozen
+      came and it is late against their median (`swarm.lateness`): the caller probes it, since a frozen
       member resets nothing and would be waited for until it is declared gone
     """
     def refuse(sender: str, why: str, proof: bool = False) -> None:
@@ -129,14 +124,12 @@ def average_stage_group(*, me: str, worker: StageWorker, group: list[str], run_i
     arrived: list[float] = []
     told: set[str] = set()
     while time.monotonic() < end and any(p not in contributions and alive(p) for p in others):
-        if late is not None and arrived and 2 * len(arrived) >= len(others):
-            median = statistics.median_low(arrived)
-            behind = time.monotonic() - began - median
-            if behind > max(LATE_FLOOR, LATE_SHARE * median):
-                for p in others:
-                    if p not in contributions and p not in told:
-                        told.add(p)
-                        late(p, behind)
+        behind = overdue(arrived, len(others) - len(arrived), time.monotonic() - began) if late else None
+        if behind is not None:
+            for p in others:
+                if p not in contributions and p not in told:
+                    told.add(p)
+                    late(p, behind)
         for m in receive(min(0.2, max(0.0, end - time.monotonic()))):
             h = m.header
             if h.epoch != epoch:

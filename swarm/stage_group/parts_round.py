@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import logging
 import math
-import statistics
 import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, replace
@@ -49,10 +48,9 @@ import torch
 from peers.averaging import Aggregation, history_norm, stage_mean, visit_bounds
 from peers.worker import StageWorker
 from swarm.events import event
+from swarm.lateness import overdue
 from swarm.net.delivery import Inbound, Send
 from swarm.stage_group.allgather import (
-    LATE_FLOOR,
-    LATE_SHARE,
     WIRE_DTYPES,
     GroupRound,
     average_stage_group,
@@ -142,7 +140,7 @@ class PartsRound:
         self.began = time.monotonic()
         self.first_heard: dict[str, float] = {}
         """Each member's first message of the round, in seconds into it: one never heard from is late against the
-        others as in the all-gather (`LATE_FLOOR`, `LATE_SHARE`)."""
+        others as in the all-gather (`swarm.lateness`)."""
         self.told: set[str] = set()
         self.lineage, self.dtype = lineage, WIRE_DTYPES[wire_dtype]
         self.others = [p for p in members if p != me]
@@ -202,11 +200,9 @@ class PartsRound:
     def tell_late(self) -> None:
         """Tell `late` of the members never heard from once half of the others were, past their median."""
         heard = list(self.first_heard.values())
-        if self.late is None or not heard or 2 * len(heard) < len(self.others):
-            return
-        median = statistics.median_low(heard)
-        behind = time.monotonic() - self.began - median
-        if behind > max(LATE_FLOOR, LATE_SHARE * median):
+        awaited = max(0, len(self.others) - len(heard))
+        behind = overdue(heard, awaited, time.monotonic() - self.began) if self.late else None
+        if behind is not None:
             for p in self.others:
                 if p not in self.first_heard and p not in self.told:
                     self.told.add(p)

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from swarm.control.messages import Done
-from swarm.coordinator.commit_tracker import LATE_HOLDER_FLOOR, CommitTracker, iteration_metrics, overdue
+from swarm.coordinator.commit_tracker import CommitTracker, iteration_metrics
 from swarm.wire import PeerRecord
 
 
@@ -70,19 +70,6 @@ def test_a_report_moving_another_holders_shard_is_refused_and_own_documents_move
     assert tracker.add("b", done("b", shards={"1": {**moved, "cursor": 99}}), own=[], own_data=True) is None
     commit, _ = tracker.try_commit(3, schedule)
     assert commit.shards == {"1": {**moved, "cursor": 4}}  # neither report moved shard 1
-
-
-def test_holders_are_late_once_past_the_others_median_report_by_the_floor_or_half_of_it():
-    # two of four came, at 10 and 10.5 s: the median is 10 s, late means more than max(3, 5) = 5 s behind it
-    assert overdue([10.0, 10.5], awaited=2, elapsed=14.9) is None
-    assert overdue([10.0, 10.5], awaited=2, elapsed=15.5) == pytest.approx(5.5)
-    # a short iteration (median 1.1 s): the floor rules
-    assert overdue([1.0, 1.2, 1.1], awaited=1, elapsed=1.1 + LATE_HOLDER_FLOOR - 0.1) is None
-    assert overdue([1.0, 1.2, 1.1], awaited=1, elapsed=1.1 + LATE_HOLDER_FLOOR + 0.1) is not None
-    assert overdue([1.0, 1.2, 1.1], awaited=1, elapsed=1.1 + LATE_HOLDER_FLOOR + 0.1, patience=3.0) is None
-    # fewer came than are awaited: a lone fast holder says nothing about the others, however long it has been
-    assert overdue([10.0], awaited=3, elapsed=1000.0) is None
-    assert overdue([], awaited=0, elapsed=1000.0) is None
 
 
 def test_the_late_holders_are_those_counted_and_awaited_and_get_more_patience_the_iteration_after():

@@ -16,8 +16,9 @@ import torch
 
 from peers.averaging import visit_weighted_mean
 from peers.worker import StageWorker
+from swarm.lateness import LATE_FLOOR
 from swarm.net.delivery import Inbound
-from swarm.stage_group.allgather import LATE_FLOOR, average_stage_group
+from swarm.stage_group.allgather import average_stage_group
 from swarm.wire import HopHeader
 from tests.utils.queues import receive_from
 from tests.utils.stage_workers import trained

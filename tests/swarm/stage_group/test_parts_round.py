@@ -16,8 +16,9 @@ import torch
 
 from peers.averaging import visit_weighted_mean
 from peers.worker import StageWorker
+from swarm.lateness import LATE_FLOOR
 from swarm.net.delivery import Inbound
-from swarm.stage_group.allgather import LATE_FLOOR, GroupRound
+from swarm.stage_group.allgather import GroupRound
 from swarm.stage_group.parts_round import average_by_parts, owners, part_bounds
 from swarm.wire import AverageStep, HopHeader
 from tests.utils.queues import receive_from
