@@ -16,8 +16,7 @@ others for its whole recovery (10-15 s past the cutoff in the 20-peer churn runs
 for being late gets `LATE_AGAIN_PATIENCE` times the margin in the next iteration, and if it is left out then too,
 the iteration after waits for it as long as it takes (a holder stuck for good is the iteration deadline's, as
 before): one up to 2.5x slower than the others has every other iteration counted, one slower still every third, and
-its shard moves on. A much slower holder is not taken off its shard (the plan assumed its speed): the others wait
-for it one iteration in three.
+its shard moves on. A holder left out that often is given fewer microbatches (`HolderShares`).
 """
 
 from __future__ import annotations
@@ -51,6 +50,10 @@ class CommitTracker:
         """(Iteration, epoch) -> the holders excused from it for being late."""
         self._late_streak: dict[str, int] = {}
         """Holder -> the commits in a row, up to the last, that left it out for being late."""
+        self.last_counted: frozenset[str] = frozenset()
+        """The holders whose reports the last commit counted."""
+        self.last_late: frozenset[str] = frozenset()
+        """The holders the last commit left out for being late."""
         self.shard_positions: dict[str, dict[str, int]] = dict(shard_positions or {})
         """Shard index -> its data position after the last committed iteration (for handing it over)."""
 
@@ -112,6 +115,7 @@ class CommitTracker:
             self.shard_positions.update(r.shards)
         left_late = self._late.get((iteration, schedule.epoch), set())
         self._late_streak = {p: self._late_streak.get(p, 0) + 1 for p in left_late}
+        self.last_counted, self.last_late = frozenset(reports), frozenset(left_late)
         self._reports = {k: v for k, v in self._reports.items() if k[0] > iteration}
         self._arrived = {k: v for k, v in self._arrived.items() if k[0] > iteration}
         self._excused = {k: v for k, v in self._excused.items() if k[0] > iteration}

@@ -51,6 +51,7 @@ from scheduler.swarm_balance import join_stage, rebalance_once
 from scheduler.swarm_tuning import move_pays
 from scheduler.swarm_view import ModelCost, PeerSpec, SwarmView
 from swarm.coordinator.epochs import EpochHistory
+from swarm.coordinator.holder_shares import holder_microbatches
 from swarm.coordinator.shard_assignment import assign_shards, shard_drawers, shards_to_injectors
 from swarm.events import event
 from swarm.net.link_probe import link_matrices
@@ -282,7 +283,7 @@ class Replanner:
     # ---- re-plans ---------------------------------------------------------------------------------
     def replan(self, peers: Mapping[str, PeerRecord], history: EpochHistory, *, start_iteration: int,
                shard_positions: Mapping[str, Any], handing_over: Collection[str] = (),
-               stateless: Collection[str] = ()) -> Schedule:
+               stateless: Collection[str] = (), shares: Mapping[str, float] | None = None) -> Schedule:
         """A new epoch for the live `peers`: survivors keep their stages unless a move buys back what a departure
         cost, newcomers are placed one by one where they help most (a newcomer that asks for a stage, there), and
         departed holders' shards go to the surviving holders with the fewest. A peer that left and joined again
@@ -297,6 +298,8 @@ class Replanner:
         :param stateless: peers that hold no stage's state whatever the epochs say (they left and joined again: a
           restarted process, or a joiner whose stage's state did not come): joiners wherever they are placed, and
           not on their last stage if another one will do
+        :param shares: holder -> the share of its microbatches it is given, where less than all of them (a holder the
+          commits showed slower than the others: `HolderShares`)
         """
         cfg, old = self.config, history.latest
         cost = self.model_cost(peers)
@@ -341,7 +344,7 @@ class Replanner:
         if cfg.planner == "swarm":
             stage_of = self._swarm_rebalance(tables, stage_of, peers, handover, unsettled)
         elif cfg.rebalance:
-            stage_of = self._rebalance(old, tables, goal, stage_of, peers, handover, unsettled)
+            stage_of = self._rebalance(old, tables, goal, stage_of, peers, handover, unsettled, shares)
         if cfg.planner == "full-pipeline":  # every microbatch visits every stage: an empty one is refilled
             was = stage_of.copy()
             stage_of, filled = place_after_departure(tables, stage_of, [], goal, fixed=unsettled)
@@ -360,7 +363,7 @@ class Replanner:
                            extra=event("stage_emptied", stages=sorted(int(st) for st in empty)))
         holders = [ids[i] for i in np.flatnonzero(stage_of == 0)]
         shards = assign_shards(old.meta.get("shards", {}), holders, shard_drawers(holders, peers), num_shards)
-        counts = {ids.index(h): cfg.microbatches * max(1, len(ks)) for h, ks in shards.items()}
+        counts = self._counts(ids, shards, shares)
         options = self._plan_options()
         options = replace(options, jitter_polish=min(options.jitter_polish, REPLAN_JITTER_POLISH))  # the swarm waits
         if cfg.planner == "swarm":  # a fresh draw of the wiring on the new placement
@@ -390,8 +393,17 @@ class Replanner:
         validate(schedule, balance_tolerance=None)
         return schedule
 
+    def _counts(self, ids: list[str], shards: Mapping[str, Collection[int]],
+                shares: Mapping[str, float] | None) -> dict[int, int]:
+        """Peer index -> microbatches each holder of `shards` injects: `run.microbatches` per shard, scaled by its
+        share where it is given less (`holder_microbatches`)."""
+        shares = shares or {}
+        return {ids.index(h): holder_microbatches(self.config.microbatches, len(ks), shares.get(h, 1.0))
+                for h, ks in shards.items()}
+
     def _rebalance(self, old: Schedule, tables: CostTables, goal: PlacementGoal, stage_of: np.ndarray,
-                   peers: Mapping[str, PeerRecord], handover: dict[str, str], unsettled: set[int]) -> np.ndarray:
+                   peers: Mapping[str, PeerRecord], handover: dict[str, str], unsettled: set[int],
+                   shares: Mapping[str, float] | None = None) -> np.ndarray:
         """Moves of survivors into the stage groups departures shrank, where they pay (`placement.rebalance`);
         each mover is added to `handover` with the peer of its new stage that sends it the stage's state."""
         ids = list(tables.ids)
@@ -403,7 +415,7 @@ class Replanner:
         holders = [ids[i] for i in np.flatnonzero(stage_of == 0)]
         shards = assign_shards(old.meta.get("shards", {}), holders, shard_drawers(holders, peers),
                                int(old.meta.get("num_shards", len(old.data_holders))))
-        counts = {ids.index(h): self.config.microbatches * max(1, len(ks)) for h, ks in shards.items()}
+        counts = self._counts(ids, shards, shares)
         own_data = {i for i in range(len(ids)) if peers[ids[i]].data_holder}  # they draw their own documents only
         out, _, moves = rebalance(tables, stage_of, shrunk, goal, counts=counts, fixed=own_data, unsettled=unsettled)
         for v, source in moves.items():

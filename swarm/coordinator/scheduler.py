@@ -12,7 +12,8 @@ peers (peers are told who is gone). A gone data holder's microbatches cannot fin
 them (its draws go back to its shard, which a surviving holder takes over at the last commit's position), rather
 than running again for the sake of one holder's share; it runs again under the new epoch only when no holder of it
 is left or a holder is leaving (it hands its stage over first). A holder late against the others is left out of
-the commit the same way, without being taken for gone (`CommitTracker.late`, `check_late_holders`).
+the commit the same way, without being taken for gone (`CommitTracker.late`, `check_late_holders`); one the commits
+show slow for good is given fewer microbatches by a re-plan from the next iteration (`HolderShares`).
 A joiner that takes over a shard another holder carries starts it where the commit of the iteration in progress leaves
 it: every schedule says which commit its shard positions are as of (`meta["positions_after"]`), and such a joiner waits
 for the later one. With the SWARM-style planner a stable swarm is also re-planned every `SWARM_REPLAN_ITERATIONS`
@@ -43,6 +44,7 @@ from swarm.coordinator.actions import Action, Announce, PublishSchedule, RecordI
 from swarm.coordinator.commit_tracker import CommitTracker, iteration_metrics
 from swarm.coordinator.epochs import EpochHistory, successors
 from swarm.coordinator.first_plan import SETTLE_SECONDS, FirstPlan
+from swarm.coordinator.holder_shares import HolderShares, holder_microbatches
 from swarm.coordinator.liveness import Liveness
 from swarm.coordinator.replanner import NoDataHolder, Replanner
 from swarm.coordinator.restart_reports import RestartReports
@@ -86,6 +88,8 @@ class Scheduler:
         self.epochs = EpochHistory()
         self.liveness = Liveness(config.heartbeat, exclude=coordinator)
         self.commits = CommitTracker()
+        self.shares = HolderShares()
+        """Each holder's share of its microbatches, from how often commits left it out for being late."""
         self.completed = 0
         """Iterations committed; the one in progress is `completed`."""
         self.peers_online = 0
@@ -148,6 +152,7 @@ class Scheduler:
         for p in placement:
             if p not in peers:
                 self.suspicions.estrangements.forget(p)  # gone: whoever sat out because of it may come back
+                self.shares.forget([p])
         peers = {p: r for p, r in peers.items() if p not in sitting_out}
         gone = [p for p in placement if p not in peers]
         draining = [p for p in placement if p in peers and peers[p].state == PeerState.DRAINING]
@@ -205,7 +210,8 @@ class Scheduler:
         def plan(live: dict[str, PeerRecord]) -> Schedule:
             return self.replanner.replan(live, self.epochs, start_iteration=start,
                                          shard_positions=self.commits.shard_positions,
-                                         handing_over=list(handing_over), stateless=self.liveness.stateless)
+                                         handing_over=list(handing_over), stateless=self.liveness.stateless,
+                                         shares=self.shares.slowed)
 
         try:
             try:
@@ -344,7 +350,33 @@ class Scheduler:
         self.completed += 1
         self.suspicions.committed()
         self._restart_reports.progress(now, record["iteration_seconds"])
-        return [RecordIteration(record), Announce(commit)]  # the record first: see `RecordIteration`
+        # lateness in an iteration that lost a peer is the churn's (microbatches went around the dead), not slowness
+        churned = set(commit.left_out) - self.commits.last_late
+        shares = {} if churned else self.shares.committed(self.commits.last_counted, self.commits.last_late)
+        # the record first: see `RecordIteration`
+        return [RecordIteration(record), Announce(commit)] + self._follow_shares(shares, now)
+
+    def _follow_shares(self, changed: Mapping[str, float], now: float) -> list[Action]:
+        """Re-plan from the next iteration for holders whose share of microbatches the last commit changed
+        (`HolderShares`), where that changes what they inject. Not while a placed peer is missing from the live
+        ones: the membership's re-plan comes first (and plans with the new shares)."""
+        if not changed:
+            return []
+        newest, per_shard = self.schedule, self.config.microbatches
+        live = self.liveness.live(now)
+        injects = {h: sum(r.origin == h for r in newest.routes) for h in changed}
+        moved = {h: holder_microbatches(per_shard, len(newest.meta.get("shards", {}).get(h, ())), share)
+                 for h, share in changed.items() if h in newest.placement}
+        moved = {h: n for h, n in moved.items() if n != injects[h]}
+        if not moved or not set(newest.placement) <= set(live):
+            return []
+        start = self.completed + 1
+        for h, n in moved.items():
+            logger.warning("%s %s: it injects %d microbatches instead of %d from iteration %d", h,
+                           "was left out of commits for being late" if n < injects[h] else "has been on time again",
+                           n, injects[h], start, extra=event("holder_share", peer=h, share=changed[h], microbatches=n,
+                                                             was=injects[h], start_iteration=start))
+        return self._replan({p: r for p, r in live.items() if p in newest.placement}, start=start, now=now)
 
     def closing(self, stopped: bool) -> Finished | None:
         """What to tell the peers as this scheduler stops: the run is over if it reached its last iteration, or if
