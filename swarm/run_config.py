@@ -36,6 +36,7 @@ average_dtype = "float32"  # or bfloat16: stage gradients on the wire at half th
 profile = ""            # plan on a network preset instead of the measured links (studies, emulation)
 planner = "skippipe"    # or skippipe-no-collision / full-pipeline / random-skip / swarm (baselines, for benchmarks)
 rebalance = true        # a survivor may move to a stage group a departure left the bottleneck
+holder_shares = true    # a data holder the commits show slow is given fewer microbatches
 message_bytes = 0       # emulation: pad each activation and gradient to this many bytes (0 = their own size)
 chunk_bytes = 67108864  # stage gradients and state larger than this travel in pieces of this size (64 MiB)
 ```
@@ -112,6 +113,11 @@ class RunConfig:
     rebalance: bool = True
     """After a departure, move a survivor into a stage group it shrank when that shortens the planned iteration by
     `REBALANCE_MIN_GAIN` or more, state transfer included (false: survivors keep their stages until a peer joins)."""
+    holder_shares: bool = True
+    """A data holder left out of commits for being late in two of its last three iterations is given half its
+    microbatches by a re-plan, and its share back once on time again (`swarm.coordinator.holder_shares`); false: every
+    holder injects `microbatches` per shard whatever its pace (the others then wait for a slow one every third
+    iteration)."""
     message_bytes: int = 0
     """Emulation: pad every activation and gradient on the wire with zero rows (along the batch) to at least this
     many bytes, so a small model's run carries a bigger model's messages (`wire_activation_shape`); the planner's
@@ -187,8 +193,9 @@ class RunConfig:
             raise ValueError(f"run.skip {self.skip} with {self.stages} stages: no path can visit stage(s) "
                              f"{', '.join(map(str, never))}, whose peers would never train; lower run.skip or "
                              "run.stages")
-        if not isinstance(self.rebalance, bool):
-            raise ValueError(f"swarm.rebalance must be true or false, got {self.rebalance!r}")
+        for name in ("rebalance", "holder_shares"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"swarm.{name} must be true or false, got {getattr(self, name)!r}")
         if self.average_dtype not in ("float32", "bfloat16"):
             raise ValueError(f"swarm.average_dtype must be float32 or bfloat16, got {self.average_dtype!r}")
         if self.averaging not in ("allgather", "parts", "hivemind"):
@@ -328,6 +335,8 @@ class RunConfig:
             hyper["chunk_bytes"] = self.chunk_bytes
         if self.average_dtype != "float32":  # likewise
             hyper["average_dtype"] = self.average_dtype
+        if not self.holder_shares:  # likewise
+            hyper["holder_shares"] = False
         hyper["init_weights"] = list(self.init_weights)
         hyper["optim"] = dataclasses.asdict(self.optim)
         hyper["train"] = self.train.to_dict()

@@ -352,7 +352,8 @@ class Scheduler:
         self._restart_reports.progress(now, record["iteration_seconds"])
         # lateness in an iteration that lost a peer is the churn's (microbatches went around the dead), not slowness
         churned = set(commit.left_out) - self.commits.last_late
-        shares = {} if churned else self.shares.committed(self.commits.last_counted, self.commits.last_late)
+        shares = {} if churned or not self.config.holder_shares else \
+            self.shares.committed(self.commits.last_counted, self.commits.last_late)
         # the record first: see `RecordIteration`
         return [RecordIteration(record), Announce(commit)] + self._follow_shares(shares, now)
 

@@ -29,6 +29,7 @@ def test_coordinator_refuses_bad_flags(args, message):
     ("[data]\nseq_len = 100000", "data.seq_len"),
     ("not toml [", "not valid TOML"),
     ("[swarm]\nrebalance = 'yes'", "swarm.rebalance must be true or false"),
+    ("[swarm]\nholder_shares = 1", "swarm.holder_shares must be true or false"),
 ])
 def test_coordinator_refuses_bad_config_files(tmp_path, content, message):
     f = tmp_path / "run.toml"

@@ -11,8 +11,10 @@ from swarm.coordinator.holder_shares import (
     HolderShares,
     holder_microbatches,
 )
+from swarm.coordinator.scheduler import Scheduler
 from swarm.events import EVENT_ATTR
-from tests.swarm.coordinator.conftest import make_scheduler
+from swarm.run_config import RunConfig
+from tests.swarm.coordinator.conftest import make_config, make_scheduler, model_of
 from tests.swarm.coordinator.test_scheduler import commit, fresh, notices, planned, published
 
 
@@ -119,3 +121,24 @@ def test_lateness_in_an_iteration_that_lost_a_peer_is_not_held_against_a_holder(
         t += 20
     assert s.shares.share(slow) == 1.0
     assert not [r for r in caplog.records if getattr(r, EVENT_ATTR, {}).get("event") == "holder_share"]
+
+
+def test_a_run_configured_without_holder_shares_keeps_every_holders_microbatches(records):
+    """`swarm.holder_shares = false`: the same two late commits re-plan nothing (the setting travels in the run spec,
+    so a successor scheduler keeps it)."""
+    config = make_config("skippipe", holder_shares=False)
+    assert RunConfig.from_spec(config.to_spec(coordinator="c", vocab_size=512))[0].holder_shares is False
+    assert "holder_shares" not in make_config().to_spec(coordinator="c", vocab_size=512).hyperparameters
+    s = Scheduler(config, model_of(config), "coordinator")
+    first = planned(s, records)
+    commit(s, 1, now=100.0)
+    slow, *others = first.data_holders
+    t = 100.0
+    for _ in range(2):
+        for h in others:
+            s.handle(h, Done(peer=h, iteration=s.completed, epoch=0, loss_sum=2.0, losses=4, tokens=256, started=t,
+                             finished=t + 1), t + 1)
+        s.observe(fresh(records), t + 20)
+        actions = s.check_late_holders(t + 20)
+        assert [m.left_out for m in notices(actions)] == [(slow,)] and published(actions) == []
+        t += 20
