@@ -18,7 +18,9 @@ the plan its churn-free run drew (`--first-schedule`): each run plans on the lin
 one method can differ by more than the churn costs. The data holders' ledgers are checked as well: every sample
 handed out must have been processed exactly once. Each run also records how fast the machine computed in each
 iteration (`benchmarks/compute_speed.py`); "kept at equal machine speed" corrects the kept share for a machine that
-computed slower (or faster) in the churn run than in the steady one before its first death.
+computed slower (or faster) in the churn run than in the steady one before its first death; and how many of the
+peers' DHT stores did not answer in time (`slow_stores`, event `record_store_slow`): hundreds more than usual say the
+machine was loaded, and its figures are not comparable with a quiet machine's.
 
 Convergence (`--checkpoint-every K`, 0 = off): the peers checkpoint every K iterations, the checkpoints are copied
 out as they appear, and afterwards each saved iteration's whole model is gathered and its validation loss measured
@@ -276,6 +278,7 @@ def run(args: argparse.Namespace, method: str, seed: int, failures: list[float],
               **window_summary(run_dir, records, played.start, args.minutes * 60),
               "died": dict(played.died), "joined": played.joined,
               "compute_ms": [round(compute.get(r["iteration"], 0.0), 2) for r in records],
+              "slow_stores": len(swarm.events("record_store_slow")),
               "first_death_iteration": sum(r["time"] < played.first_death for r in records)
               if played.first_death else None}
     if args.checkpoint_every:
@@ -418,7 +421,8 @@ def main() -> None:
                       f"joined, {churned['epochs']} epochs): keeps {share:.0%} ({at_speed:.0%} at equal machine "
                       f"speed); "
                       f"samples processed (times: count) steady {steady['samples_processed_times']}, churn "
-                      f"{churned['samples_processed_times']}", flush=True)
+                      f"{churned['samples_processed_times']}; slow DHT stores (a loaded machine) "
+                      f"{steady['slow_stores']} / {churned['slow_stores']}", flush=True)
                 if args.out:  # an interrupted benchmark keeps the runs it finished
                     write_results(Path(args.out), args, corpus, None, results, complete=False)
     target = args.target_loss if args.target_loss is not None else default_target(results)

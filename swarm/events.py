@@ -80,6 +80,9 @@ EVENTS: dict[str, tuple[str, ...]] = {
     "restarting": ("reachability",),
     # a node's p2p daemon did not start (try `attempt`): it is started again (`swarm.control.node`)
     "dht_start_failed": ("attempt", "error"),
+    # a record's store did not answer within `seconds` (it is read back): a loaded host or DHT; benchmarks count them
+    # to tell a loaded machine's runs from a quiet one's
+    "record_store_slow": ("kind", "seconds"),
 }
 """Event name -> its fields (an event may carry fewer, or extra context; never another name)."""
 

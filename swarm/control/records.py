@@ -154,7 +154,8 @@ class SwarmRecords:
             if future.result(timeout=timeout):
                 return True
         except TimeoutError:
-            logger.warning("storing %s took over %.1f s: reading it back", key, timeout)
+            logger.warning("storing %s took over %.1f s: reading it back", key, timeout,
+                           extra=event("record_store_slow", kind=kind, seconds=timeout))
         try:
             found = self.dht.get(key, latest=True, return_future=True).result(timeout=timeout)
         except TimeoutError:

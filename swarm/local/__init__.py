@@ -5,4 +5,5 @@
 - nat_network.py: NatNetwork, public hosts and home networks behind NAT routers (iptables), for the NAT tests
 - namespaces.py: what both networks share: commands, bridge, tear-down, latency files for the transport
 - interrupts.py: deferred_interrupts, clean-up that a second Ctrl+C cannot cut short
+- throttle.py: Throttle, a process run part of the time (a volunteer's machine taken by another job)
 """

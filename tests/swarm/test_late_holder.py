@@ -21,15 +21,14 @@ given half its microbatches by a re-plan on the same placement (no other); its c
 
 from __future__ import annotations
 
-import threading
 import time
 from collections import Counter
 
-import psutil
 import pytest
 
 from peers.data_ledger import committed, read_ledger, sample_status
 from swarm.local.local_swarm import LocalSwarm
+from swarm.local.throttle import Throttle
 from swarm.net.identity import ensure_identity
 from tests.utils.freezing import frozen_host
 
@@ -57,30 +56,6 @@ def processed_once(run_dir, records: list[dict]) -> Counter:
     """How many samples the ledgers show processed how many times, by the scheduler's commits."""
     entries = [e for f in sorted(run_dir.glob("ledger-*.jsonl")) for e in read_ledger(f)]
     return Counter(c["processed"] for c in sample_status(entries, committed(records)).values())
-
-
-def slowed(pid: int, stop: threading.Event, running: float = 0.05, stopped: float = 1.5) -> threading.Thread:
-    """Run process `pid` `running` seconds out of every `running + stopped` until `stop` is set (then it runs on)."""
-    proc = psutil.Process(pid)
-
-    def cycle() -> None:
-        try:
-            while not stop.is_set():
-                proc.suspend()
-                time.sleep(stopped)
-                proc.resume()
-                time.sleep(running)
-        except psutil.NoSuchProcess:
-            pass
-        finally:
-            try:
-                proc.resume()
-            except psutil.NoSuchProcess:
-                pass
-
-    thread = threading.Thread(target=cycle, daemon=True)
-    thread.start()
-    return thread
 
 
 def test_a_frozen_holder_is_left_out_of_the_commit_and_found_by_its_mates_probes(tmp_path):
@@ -114,19 +89,17 @@ def test_a_slow_holder_is_left_out_when_late_then_given_less_work_but_stays_and_
     config, args = run_config(tmp_path, "slow")
     run_dir = tmp_path / "run"
     swarm = LocalSwarm(run_dir, PEERS, run_id="slow", coordinator_args=["--config", config], peer_args=args)
-    stop = threading.Event()
-    cycling = None
+    throttle = None
     try:
         swarm.start()
         swarm.watch(3, timeout=240)
         ids = {ensure_identity(str(run_dir / f"peer-{i:02d}.key")): i for i in range(PEERS)}
         victim = max({r["origin"] for r in swarm.schedule()["routes"]})  # a data holder
-        cycling = slowed(swarm.peers[ids[victim]].pid, stop)
+        throttle = Throttle(swarm.peers[ids[victim]].pid, running=0.05, stopped=1.5).start()
         records = swarm.watch(ITERATIONS, timeout=300)
     finally:
-        stop.set()
-        if cycling is not None:
-            cycling.join(timeout=5)
+        if throttle is not None:
+            throttle.close()
         swarm.stop()
     assert [r["iteration"] for r in records] == list(range(1, ITERATIONS + 1))
     left_out = [r["iteration"] for r in records if victim in r["left_out"]]

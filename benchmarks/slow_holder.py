@@ -1,0 +1,141 @@
+"""A data holder slower than it announced (issue #19): throughput with holder shares, without, and unthrottled.
+
+    .venv/bin/python benchmarks/slow_holder.py [--peers 6] [--runs 3] [--minutes 2] [--running 0.05] [--stopped 0.95]
+        [--emulate-speed SECONDS] [--microbatches 4] [--modes shares,fixed,unthrottled] [--out F.json] [--keep DIR]
+
+Each run is a real local swarm (coordinator and peer processes on loopback, 3 stages, 33% skip, the tiny model's
+real compute; `--emulate-speed` pads every operation to that many seconds per layer instead, but a padded operation
+mostly sleeps, and a throttle barely slows a sleep). Once iteration 3 is committed, one data holder's peer process is
+throttled
+(`swarm.local.throttle`: it runs `--running` s of every `--running + --stopped`, a machine taken by its owner's job;
+it announced the speed it measured at its start). Throughput is the tokens of the iterations committed within the
+`--minutes` window that starts then, over its length. The default throttle (5% of the time) is harsh because this
+tiny model's iterations last 2-3 s here, below the 3-s floor of 'late' (`swarm.lateness.LATE_FLOOR`): at 25% the
+holder was never late enough to be left out. A real model's iterations last tens of seconds, where a holder two or
+three times slower than the others is late by far more than the floor.
+
+Modes, alternating within each repetition (repetition r uses seed r):
+- `shares`: the default, `swarm.holder_shares = true`: left out for being late twice in three iterations, the slow
+  holder is given half its microbatches (down to a quarter) by a re-plan;
+- `fixed`: `swarm.holder_shares = false`: it keeps its microbatches; left out of the commits it is late in, it is
+  waited for every third iteration (`CommitTracker.late`);
+- `unthrottled`: the same swarm with no holder throttled (the ceiling both are read against).
+
+Prints each run (tokens/s, iterations committed in the window, commits that left the slow holder out, its
+microbatches per iteration at the end), min/median/max per mode, and the median ratios shares/fixed and each against
+unthrottled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.sigterm import unwind_on_sigterm  # noqa: E402
+from swarm.local.local_swarm import LocalSwarm  # noqa: E402
+from swarm.local.throttle import Throttle  # noqa: E402
+from swarm.net.identity import ensure_identity  # noqa: E402
+
+MODES = ("shares", "fixed", "unthrottled")
+START_AFTER = 3
+
+
+def window_figures(records: list[dict], start: float, seconds: float, slow: str) -> dict:
+    """Tokens/s of the iterations committed in [start, start + seconds], their count, and how many left `slow` out."""
+    inside = [r for r in records if start <= r["time"] <= start + seconds]
+    tokens = sum((r["tokens_per_s"] or 0) * r["iteration_seconds"] for r in inside)
+    return {"tokens_per_s": round(tokens / seconds, 1), "iterations": len(inside),
+            "slow_left_out": sum(slow in r["left_out"] for r in inside)}
+
+
+def run(args: argparse.Namespace, mode: str, index: int, root: Path) -> dict:
+    run_dir = root / f"{mode}-{index}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    config = run_dir / "run.toml"
+    config.write_text(f"[run]\nrun_id = 'slow'\nstages = 3\nskip = 0.33\nmicrobatches = {args.microbatches}\n"
+                      f"iterations = 0\nmin_peers = {args.peers}\nseed = {index}\n"
+                      f"[swarm]\nholder_shares = {'false' if mode == 'fixed' else 'true'}\n")
+    swarm = LocalSwarm(run_dir, args.peers, run_id="slow", coordinator_args=["--config", str(config)],
+                       peer_args=["--iteration-deadline", "120",
+                                  *(["--emulate-speed", str(args.emulate_speed)] if args.emulate_speed else [])])
+    throttle = None
+    try:
+        swarm.start()
+        swarm.watch(START_AFTER, timeout=600)
+        ids = {ensure_identity(str(run_dir / f"peer-{i:02d}.key")): i for i in range(args.peers)}
+        slow = max({r["origin"] for r in swarm.schedule()["routes"]})  # a data holder
+        start = time.time()
+        if mode != "unthrottled":
+            throttle = Throttle(swarm.peers[ids[slow]].pid, running=args.running, stopped=args.stopped).start()
+        while time.time() < start + 60 * args.minutes:
+            time.sleep(1.0)
+            dead = [p for p in swarm.peers if p.poll() is not None]
+            if dead or (swarm.coordinator is not None and swarm.coordinator.poll() is not None):
+                raise RuntimeError(f"a process of the swarm exited; logs in {run_dir}")
+        records = swarm.metrics()
+        microbatches = sum(r["origin"] == slow for r in swarm.schedule()["routes"])
+        shares = swarm.events("holder_share", who="coordinator")
+    finally:
+        if throttle is not None:
+            throttle.close()
+        swarm.stop()
+    return {"mode": mode, "run": index, **window_figures(records, start, 60 * args.minutes, slow),
+            "slow_microbatches_at_end": microbatches, "share_changes": len(shares)}
+
+
+def spread(values: list[float]) -> str:
+    return f"{min(values):.0f} / {statistics.median(values):.0f} / {max(values):.0f}"
+
+
+def main() -> None:
+    unwind_on_sigterm()
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--peers", type=int, default=6)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--minutes", type=float, default=2.0, help="the window measured after the throttle starts")
+    parser.add_argument("--running", type=float, default=0.05, help="seconds the slow holder runs per cycle")
+    parser.add_argument("--stopped", type=float, default=0.95, help="seconds it is stopped per cycle")
+    parser.add_argument("--emulate-speed", type=float, default=None,
+                        help="pad every peer's operations to this many seconds per layer (default: real compute)")
+    parser.add_argument("--microbatches", type=int, default=4, help="microbatches per holder (run.microbatches)")
+    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--out", default=None, help="also write the results as JSON here")
+    parser.add_argument("--keep", default=None, help="keep the run directories here (logs, events)")
+    args = parser.parse_args()
+    modes = [m for m in args.modes.split(",") if m]
+    if set(modes) - set(MODES) or args.runs < 1 or args.minutes <= 0 or args.peers < 4:
+        sys.exit(f"error: modes must be among {', '.join(MODES)}; --runs >= 1, --minutes > 0, --peers >= 4")
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(args.keep) if args.keep else Path(tmp)
+        for index in range(args.runs):
+            for mode in modes:
+                r = run(args, mode, index, root)
+                results.append(r)
+                print(json.dumps(r), flush=True)
+    median = {}
+    for mode in modes:
+        mine = [r for r in results if r["mode"] == mode]
+        median[mode] = statistics.median(r["tokens_per_s"] for r in mine)
+        print(f"{mode:>11}: tokens/s {spread([r['tokens_per_s'] for r in mine])} (min/median/max), iterations "
+              f"{spread([r['iterations'] for r in mine])}, the slow holder left out of "
+              f"{spread([r['slow_left_out'] for r in mine])}")
+    if "shares" in median and "fixed" in median and median["fixed"]:
+        print(f"median tokens/s, shares / fixed: {median['shares'] / median['fixed']:.2f}x")
+    for mode in ("shares", "fixed"):
+        if mode in median and median.get("unthrottled"):
+            print(f"median tokens/s, {mode} / unthrottled: {median[mode] / median['unthrottled']:.2f}x")
+    if args.out:
+        Path(args.out).write_text(json.dumps({"date": time.strftime("%Y-%m-%d"), "args": vars(args),
+                                              "results": results}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
