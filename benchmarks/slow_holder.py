@@ -10,9 +10,9 @@ throttled
 (`swarm.local.throttle`: it runs `--running` s of every `--running + --stopped`, a machine taken by its owner's job;
 it announced the speed it measured at its start). Throughput is the tokens of the iterations committed within the
 `--minutes` window that starts then, over its length. The default throttle (5% of the time) is harsh because this
-tiny model's iterations last 2-3 s here, below the 3-s floor of 'late' (`swarm.lateness.LATE_FLOOR`): at 25% the
-holder was never late enough to be left out. A real model's iterations last tens of seconds, where a holder two or
-three times slower than the others is late by far more than the floor.
+tiny model's iterations last about a second here (6 peers), below the 3-s floor of 'late'
+(`swarm.lateness.LATE_FLOOR`): at 25% the holder was never late enough to be left out. A real model's iterations last
+tens of seconds, where a holder two or three times slower than the others is late by far more than the floor.
 
 Modes, alternating within each repetition (repetition r uses seed r):
 - `shares`: the default, `swarm.holder_shares = true`: left out for being late twice in three iterations, the slow
