@@ -6,11 +6,10 @@
 Each run is a real local swarm (coordinator and peer processes on loopback, 3 stages, 33% skip, the tiny model's
 real compute; `--emulate-speed` pads every operation to that many seconds per layer instead, but a padded operation
 mostly sleeps, and a throttle barely slows a sleep). Once iteration 3 is committed, one data holder's peer process is
-throttled
-(`swarm.local.throttle`: it runs `--running` s of every `--running + --stopped`, a machine taken by its owner's job;
-it announced the speed it measured at its start). Throughput is the tokens of the iterations committed within the
-`--minutes` window that starts then, over its length. The default throttle (5% of the time) is harsh because this
-tiny model's iterations last about a second here (6 peers), below the 3-s floor of 'late'
+throttled (`swarm.local.throttle`: it runs `--running` s of every `--running + --stopped`, a machine taken by its
+owner's job; it announced the speed it measured at its start). Throughput is the tokens of the iterations committed
+within the `--minutes` window that starts then, over its length. The default throttle (5% of the time) is harsh
+because this tiny model's iterations last about a second here (6 peers), below the 3-s floor of 'late'
 (`swarm.lateness.LATE_FLOOR`): at 25% the holder was never late enough to be left out. A real model's iterations last
 tens of seconds, where a holder two or three times slower than the others is late by far more than the floor.
 

@@ -352,31 +352,37 @@ class Scheduler:
         self._restart_reports.progress(now, record["iteration_seconds"])
         # lateness in an iteration that lost a peer is the churn's (microbatches went around the dead), not slowness
         churned = set(commit.left_out) - self.commits.last_late
+        before = self.shares.slowed
         shares = {} if churned or not self.config.holder_shares else \
             self.shares.committed(self.commits.last_counted, self.commits.last_late)
         # the record first: see `RecordIteration`
-        return [RecordIteration(record), Announce(commit)] + self._follow_shares(shares, now)
+        return [RecordIteration(record), Announce(commit)] + self._follow_shares(shares, before, now)
 
-    def _follow_shares(self, changed: Mapping[str, float], now: float) -> list[Action]:
+    def _follow_shares(self, changed: Mapping[str, float], before: Mapping[str, float], now: float) -> list[Action]:
         """Re-plan from the next iteration for holders whose share of microbatches the last commit changed
-        (`HolderShares`), where that changes what they inject. Not while a placed peer is missing from the live
-        ones: the membership's re-plan comes first (and plans with the new shares)."""
+        (`HolderShares`; `before`: the shares until then), where that changes their count (`holder_microbatches`, as
+        the re-plan computes it). Not while a placed peer is missing from the live ones: the membership's re-plan
+        comes first (and plans with the new shares)."""
         if not changed:
             return []
-        newest, per_shard = self.schedule, self.config.microbatches
+        newest = self.schedule
+        shards = newest.meta.get("shards", {})
+
+        def count(h: str, share: float) -> int:
+            return holder_microbatches(self.config.microbatches, len(shards.get(h, ())), share)
+
+        moved = {h: (count(h, before.get(h, 1.0)), count(h, share)) for h, share in changed.items()
+                 if h in newest.placement}
+        moved = {h: (was, n) for h, (was, n) in moved.items() if was != n}
         live = self.liveness.live(now)
-        injects = {h: sum(r.origin == h for r in newest.routes) for h in changed}
-        moved = {h: holder_microbatches(per_shard, len(newest.meta.get("shards", {}).get(h, ())), share)
-                 for h, share in changed.items() if h in newest.placement}
-        moved = {h: n for h, n in moved.items() if n != injects[h]}
         if not moved or not set(newest.placement) <= set(live):
             return []
         start = self.completed + 1
-        for h, n in moved.items():
+        for h, (was, n) in moved.items():
             logger.warning("%s %s: it injects %d microbatches instead of %d from iteration %d", h,
-                           "was left out of commits for being late" if n < injects[h] else "has been on time again",
-                           n, injects[h], start, extra=event("holder_share", peer=h, share=changed[h], microbatches=n,
-                                                             was=injects[h], start_iteration=start))
+                           "was left out of commits for being late" if n < was else "has been on time again",
+                           n, was, start, extra=event("holder_share", peer=h, share=changed[h], microbatches=n,
+                                                      was=was, start_iteration=start))
         return self._replan({p: r for p, r in live.items() if p in newest.placement}, start=start, now=now)
 
     def closing(self, stopped: bool) -> Finished | None:
