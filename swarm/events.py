@@ -67,6 +67,8 @@ EVENTS: dict[str, tuple[str, ...]] = {
     "holders_excused": ("iteration", "epoch", "peers", "seconds"),
     # a holder the commits showed slow (or on time again) injects `microbatches` instead of `was` from an iteration on
     "holder_share": ("peer", "share", "microbatches", "was", "start_iteration"),
+    "holder_benched": ("peer", "seconds", "iteration"),
+    "benched": ("iteration", "seconds"),
     # two members of one stage group cannot reach each other: `peer` sits out `seconds` (`partner` keeps serving)
     "estranged": ("peer", "partner", "stage", "seconds"),
     # admission: the scheduler's decisions, and a joiner told it is not admitted

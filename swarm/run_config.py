@@ -36,7 +36,7 @@ average_dtype = "float32"  # or bfloat16: stage gradients on the wire at half th
 profile = ""            # plan on a network preset instead of the measured links (studies, emulation)
 planner = "skippipe"    # or skippipe-no-collision / full-pipeline / random-skip / swarm (baselines, for benchmarks)
 rebalance = true        # a survivor may move to a stage group a departure left the bottleneck
-holder_shares = true    # a data holder the commits show slow is given fewer microbatches
+holder_shares = true    # a data holder the commits show slow is given fewer microbatches, then benched
 message_bytes = 0       # emulation: pad each activation and gradient to this many bytes (0 = their own size)
 chunk_bytes = 67108864  # stage gradients and state larger than this travel in pieces of this size (64 MiB)
 ```
@@ -115,9 +115,9 @@ class RunConfig:
     `REBALANCE_MIN_GAIN` or more, state transfer included (false: survivors keep their stages until a peer joins)."""
     holder_shares: bool = True
     """A data holder left out of commits for being late in two of its last three iterations is given half its
-    microbatches by a re-plan, and its share back once on time again (`swarm.coordinator.holder_shares`); false: every
-    holder injects `microbatches` per shard whatever its pace (the others then wait for a slow one every third
-    iteration)."""
+    microbatches by a re-plan, and its share back once on time again (`swarm.coordinator.holder_shares`); one still
+    late at its smallest share is benched (`swarm.coordinator.benches`); false: every holder injects `microbatches`
+    per shard whatever its pace, and stays (the others then wait for a slow one every third iteration)."""
     message_bytes: int = 0
     """Emulation: pad every activation and gradient on the wire with zero rows (along the batch) to at least this
     many bytes, so a small model's run carries a bigger model's messages (`wire_activation_shape`); the planner's

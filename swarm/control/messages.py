@@ -396,6 +396,23 @@ class SitOut:
                    seconds=read_float(d.get("seconds"), f"{name}.seconds", 0.0, 86400.0))
 
 
+@dataclass(frozen=True)
+class Benched:
+    """The scheduler takes `peer`, a data holder, off the run's work for `seconds`, from `iteration` on (the one in
+    progress commits without it): commits kept leaving it out for being late even at its smallest share
+    (`swarm.coordinator.benches`). It is not taken for gone, and is placed again afterwards."""
+
+    TOPIC: ClassVar[Topic] = "membership"
+    peer: str
+    iteration: int
+    seconds: float
+
+    @classmethod
+    def _decode(cls, d: dict, name: str) -> Benched:
+        return cls(peer=_peer(d, name), iteration=_iteration(d, name),
+                   seconds=read_float(d.get("seconds"), f"{name}.seconds", 0.0, 86400.0))
+
+
 MAX_NONCE = (1 << 62) - 1
 
 
@@ -426,11 +443,11 @@ class Pong:
 
 
 ControlMessage = Join | Leave | Gone | Finished | Stuck | Broken | Unrecoverable | Unreachable | ScheduleNotice | \
-    Alive | Done | Commit | Faulty | Admitted | Refused | NotDialable | SitOut | Ping | Pong
+    Alive | Done | Commit | Faulty | Admitted | Refused | NotDialable | SitOut | Benched | Ping | Pong
 MESSAGE_TYPES: dict[str, type] = {cls.__name__.lower(): cls for cls in
                                   (Join, Leave, Gone, Finished, Stuck, Broken, Unrecoverable, Unreachable,
                                    ScheduleNotice, Alive, Done, Commit, Faulty, Admitted, Refused, NotDialable,
-                                   SitOut, Ping, Pong)}
+                                   SitOut, Benched, Ping, Pong)}
 
 
 def encode(message: ControlMessage) -> dict[str, Any]:

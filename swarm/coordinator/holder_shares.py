@@ -8,7 +8,10 @@ from an unlucky one: one left out for being late in `SLOW_LATE` of its last `SLO
 iterations gets half its share of microbatches (down to `MIN_SHARE`); the scheduler re-plans from the next iteration,
 and the holder draws fewer samples of its shards per iteration (its shards move on slower; nothing is lost or drawn
 twice). One on time for `RESTORE_AFTER` iterations in a row gets its share doubled back (up to all of it), and each
-restore doubles the wait for the next: a holder slow for good is not re-planned back and forth.
+restore doubles the wait for the next: a holder slow for good is not re-planned back and forth. One still slow at
+`MIN_SHARE`, or at one microbatch an iteration, is given none (`OFF`): its own part of the work and of its stage's
+averaging are too slow for any share to help, and the scheduler takes it off the run for a while (`Benches`); it
+starts afresh when placed again.
 
 Pure bookkeeping: the scheduler feeds each commit (`committed`) and plans with `share`. It does not feed commits
 that left a peer out for being gone: a holder whose microbatches went around a dead relay is late for the churn's
@@ -28,6 +31,8 @@ MIN_SHARE = 0.25
 """The smallest share of its microbatches a holder is given (at least one microbatch whatever the share)."""
 RESTORE_AFTER = 10
 """Iterations in a row a slowed holder must be on time in before its share is doubled back (the first time)."""
+OFF = 0.0
+"""The share of a holder still slow at `MIN_SHARE`: it is taken off the run's work (`swarm.coordinator.benches`)."""
 
 
 class HolderShares:
@@ -51,9 +56,12 @@ class HolderShares:
         """The holders given less than all of their microbatches, with their shares."""
         return dict(self._share)
 
-    def committed(self, counted: Collection[str], late: Collection[str]) -> dict[str, float]:
+    def committed(self, counted: Collection[str], late: Collection[str], *,
+                  single: Collection[str] = ()) -> dict[str, float]:
         """One commit counted the reports of `counted` and left out `late` for being late (holders left out for being
-        gone are in neither). The holders whose share changes with it, with their new shares."""
+        gone are in neither); the holders of `single` inject one microbatch an iteration already (no smaller share
+        gives them less). The holders whose share changes with it, with their new shares: `OFF` for one still slow
+        at `MIN_SHARE` or in `single` (the caller takes it off the run and `forget`s it, or its share stays)."""
         changed: dict[str, float] = {}
         for holder in {*counted, *late}:
             was_late = holder in late
@@ -61,14 +69,16 @@ class HolderShares:
             recent.append(was_late)
             self._on_time[holder] = 0 if was_late else self._on_time.get(holder, 0) + 1
             share = self.share(holder)
-            if sum(recent) >= SLOW_LATE and share > MIN_SHARE:
-                changed[holder] = max(MIN_SHARE, share / 2)
+            if sum(recent) >= SLOW_LATE:
+                changed[holder] = OFF if share <= MIN_SHARE or holder in single else max(MIN_SHARE, share / 2)
                 recent.clear()  # judged afresh at its new share
             elif share < 1.0 and self._on_time[holder] >= RESTORE_AFTER * 2 ** self._restores.get(holder, 0):
                 changed[holder] = min(1.0, share * 2)
                 self._on_time[holder] = 0
                 self._restores[holder] = self._restores.get(holder, 0) + 1
         for holder, share in changed.items():
+            if share == OFF:
+                continue  # its share stays until the caller takes it off the run (and forgets it)
             if share >= 1.0:
                 self._share.pop(holder, None)
             else:

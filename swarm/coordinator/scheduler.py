@@ -13,7 +13,8 @@ them (its draws go back to its shard, which a surviving holder takes over at the
 than running again for the sake of one holder's share; it runs again under the new epoch only when no holder of it
 is left or a holder is leaving (it hands its stage over first). A holder late against the others is left out of
 the commit the same way, without being taken for gone (`CommitTracker.late`, `check_late_holders`); one the commits
-show slow for good is given fewer microbatches by a re-plan from the next iteration (`HolderShares`).
+show slow for good is given fewer microbatches by a re-plan from the next iteration (`HolderShares`), and one still
+late at its smallest share is taken off the run's work for a while, as a peer sitting out (`Benches`).
 A joiner that takes over a shard another holder carries starts it where the commit of the iteration in progress leaves
 it: every schedule says which commit its shard positions are as of (`meta["positions_after"]`), and such a joiner waits
 for the later one. With the SWARM-style planner a stable swarm is also re-planned every `SWARM_REPLAN_ITERATIONS`
@@ -27,6 +28,7 @@ from collections.abc import Iterable, Mapping
 
 from scheduler.schedule import Schedule
 from swarm.control.messages import (
+    Benched,
     Broken,
     ControlMessage,
     Done,
@@ -44,10 +46,10 @@ from swarm.coordinator.actions import Action, Announce, PublishSchedule, RecordI
 from swarm.coordinator.commit_tracker import CommitTracker, iteration_metrics
 from swarm.coordinator.epochs import EpochHistory, successors
 from swarm.coordinator.first_plan import SETTLE_SECONDS, FirstPlan
-from swarm.coordinator.holder_shares import HolderShares, holder_microbatches
 from swarm.coordinator.liveness import Liveness
 from swarm.coordinator.replanner import NoDataHolder, Replanner
 from swarm.coordinator.restart_reports import RestartReports
+from swarm.coordinator.slow_holders import ShareChange, SlowHolders
 from swarm.coordinator.suspicions import Suspicions
 from swarm.events import event
 from swarm.run_config import RunConfig
@@ -88,8 +90,9 @@ class Scheduler:
         self.epochs = EpochHistory()
         self.liveness = Liveness(config.heartbeat, exclude=coordinator)
         self.commits = CommitTracker()
-        self.shares = HolderShares()
-        """Each holder's share of its microbatches, from how often commits left it out for being late."""
+        self.slow_holders = SlowHolders(config.microbatches)
+        """Each holder's share of its microbatches, from how often commits left it out for being late, and the
+        holders taken off the run's work for a while (late at their smallest share)."""
         self.completed = 0
         """Iterations committed; the one in progress is `completed`."""
         self.peers_online = 0
@@ -148,11 +151,11 @@ class Scheduler:
         """Re-plan when a scheduled peer is gone or leaving, or a new one has settled (see the module docstring
         for where the new epoch starts)."""
         placement = self.schedule.placement
-        sitting_out = self.suspicions.estrangements.sitting_out(now)
+        sitting_out = self._kept_out(now)
         for p in placement:
             if p not in peers:
                 self.suspicions.estrangements.forget(p)  # gone: whoever sat out because of it may come back
-                self.shares.forget([p])
+                self.slow_holders.forget([p])
         peers = {p: r for p, r in peers.items() if p not in sitting_out}
         gone = [p for p in placement if p not in peers]
         draining = [p for p in placement if p in peers and peers[p].state == PeerState.DRAINING]
@@ -192,6 +195,10 @@ class Scheduler:
         self._failed_replan = None if published else (change, now)
         return actions + published + self._commit_if_reported(now)  # every other holder may have reported it
 
+    def _kept_out(self, now: float) -> set[str]:
+        """The live peers the plan leaves out now: sitting out an estrangement, or benched for being too slow."""
+        return self.suspicions.estrangements.sitting_out(now) | self.slow_holders.benched(now)
+
     def _swarm_periodic_replan(self, peers: dict[str, PeerRecord], now: float) -> list[Action]:
         """The SWARM-style planner's periodic re-plan of a stable swarm, from the next iteration (as for a joiner):
         once the epoch in force has run `SWARM_REPLAN_ITERATIONS` iterations and no newer one is waiting."""
@@ -211,7 +218,7 @@ class Scheduler:
             return self.replanner.replan(live, self.epochs, start_iteration=start,
                                          shard_positions=self.commits.shard_positions,
                                          handing_over=list(handing_over), stateless=self.liveness.stateless,
-                                         shares=self.shares.slowed)
+                                         shares=self.slow_holders.shares.slowed)
 
         try:
             try:
@@ -352,38 +359,45 @@ class Scheduler:
         self._restart_reports.progress(now, record["iteration_seconds"])
         # lateness in an iteration that lost a peer is the churn's (microbatches went around the dead), not slowness
         churned = set(commit.left_out) - self.commits.last_late
-        before = self.shares.slowed
-        shares = {} if churned or not self.config.holder_shares else \
-            self.shares.committed(self.commits.last_counted, self.commits.last_late)
+        moved, off = ({}, []) if churned or not self.config.holder_shares else \
+            self.slow_holders.committed(self.schedule, self.commits.last_counted, self.commits.last_late)
         # the record first: see `RecordIteration`
-        return [RecordIteration(record), Announce(commit)] + self._follow_shares(shares, before, now)
+        return [RecordIteration(record), Announce(commit)] + self._follow_shares(moved, off, now)
 
-    def _follow_shares(self, changed: Mapping[str, float], before: Mapping[str, float], now: float) -> list[Action]:
-        """Re-plan from the next iteration for holders whose share of microbatches the last commit changed
-        (`HolderShares`; `before`: the shares until then), where that changes their count (`holder_microbatches`, as
-        the re-plan computes it). Not while a placed peer is missing from the live ones: the membership's re-plan
-        comes first (and plans with the new shares)."""
-        if not changed:
-            return []
-        newest = self.schedule
-        shards = newest.meta.get("shards", {})
-
-        def count(h: str, share: float) -> int:
-            return holder_microbatches(self.config.microbatches, len(shards.get(h, ())), share)
-
-        moved = {h: (count(h, before.get(h, 1.0)), count(h, share)) for h, share in changed.items()
-                 if h in newest.placement}
-        moved = {h: (was, n) for h, (was, n) in moved.items() if was != n}
+    def _follow_shares(self, moved: Mapping[str, ShareChange], off: list[str], now: float) -> list[Action]:
+        """Take the holders of `off` off the run's work (`_bench`), or re-plan from the next iteration, on the same
+        placement, for those whose count of microbatches the last commit changed (`SlowHolders`). Not while a placed
+        peer is missing from the live ones: the membership's re-plan comes first (and plans with the new shares)."""
+        if off and (benched := self._bench(off, now)):
+            return benched  # its re-plan plans every holder's share
         live = self.liveness.live(now)
-        if not moved or not set(newest.placement) <= set(live):
+        if not moved or not set(self.schedule.placement) <= set(live):
             return []
         start = self.completed + 1
-        for h, (was, n) in moved.items():
+        for h, c in moved.items():
             logger.warning("%s %s: it injects %d microbatches instead of %d from iteration %d", h,
-                           "was left out of commits for being late" if n < was else "has been on time again",
-                           n, was, start, extra=event("holder_share", peer=h, share=changed[h], microbatches=n,
-                                                      was=was, start_iteration=start))
-        return self._replan({p: r for p, r in live.items() if p in newest.placement}, start=start, now=now)
+                           "was left out of commits for being late" if c.count < c.was else "has been on time again",
+                           c.count, c.was, start, extra=event("holder_share", peer=h, share=c.share,
+                                                              microbatches=c.count, was=c.was, start_iteration=start))
+        return self._replan({p: r for p, r in live.items() if p in self.schedule.placement}, start=start, now=now)
+
+    def _bench(self, holders: list[str], now: float) -> list[Action]:
+        """Take `holders`, late at their smallest share, off the run's work for a while (`Benches`; each is told) and
+        re-plan without them from the next iteration, the one in progress committing without them, as for a peer
+        sitting out. Not a holder whose going would leave no other holder of the newest epoch live and placed."""
+        live, kept_out = self.liveness.live(now), self._kept_out(now)
+        told: list[Action] = []
+        for h in holders:
+            if not any(p != h and p in live and p not in kept_out for p in self.schedule.data_holders):
+                logger.warning("%s is late at its smallest share, but no other data holder is left: it stays", h)
+                continue
+            seconds = self.slow_holders.bench(h, now)
+            kept_out.add(h)
+            logger.warning("%s was late at its smallest share: it is taken off the run's work for %.0f s from "
+                           "iteration %d (not taken for gone), then placed again", h, seconds, self.completed,
+                           extra=event("holder_benched", peer=h, seconds=seconds, iteration=self.completed))
+            told.append(Announce(Benched(peer=h, iteration=self.completed, seconds=seconds)))
+        return told + self._follow_membership(live, now) if told else []
 
     def closing(self, stopped: bool) -> Finished | None:
         """What to tell the peers as this scheduler stops: the run is over if it reached its last iteration, or if

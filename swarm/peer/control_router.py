@@ -2,7 +2,8 @@
 
 Everything goes to the peer's own scheduler role if it holds one. Then the message is decoded (a malformed one is
 logged as an `ignored_control` event and dropped) and routed by kind and sender: admissions and refusals from the
-scheduler (or its successor) to `Members`, the coordinator's dial-back verdict and a sit-out to `DialVerdict`, the
+scheduler (or its successor) to `Members`, the coordinator's dial-back verdict and a sit-out to `DialVerdict`, a
+sit-out's or a bench's length to the `ScheduleFollower` (its wait to be placed again lasts that much longer), the
 scheduler's notices to the `ScheduleFollower` (the main loop woken), a ping answered at once, from the gossip
 thread (a busy main loop still answers), and a scheduled peer's report of a broken microbatch attempt to the main
 loop (its holder's executor re-queues it, a relay drops what it keeps of it). Anything else is ignored.
@@ -15,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from swarm.control.gossip import GossipMessage
-from swarm.control.messages import Admitted, Broken, NotDialable, Ping, Pong, Refused, SitOut, received
+from swarm.control.messages import Admitted, Benched, Broken, NotDialable, Ping, Pong, Refused, SitOut, received
 from swarm.events import event
 from swarm.peer.attempts import Requeue
 from swarm.peer.mailbox import Inbox
@@ -56,8 +57,16 @@ class ControlRouter:
             self.members.on_control(msg.sender, message)
         elif isinstance(message, NotDialable) and msg.sender == self.coordinator:
             self.dial_verdict.on_not_dialable(message)
-        elif isinstance(message, SitOut) and message.peer == self.peer_id and trusted:
-            self.dial_verdict.on_sit_out(message)
+        elif isinstance(message, (SitOut, Benched)) and message.peer == self.peer_id and trusted:
+            self.follower.sit_out(message.seconds)
+            if isinstance(message, SitOut):
+                self.dial_verdict.on_sit_out(message)
+            else:
+                logger.warning("the scheduler takes this peer off the run's work for %.0f s from iteration %d: "
+                               "commits kept leaving it out for being late, even at its smallest share (is another "
+                               "job using this machine?); it is placed again afterwards", message.seconds,
+                               message.iteration, extra=event("benched", iteration=message.iteration,
+                                                              seconds=message.seconds))
         elif isinstance(message, Ping) and message.peer == self.peer_id and trusted:
             self.reports.tell(Pong(nonce=message.nonce))
         elif self.follower.on_message(msg.sender, message, msg.seqno):

@@ -146,6 +146,8 @@ class ScheduleFollower:
         self._last_poll = 0.0
         self._read: ScheduleRead | None = None
         """The read of the newest schedule under way, or done and not taken yet."""
+        self.sitting_out_until = 0.0
+        """Until when (monotonic seconds) the scheduler said it leaves this peer out of the plan (`sit_out`)."""
 
     # ---- the scheduler --------------------------------------------------------------------------------------------
     def trusted(self, sender: str) -> bool:
@@ -393,14 +395,21 @@ class ScheduleFollower:
             time.sleep(0.2)
         return False
 
+    def sit_out(self, seconds: float) -> None:
+        """The scheduler leaves this peer out of the plan for `seconds` (an estrangement, a bench; from the gossip
+        thread): a wait for placement under way or to come lasts that much longer."""
+        self.sitting_out_until = max(self.sitting_out_until, time.monotonic() + seconds)
+
     def wait_for_placement(self, peer: str, stop: threading.Event, timeout: float, *,
                            newer_than: int = -1) -> Schedule | None:
-        """The first schedule placing `peer` (of an epoch after `newer_than`), waiting up to `timeout` seconds;
-        None if the run finished or `stop` was set first. Where the newest comes with a bridge that places `peer`
-        too, that one (the others run the iteration in progress under it), the newest left pending as `newer`."""
+        """The first schedule placing `peer` (of an epoch after `newer_than`), waiting up to `timeout` seconds (after
+        a sit-out the scheduler announced, if later); None if the run finished or `stop` was set first. Where the
+        newest comes with a bridge that places `peer` too, that one (the others run the iteration in progress under
+        it), the newest left pending as `newer`."""
         end = time.monotonic() + timeout
         follow_up_until = 0.0
-        while not stop.is_set() and not self.finished.is_set() and time.monotonic() < end:
+        while not stop.is_set() and not self.finished.is_set() and \
+                time.monotonic() < max(end, self.sitting_out_until + timeout):
             found = self._fetch_with_bridge()
             schedule, bridge = found if found is not None else (None, None)
             if schedule is not None and peer in schedule.placement and schedule.epoch > newer_than:

@@ -15,8 +15,9 @@ frozen holder until its record expired.
 A data holder that is merely slow (its process runs 0.05 s in every 1.55 s from iteration 3 on: a volunteer's machine
 taken by another job) is left out of iterations it is late in, but never taken for gone: it answers its mates' probes;
 it is left out of two commits in a row at most, so it still has iterations counted; left out twice in three, it is
-given half its microbatches by a re-plan on the same placement (no other); its copy of the stage keeps the group's
-(it takes the others' mean, and no copy is mended), and every sample is processed once.
+given half its microbatches (one) by a re-plan on the same placement; still late twice in three at one microbatch, it
+is benched: told so, planned without for a while, alive and asking to be placed again, while the run goes on without
+it. No copy of a stage is mended, and every sample is processed once.
 """
 
 from __future__ import annotations
@@ -37,16 +38,18 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 PEERS = 6
 FROZEN_AFTER = 5
 ITERATIONS = 12
+SLOW_ITERATIONS = 18
+"""Enough for the slow holder's two verdicts (each takes two late commits of three) and a few iterations without it."""
 HEARTBEAT = 8.0
 EXPIRY_FLOOR = 2 * HEARTBEAT
 """The soonest a frozen peer's record can expire after the freeze (its last beat may have been just before it)."""
 
 
-def run_config(tmp_path, run_id: str) -> tuple[str, list[list[str]]]:
+def run_config(tmp_path, run_id: str, iterations: int = ITERATIONS) -> tuple[str, list[list[str]]]:
     """The coordinator's config file and each peer's flags: compute emulated at 0.05 s a layer, ledgers kept."""
     config = tmp_path / "run.toml"
     config.write_text(f"[run]\nrun_id = '{run_id}'\nstages = 3\nskip = 0.33\nmicrobatches = 2\n"
-                      f"iterations = {ITERATIONS}\nmin_peers = {PEERS}\nseed = 0\n[swarm]\nheartbeat = {HEARTBEAT}\n")
+                      f"iterations = {iterations}\nmin_peers = {PEERS}\nseed = 0\n[swarm]\nheartbeat = {HEARTBEAT}\n")
     args = [["--iteration-deadline", "120", "--emulate-speed", "0.05",
              "--ledger", str(tmp_path / "run" / f"ledger-{i:02d}.jsonl")] for i in range(PEERS)]
     return str(config), args
@@ -85,8 +88,8 @@ def test_a_frozen_holder_is_left_out_of_the_commit_and_found_by_its_mates_probes
     assert processed and set(processed) == {1}, f"samples processed {dict(processed)} times"
 
 
-def test_a_slow_holder_is_left_out_when_late_then_given_less_work_but_stays_and_keeps_its_stage_copy(tmp_path):
-    config, args = run_config(tmp_path, "slow")
+def test_a_slow_holder_is_left_out_when_late_then_given_less_work_then_benched_but_never_taken_for_gone(tmp_path):
+    config, args = run_config(tmp_path, "slow", SLOW_ITERATIONS)
     run_dir = tmp_path / "run"
     swarm = LocalSwarm(run_dir, PEERS, run_id="slow", coordinator_args=["--config", config], peer_args=args)
     throttle = None
@@ -96,23 +99,31 @@ def test_a_slow_holder_is_left_out_when_late_then_given_less_work_but_stays_and_
         ids = {ensure_identity(str(run_dir / f"peer-{i:02d}.key")): i for i in range(PEERS)}
         victim = max({r["origin"] for r in swarm.schedule()["routes"]})  # a data holder
         throttle = Throttle(swarm.peers[ids[victim]].pid, running=0.05, stopped=1.5).start()
-        records = swarm.watch(ITERATIONS, timeout=300)
+        records = swarm.watch(SLOW_ITERATIONS, timeout=360)
+        benched_alive = swarm.peers[ids[victim]].poll() is None
     finally:
         if throttle is not None:
             throttle.close()
         swarm.stop()
-    assert [r["iteration"] for r in records] == list(range(1, ITERATIONS + 1))
-    left_out = [r["iteration"] for r in records if victim in r["left_out"]]
+    assert [r["iteration"] for r in records] == list(range(1, SLOW_ITERATIONS + 1))
+    shares = swarm.events("holder_share", who="coordinator")
+    assert [(e["peer"], e["microbatches"], e["was"]) for e in shares] == [(victim, 1, 2)], shares
+    (bench,) = swarm.events("holder_benched", who="coordinator")  # from the iteration in progress (0-based)
+    assert bench["peer"] == victim and bench["iteration"] > shares[0]["start_iteration"]
+    # left out for being late until then (record iterations are 1-based), then for being benched
+    left_out = [r["iteration"] for r in records if victim in r["left_out"] and r["iteration"] <= bench["iteration"]]
     assert left_out, "the slow holder was never late enough to be left out"
     assert not any(c == a + 2 for a, c in zip(left_out, left_out[2:])), left_out  # never three times in a row
     assert any(victim not in r["left_out"] for r in records[left_out[0]:]), "its draws were never counted again"
     assert not swarm.events("declared_gone", who="coordinator"), "a live, slow holder was taken for gone"
-    assert not swarm.events("replanned", who="coordinator"), "the membership changed"
-    shares = swarm.events("holder_share", who="coordinator")
-    assert [(e["peer"], e["microbatches"], e["was"]) for e in shares] == [(victim, 1, 2)], shares
-    assert {r["epoch"] for r in records} <= {0, 1}  # that re-plan only: it kept its place
-    latest = swarm.schedule()
-    assert sum(r["origin"] == victim for r in latest["routes"]) == 1 and latest["epoch"] == 1
+    # its peer was told, and the membership re-plan that benched it is the only one
+    assert [e["iteration"] for e in swarm.events("benched", who=f"peer-{ids[victim]:02d}")] == [bench["iteration"]]
+    assert [e["gone"] for e in swarm.events("replanned", who="coordinator")] == [[victim]]
+    epochs = swarm.schedules()
+    assert [victim in e["placement"] for e in epochs] == [True, True, False]  # kept its place until benched
+    assert benched_alive, "the benched holder stopped instead of waiting to be placed again"
+    without = [r for r in records if r["iteration"] > bench["iteration"] + 1]
+    assert without and all(r["epoch"] == 2 and victim not in r["left_out"] for r in without)
     assert not swarm.events("stage_mended"), "a stage copy went apart"
     processed = processed_once(run_dir, records)
     assert processed and set(processed) == {1}, f"samples processed {dict(processed)} times"

@@ -14,6 +14,7 @@ from swarm.control.messages import (
     MESSAGE_TYPES,
     Admitted,
     Alive,
+    Benched,
     Broken,
     Commit,
     Done,
@@ -52,7 +53,7 @@ EXAMPLES = [
     Faulty(peer="QmA", suspect="QmB", iteration=4, epoch=1, why="weight cut"),
     Admitted(peer="QmA", cert=b"\x85signed"), Refused(peer="QmA", why="its join token is not this run's"),
     NotDialable(peer="QmA", tried=("/ip4/192.168.1.11/tcp/4001",), relay=True),
-    SitOut(peer="QmA", partner="QmB", stage=2, seconds=60.0),
+    SitOut(peer="QmA", partner="QmB", stage=2, seconds=60.0), Benched(peer="QmA", iteration=12, seconds=300.0),
     Ping(peer="QmA", nonce=2**61 + 5), Pong(nonce=2**61 + 5),
 ]
 

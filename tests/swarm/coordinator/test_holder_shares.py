@@ -7,6 +7,7 @@ import pytest
 from swarm.control.messages import Done
 from swarm.coordinator.holder_shares import (
     MIN_SHARE,
+    OFF,
     RESTORE_AFTER,
     HolderShares,
     holder_microbatches,
@@ -26,11 +27,19 @@ def test_a_holder_late_in_two_of_its_last_three_commits_is_halved_and_one_spike_
     assert shares.share("c") == 0.5 and shares.slowed == {"c": 0.5} and shares.share("a") == 1.0
     assert shares.committed(["a", "b"], ["c"]) == {}  # judged afresh at its new share: one more is not two
     assert shares.committed(["a", "b"], ["c"]) == {"c": 0.25}
-    for _ in range(3):
-        assert shares.committed(["a", "b"], ["c"]) == {}  # no less than MIN_SHARE
-    assert shares.share("c") == MIN_SHARE
+    assert shares.committed(["a", "b"], ["c"]) == {}
+    assert shares.committed(["a", "b"], ["c"]) == {"c": OFF}  # still slow at MIN_SHARE: no share helps
+    assert shares.share("c") == MIN_SHARE  # until the caller takes it off the run
     shares.forget(["c"])
     assert shares.share("c") == 1.0 and shares.slowed == {}
+
+
+def test_a_holder_slow_at_one_microbatch_an_iteration_is_given_none_whatever_its_share():
+    shares = HolderShares()
+    shares.committed(["a"], ["c"], single=["c"])
+    assert shares.committed(["a"], ["c"], single=["c"]) == {"c": OFF}
+    assert shares.committed(["a"], ["d"], single=["c"]) == {}
+    assert shares.committed(["a"], ["d"], single=["c"]) == {"d": 0.5}  # more than one: halved first
 
 
 def test_a_slowed_holder_on_time_again_gets_its_share_doubled_back_and_each_restore_waits_longer():
@@ -119,7 +128,7 @@ def test_lateness_in_an_iteration_that_lost_a_peer_is_not_held_against_a_holder(
             (committed,) = notices(s.check_late_holders(t + 20))
         assert committed.left_out == tuple(sorted((dead, slow) if lost else (slow,)))
         t += 20
-    assert s.shares.share(slow) == 1.0
+    assert s.slow_holders.shares.share(slow) == 1.0
     assert not [r for r in caplog.records if getattr(r, EVENT_ATTR, {}).get("event") == "holder_share"]
 
 

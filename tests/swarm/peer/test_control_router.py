@@ -4,12 +4,13 @@ it; a malformed one is dropped with an event; the peer's own scheduler role sees
 from __future__ import annotations
 
 import logging
+import time
 
 from hivemind.utils import get_dht_time
 
 from swarm.control.gossip import GossipMessage
 from swarm.control.membership import MembershipCert
-from swarm.control.messages import Admitted, Broken, NotDialable, SitOut, as_gossip
+from swarm.control.messages import Admitted, Benched, Broken, NotDialable, SitOut, as_gossip
 from swarm.events import EVENT_ATTR
 from swarm.peer.attempts import Requeue
 from swarm.peer.control_router import ControlRouter
@@ -63,6 +64,20 @@ def test_a_sit_out_and_a_dial_back_verdict_are_taken_from_their_senders_only(sch
         r.route(as_gossip(SitOut(peer="me", partner="b", stage=1, seconds=30.0), RUN, scheduler.peer_id))
     assert verdict.reachability == "unreachable"
     assert [getattr(x, EVENT_ATTR)["event"] for x in caplog.records] == ["not_dialable", "estranged"]
+
+
+def test_a_bench_or_a_sit_out_from_the_scheduler_lengthens_the_wait_to_be_placed_again(scheduler, caplog):
+    r, _, _, _ = router(scheduler, "me")
+    with caplog.at_level(logging.WARNING):
+        r.route(as_gossip(Benched(peer="me", iteration=7, seconds=300.0), RUN, "stranger"))
+        r.route(as_gossip(Benched(peer="other", iteration=7, seconds=300.0), RUN, scheduler.peer_id))
+        assert r.follower.sitting_out_until == 0.0
+        r.route(as_gossip(SitOut(peer="me", partner="b", stage=1, seconds=30.0), RUN, scheduler.peer_id))
+        assert 25.0 < r.follower.sitting_out_until - time.monotonic() <= 30.0
+        r.route(as_gossip(Benched(peer="me", iteration=7, seconds=300.0), RUN, scheduler.peer_id))
+        assert 295.0 < r.follower.sitting_out_until - time.monotonic() <= 300.0
+    benched = [getattr(x, EVENT_ATTR) for x in caplog.records if getattr(x, EVENT_ATTR, {}).get("event") == "benched"]
+    assert benched == [{"event": "benched", "iteration": 7, "seconds": 300.0}]
 
 
 def test_a_broken_attempt_reaches_the_main_loop_only_from_a_scheduled_peer(scheduler, schedule):

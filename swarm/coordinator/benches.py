@@ -1,0 +1,40 @@
+"""`Benches`: data holders taken off the run's work for a while, because no share of it made them keep time.
+
+A holder the commits still leave out for being late at its smallest share (`HolderShares`, share `OFF`) costs the run
+more than its work brings: every other iteration waits for it past the margin, and its stage's averaging waits on
+its slow part too. It is planned without, as a peer sitting out: it stays alive and is not declared gone, its
+shards go to the other holders at the last commit's positions, and it is told why and for how long (`Benched`).
+The bench lasts `BENCH` seconds the first time, doubled each time the same peer is benched again (up to `MAX_BENCH`);
+then it is placed again like any joiner, at its whole share: a volunteer's machine slowed by its owner's job is tried
+again once the job may be over, and one slow for good costs the run less each time.
+
+A holder is not benched when no other holder of the run would be left: a slow run beats one that cannot go on.
+"""
+
+from __future__ import annotations
+
+BENCH = 300.0
+"""Seconds a holder is kept off the run's work the first time."""
+MAX_BENCH = 3600.0
+
+
+class Benches:
+    """The holders kept off the run's work now, until when (monotonic seconds), and how often each was benched."""
+
+    def __init__(self) -> None:
+        self._until: dict[str, float] = {}
+        self._times: dict[str, int] = {}
+
+    def bench(self, peer: str, now: float) -> float:
+        """Keep `peer` off the run's work from `now`: the seconds it sits out (longer each time it is benched)."""
+        times = self._times.get(peer, 0) + 1
+        self._times[peer] = times
+        seconds = min(MAX_BENCH, BENCH * 2 ** (times - 1))
+        self._until[peer] = now + seconds
+        return seconds
+
+    def benched(self, now: float) -> set[str]:
+        """The peers kept off the run's work now (a bench that is over ends)."""
+        for p in [p for p, until in self._until.items() if until <= now]:
+            del self._until[p]
+        return set(self._until)
