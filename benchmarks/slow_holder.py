@@ -1,7 +1,8 @@
 """A data holder slower than it announced (issue #19): throughput with holder shares, without, and unthrottled.
 
     .venv/bin/python benchmarks/slow_holder.py [--peers 6] [--runs 3] [--minutes 2] [--running 0.05] [--stopped 0.95]
-        [--emulate-speed SECONDS] [--microbatches 4] [--modes shares,fixed,unthrottled] [--out F.json] [--keep DIR]
+        [--emulate-speed SECONDS] [--microbatches 4] [--modes shares,fixed,unthrottled] [--victim holder|relay]
+        [--out F.json] [--keep DIR]
 
 Each run is a real local swarm (coordinator and peer processes on loopback, 3 stages, 33% skip, the tiny model's
 real compute; `--emulate-speed` pads every operation to that many seconds per layer instead, but a padded operation
@@ -15,13 +16,20 @@ tens of seconds, where a holder two or three times slower than the others is lat
 
 Modes, alternating within each repetition (repetition r uses seed r):
 - `shares`: the default, `swarm.holder_shares = true`: left out for being late twice in three iterations, the slow
-  holder is given half its microbatches (down to a quarter) by a re-plan;
+  holder is given half its microbatches (down to a quarter, one at least) by a re-plan, and late so at its smallest
+  share it is benched: planned without for 300 s (`swarm.coordinator.benches`), longer than the window, so the
+  window does not show it placed again (and slow again) after its bench;
 - `fixed`: `swarm.holder_shares = false`: it keeps its microbatches; left out of the commits it is late in, it is
   waited for every third iteration (`CommitTracker.late`);
 - `unthrottled`: the same swarm with no holder throttled (the ceiling both are read against).
 
+`--victim relay` throttles a peer of a later stage instead (no data of its own): its slowness shows as lateness
+of the holders whose microbatches pass it, which the commits cannot tell from a holder's own (`others_shared`,
+`others_benched`: share changes and benches of holders that were not throttled).
+
 Prints each run (tokens/s, iterations committed in the window, commits that left the slow holder out, its
-microbatches per iteration at the end), min/median/max per mode, and the median ratios shares/fixed and each against
+microbatches per iteration at the end, its share changes and benches, seconds from the throttle to its bench),
+min/median/max per mode, and the median ratios shares/fixed and each against
 unthrottled.
 """
 
@@ -69,7 +77,9 @@ def run(args: argparse.Namespace, mode: str, index: int, root: Path) -> dict:
         swarm.start()
         swarm.watch(START_AFTER, timeout=600)
         ids = {ensure_identity(str(run_dir / f"peer-{i:02d}.key")): i for i in range(args.peers)}
-        slow = max({r["origin"] for r in swarm.schedule()["routes"]})  # a data holder
+        schedule = swarm.schedule()
+        slow = max({r["origin"] for r in schedule["routes"]}) if args.victim == "holder" else \
+            max(p for p, stage in schedule["placement"].items() if stage > 0)
         start = time.time()
         if mode != "unthrottled":
             throttle = Throttle(swarm.peers[ids[slow]].pid, running=args.running, stopped=args.stopped).start()
@@ -79,14 +89,20 @@ def run(args: argparse.Namespace, mode: str, index: int, root: Path) -> dict:
             if dead or (swarm.coordinator is not None and swarm.coordinator.poll() is not None):
                 raise RuntimeError(f"a process of the swarm exited; logs in {run_dir}")
         records = swarm.metrics()
-        microbatches = sum(r["origin"] == slow for r in swarm.schedule()["routes"])
+        microbatches = sum(r["origin"] == slow for r in swarm.schedule()["routes"]) if args.victim == "holder" \
+            else None
         shares = swarm.events("holder_share", who="coordinator")
+        benches = swarm.events("holder_benched", who="coordinator")
+        shares, benches = [e for e in shares if e["time"] >= start], [e for e in benches if e["time"] >= start]
     finally:
         if throttle is not None:
             throttle.close()
         swarm.stop()
     return {"mode": mode, "run": index, **window_figures(records, start, 60 * args.minutes, slow),
-            "slow_microbatches_at_end": microbatches, "share_changes": len(shares)}
+            "slow_microbatches_at_end": microbatches, "share_changes": len(shares), "benched": len(benches),
+            "benched_after_s": round(benches[0]["time"] - start, 1) if benches else None,
+            "others_shared": sum(e["peer"] != slow for e in shares),
+            "others_benched": sum(e["peer"] != slow for e in benches)}
 
 
 def spread(values: list[float]) -> str:
@@ -105,6 +121,8 @@ def main() -> None:
                         help="pad every peer's operations to this many seconds per layer (default: real compute)")
     parser.add_argument("--microbatches", type=int, default=4, help="microbatches per holder (run.microbatches)")
     parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--victim", choices=("holder", "relay"), default="holder",
+                        help="throttle a data holder (default) or a peer of a later stage")
     parser.add_argument("--out", default=None, help="also write the results as JSON here")
     parser.add_argument("--keep", default=None, help="keep the run directories here (logs, events)")
     args = parser.parse_args()
