@@ -37,6 +37,7 @@ profile = ""            # plan on a network preset instead of the measured links
 planner = "skippipe"    # or skippipe-no-collision / full-pipeline / random-skip / swarm (baselines, for benchmarks)
 rebalance = true        # a survivor may move to a stage group a departure left the bottleneck
 holder_shares = true    # a data holder the commits show slow is given fewer microbatches, then benched
+bench_seconds = 300     # how long a holder late at its smallest share sits out (doubled each time; 0 = never)
 message_bytes = 0       # emulation: pad each activation and gradient to this many bytes (0 = their own size)
 chunk_bytes = 67108864  # stage gradients and state larger than this travel in pieces of this size (64 MiB)
 ```
@@ -60,6 +61,7 @@ from peers.train_config import TrainConfig
 from scheduler.constants import DEFAULT_MEMORY_SLOTS
 from scheduler.path_rules import never_trained_stages
 from swarm.constants import CHUNK_BYTES, MAX_TENSOR_BYTES, MIN_CHUNK_BYTES
+from swarm.coordinator.benches import BENCH
 from swarm.wire import RunSpec
 
 WireDtype = Literal["float32", "float16", "bfloat16"]
@@ -118,6 +120,10 @@ class RunConfig:
     microbatches by a re-plan, and its share back once on time again (`swarm.coordinator.holder_shares`); one still
     late at its smallest share is benched (`swarm.coordinator.benches`); false: every holder injects `microbatches`
     per shard whatever its pace, and stays (the others then wait for a slow one every third iteration)."""
+    bench_seconds: float = BENCH
+    """How long a holder still late at its smallest share sits out the first time (doubled each time it is benched
+    again, up to `MAX_BENCH` or this, whichever is longer), then is placed again; 0: never benched, it stays at its
+    smallest share (`swarm.coordinator.benches`)."""
     message_bytes: int = 0
     """Emulation: pad every activation and gradient on the wire with zero rows (along the batch) to at least this
     many bytes, so a small model's run carries a bigger model's messages (`wire_activation_shape`); the planner's
@@ -196,6 +202,9 @@ class RunConfig:
         for name in ("rebalance", "holder_shares"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"swarm.{name} must be true or false, got {getattr(self, name)!r}")
+        if isinstance(self.bench_seconds, bool) or not isinstance(self.bench_seconds, (int, float)) or \
+                not 0 <= self.bench_seconds <= 86400:
+            raise ValueError(f"swarm.bench_seconds must be 0-86400 seconds, got {self.bench_seconds!r}")
         if self.average_dtype not in ("float32", "bfloat16"):
             raise ValueError(f"swarm.average_dtype must be float32 or bfloat16, got {self.average_dtype!r}")
         if self.averaging not in ("allgather", "parts", "hivemind"):
@@ -337,6 +346,8 @@ class RunConfig:
             hyper["average_dtype"] = self.average_dtype
         if not self.holder_shares:  # likewise
             hyper["holder_shares"] = False
+        if self.bench_seconds != BENCH:  # likewise
+            hyper["bench_seconds"] = float(self.bench_seconds)
         hyper["init_weights"] = list(self.init_weights)
         hyper["optim"] = dataclasses.asdict(self.optim)
         hyper["train"] = self.train.to_dict()

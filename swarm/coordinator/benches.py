@@ -1,12 +1,12 @@
 """`Benches`: data holders taken off the run's work for a while, because no share of it made them keep time.
 
 A holder the commits still leave out for being late at its smallest share (`HolderShares`, share `OFF`) costs the run
-more than its work brings: every other iteration waits for it past the margin, and its stage's averaging waits on
-its slow part too. It is planned without, as a peer sitting out: it stays alive and is not declared gone, its
-shards go to the other holders at the last commit's positions, and it is told why and for how long (`Benched`).
-The bench lasts `BENCH` seconds the first time, doubled each time the same peer is benched again (up to `MAX_BENCH`);
-then it is placed again like any joiner, at its whole share: a volunteer's machine slowed by its owner's job is tried
-again once the job may be over, and one slow for good costs the run less each time.
+more than its work brings: every other iteration waits for it past the margin, and its stage's averaging waits on its
+slow part too. It is planned without, as a peer sitting out: it stays alive and is not declared gone, its shards go to
+the other holders at the last commit's positions, and it is told why and for how long (`Benched`). The bench lasts
+`BENCH` seconds (`swarm.bench_seconds`) the first time, doubled each time the same peer is benched again (up to
+`MAX_BENCH`); then it is placed again like any joiner, at its whole share: a volunteer's machine slowed by its owner's
+job is tried again once the job may be over, and one slow for good costs the run less each time.
 
 A holder is not benched when no other holder of the run would be left: a slow run beats one that cannot go on.
 """
@@ -14,22 +14,30 @@ A holder is not benched when no other holder of the run would be left: a slow ru
 from __future__ import annotations
 
 BENCH = 300.0
-"""Seconds a holder is kept off the run's work the first time."""
+"""Seconds a holder is kept off the run's work the first time, by default (`swarm.bench_seconds`)."""
 MAX_BENCH = 3600.0
 
 
 class Benches:
-    """The holders kept off the run's work now, until when (monotonic seconds), and how often each was benched."""
+    """The holders kept off the run's work now, until when (monotonic seconds), and how often each was benched.
 
-    def __init__(self) -> None:
+    :param first: seconds of a peer's first bench (the run's `swarm.bench_seconds`); 0: no peer is ever benched
+    """
+
+    def __init__(self, first: float = BENCH) -> None:
+        self.first = first
         self._until: dict[str, float] = {}
         self._times: dict[str, int] = {}
+
+    @property
+    def enabled(self) -> bool:
+        return self.first > 0
 
     def bench(self, peer: str, now: float) -> float:
         """Keep `peer` off the run's work from `now`: the seconds it sits out (longer each time it is benched)."""
         times = self._times.get(peer, 0) + 1
         self._times[peer] = times
-        seconds = min(MAX_BENCH, BENCH * 2 ** (times - 1))
+        seconds = min(max(MAX_BENCH, self.first), self.first * 2 ** (times - 1))
         self._until[peer] = now + seconds
         return seconds
 

@@ -90,7 +90,7 @@ class Scheduler:
         self.epochs = EpochHistory()
         self.liveness = Liveness(config.heartbeat, exclude=coordinator)
         self.commits = CommitTracker()
-        self.slow_holders = SlowHolders(config.microbatches)
+        self.slow_holders = SlowHolders(config.microbatches, config.bench_seconds)
         """Each holder's share of its microbatches, from how often commits left it out for being late, and the
         holders taken off the run's work for a while (late at their smallest share)."""
         self.completed = 0

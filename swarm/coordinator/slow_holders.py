@@ -12,7 +12,7 @@ from collections.abc import Collection
 from typing import NamedTuple
 
 from scheduler.schedule import Schedule
-from swarm.coordinator.benches import Benches
+from swarm.coordinator.benches import BENCH, Benches
 from swarm.coordinator.holder_shares import OFF, HolderShares, holder_microbatches
 
 
@@ -28,18 +28,19 @@ class SlowHolders:
     """The holders' shares and benches of one run.
 
     :param per_shard: microbatches a holder injects per shard at its whole share (the run's `microbatches`)
+    :param bench_seconds: a holder's first bench (the run's `swarm.bench_seconds`; 0: none is benched)
     """
 
-    def __init__(self, per_shard: int) -> None:
+    def __init__(self, per_shard: int, bench_seconds: float = BENCH) -> None:
         self.per_shard = per_shard
         self.shares = HolderShares()
-        self.benches = Benches()
+        self.benches = Benches(bench_seconds)
 
     def committed(self, newest: Schedule, counted: Collection[str],
                   late: Collection[str]) -> tuple[dict[str, ShareChange], list[str]]:
         """A commit (one that lost no peer) counted `counted` and left out `late` for being late. The holders placed
         by `newest` whose microbatch count changes with it, and those to take off the run's work (late at their
-        smallest share, or at one microbatch an iteration)."""
+        smallest share, or at one microbatch an iteration; none where benches are off: they stay there)."""
         before = self.shares.slowed
         single = [h for h, n in Counter(r.origin for r in newest.routes).items() if n == 1]
         changed = self.shares.committed(counted, late, single=single)
@@ -51,7 +52,8 @@ class SlowHolders:
         placed = {h: share for h, share in changed.items() if h in newest.placement}
         moved = {h: ShareChange(count(h, before.get(h, 1.0)), count(h, share), share)
                  for h, share in placed.items() if share != OFF}
-        return {h: c for h, c in moved.items() if c.was != c.count}, [h for h, s in placed.items() if s == OFF]
+        off = [h for h, s in placed.items() if s == OFF] if self.benches.enabled else []
+        return {h: c for h, c in moved.items() if c.was != c.count}, off
 
     def bench(self, holder: str, now: float) -> float:
         """Take `holder` off the run's work from `now`: the seconds it sits out. Placed again, it starts afresh."""

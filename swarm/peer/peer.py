@@ -61,7 +61,7 @@ from swarm.peer.members import Members
 from swarm.peer.message_chunks import largest_stage_message
 from swarm.peer.message_padding import MessagePadding
 from swarm.peer.options import PeerOptions, trusted_coordinator
-from swarm.peer.pipeline import IterationAborted, IterationTimeout
+from swarm.peer.pipeline import IterationAborted, IterationPassedBy, IterationTimeout
 from swarm.peer.placement_release import PlacementRelease
 from swarm.peer.reachability_notice import DialVerdict, announced_addresses, join_reachability
 from swarm.peer.reports import Reports
@@ -184,6 +184,8 @@ class Peer:
                 except IterationAborted as e:
                     logger.warning("%s", e)
                     self._abandon_iteration()
+                    if isinstance(e, IterationPassedBy):  # committed without it: the next, if it is placed there
+                        self.iteration = self.inbox.iteration = self.iteration + 1
                 except IterationTimeout as e:
                     logger.warning("%s; waiting for the scheduler to replace the schedule", e)
                     self.reports.stuck(self.iteration, self.schedule.epoch)
@@ -357,6 +359,7 @@ class Peer:
         while True:
             self.iteration = self.inbox.iteration = int(schedule.meta.get("start_iteration", 0))
             self._use(schedule)  # after the iteration is set: what its senders sent before this peer heard is filed
+            self.follower.placed_anew(schedule)  # placed again after it was taken for gone (or benched): no more
             self._fresh = True  # until its first iteration commits
             try:
                 self.keeper.start(schedule, self.iteration, revised=self.follower.poll_newer)

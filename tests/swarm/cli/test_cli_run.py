@@ -30,6 +30,8 @@ def test_coordinator_refuses_bad_flags(args, message):
     ("not toml [", "not valid TOML"),
     ("[swarm]\nrebalance = 'yes'", "swarm.rebalance must be true or false"),
     ("[swarm]\nholder_shares = 1", "swarm.holder_shares must be true or false"),
+    ("[swarm]\nbench_seconds = -5", "swarm.bench_seconds must be 0-86400 seconds"),
+    ("[swarm]\nbench_seconds = true", "swarm.bench_seconds must be 0-86400 seconds"),
 ])
 def test_coordinator_refuses_bad_config_files(tmp_path, content, message):
     f = tmp_path / "run.toml"

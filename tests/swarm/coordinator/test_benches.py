@@ -8,8 +8,9 @@ from swarm.control.messages import Benched, Done, Gone
 from swarm.coordinator.benches import BENCH, MAX_BENCH, Benches
 from swarm.coordinator.scheduler import Scheduler
 from swarm.events import EVENT_ATTR
+from swarm.run_config import RunConfig
 from swarm.wire import PeerRecord, PeerState
-from tests.swarm.coordinator.conftest import make_scheduler
+from tests.swarm.coordinator.conftest import make_config, make_scheduler, model_of
 from tests.swarm.coordinator.test_scheduler import commit, fresh, notices, planned, published
 
 
@@ -22,6 +23,9 @@ def test_a_bench_ends_after_its_time_and_each_one_of_the_same_peer_lasts_twice_a
     for _ in range(10):
         seconds = benches.bench("a", 0.0)
     assert seconds == MAX_BENCH
+    short, long = Benches(first=15.0), Benches(first=2 * MAX_BENCH)  # the run's swarm.bench_seconds
+    assert [short.bench("a", 0.0) for _ in range(3)] == [15.0, 30.0, 60.0] and long.bench("a", 0.0) == 2 * MAX_BENCH
+    assert long.bench("a", 0.0) == 2 * MAX_BENCH  # the cap is never below the first bench
 
 
 def late_twice(s: Scheduler, records: dict[str, PeerRecord], slow: str, t: float) -> tuple[list, float]:
@@ -78,3 +82,21 @@ def test_a_holder_late_at_one_microbatch_is_benched_then_placed_again_at_its_who
     assert published(s.observe(fresh(records), t + BENCH - 1)) == []  # still benched
     (back,) = published(s.observe(fresh(records), t + BENCH + 1))
     assert slow in back.placement and s.slow_holders.shares.share(slow) == 1.0  # like any joiner, afresh
+
+
+def test_a_run_configured_without_benches_keeps_a_slow_holder_at_one_microbatch(records):
+    """`swarm.bench_seconds = 0`: the same slow holder is halved twice and stays (the setting travels in the run
+    spec, so a successor scheduler keeps it)."""
+    config = make_config("skippipe", bench_seconds=0)
+    assert RunConfig.from_spec(config.to_spec(coordinator="c", vocab_size=512))[0].bench_seconds == 0
+    assert "bench_seconds" not in make_config().to_spec(coordinator="c", vocab_size=512).hyperparameters
+    s = Scheduler(config, model_of(config), "coordinator")
+    first = planned(s, records)
+    commit(s, 1, now=100.0)
+    slow = first.data_holders[0]
+    t = 100.0
+    for expected in (2, 1, None):
+        actions, t = late_twice(s, records, slow, t)
+        assert not any(isinstance(m, (Benched, Gone)) for m in notices(actions))
+        assert [len(e.routes_from(slow)) for e in published(actions)] == ([expected] if expected else [])
+    assert slow in s.schedule.placement and not s.slow_holders.benched(t)
