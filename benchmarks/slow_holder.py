@@ -24,8 +24,9 @@ Modes, alternating within each repetition (repetition r uses seed r):
 - `unthrottled`: the same swarm with no holder throttled (the ceiling both are read against).
 
 `--victim relay` throttles a peer of a later stage instead (no data of its own): its slowness shows as lateness
-of the holders whose microbatches pass it, which the commits cannot tell from a holder's own (`others_shared`,
-`others_benched`: share changes and benches of holders that were not throttled).
+of the holders whose microbatches pass it, which the scheduler must not take for their own (`SlowHolders` compares
+each late holder's seconds per pass with the others'; `others_shared`, `others_benched`: share changes and benches
+of holders that were not throttled).
 
 Prints each run (tokens/s, iterations committed in the window, commits that left the slow holder out, its
 microbatches per iteration at the end, its share changes and benches, seconds from the throttle to its bench),

@@ -269,6 +269,10 @@ class Done:
     shards: dict[str, dict[str, int]] = field(default_factory=dict)
     dropped: int = 0
     """Messages it refused in the iteration (not matching the schedule, or refused by its worker)."""
+    operations: int = 0
+    """Forward and backward passes it computed in the iteration (0: not said, from a peer that predates it)."""
+    compute: float = 0.0
+    """Seconds those passes took, wall clock (a machine taken by another job shows here, not only in its lateness)."""
 
     @classmethod
     def _decode(cls, d: dict, name: str) -> Done:
@@ -279,7 +283,9 @@ class Done:
                    started=read_float(d.get("started"), f"{name}.started", 0.0),
                    finished=read_float(d.get("finished"), f"{name}.finished", 0.0),
                    shards=read_positions(d.get("shards", {}), f"{name}.shards"),
-                   dropped=read_int(d.get("dropped", 0), f"{name}.dropped", 0, _MAX_ITERATION))
+                   dropped=read_int(d.get("dropped", 0), f"{name}.dropped", 0, _MAX_ITERATION),
+                   operations=read_int(d.get("operations", 0), f"{name}.operations", 0, _MAX_ITERATION),
+                   compute=read_float(d.get("compute", 0.0), f"{name}.compute", 0.0, 1e7))
 
 
 @dataclass(frozen=True)

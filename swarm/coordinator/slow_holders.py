@@ -3,17 +3,31 @@
 Each commit is fed to the holders' shares (`HolderShares`); what comes back is said in terms of the newest epoch: the
 holders whose microbatch count changes (re-planned on the same placement) and those no share helps any more (taken
 off the run's work for a while, `Benches`). Bookkeeping only: the scheduler announces and re-plans.
+
+A holder is late when its microbatches come back late, which a slow relay on their paths causes as surely as a slow
+holder. The commits alone cannot tell the two apart, so a holder's lateness counts against it only while its own
+passes are slow: each `done` says how many forward and backward passes the holder computed and in how many seconds,
+and a late holder whose last counted report shows them `SLOW_PACE` times slower than the other holders' (median) is
+judged; one as quick as the others is late for someone else's sake, and that commit is not fed for it (nor for one
+that never said, judged on lateness alone as before). Passes of one stage cost the same on every holder (stage 0,
+one microbatch shape), so seconds per pass compare.
 """
 
 from __future__ import annotations
 
+import statistics
 from collections import Counter
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from typing import NamedTuple
 
 from scheduler.schedule import Schedule
+from swarm.control.messages import Done
 from swarm.coordinator.benches import BENCH, Benches
 from swarm.coordinator.holder_shares import OFF, HolderShares, holder_microbatches
+
+SLOW_PACE = 2.0
+"""How many times the other holders' median seconds per pass a late holder's own must take for its lateness to be its
+own (a throttled or busy machine shows 10x and more; one holder's passes vary by tens of percent under load)."""
 
 
 class ShareChange(NamedTuple):
@@ -35,15 +49,21 @@ class SlowHolders:
         self.per_shard = per_shard
         self.shares = HolderShares()
         self.benches = Benches(bench_seconds)
+        self._pace: dict[str, float] = {}
+        """Holder -> seconds per pass in its last counted report that said."""
 
-    def committed(self, newest: Schedule, counted: Collection[str],
-                  late: Collection[str]) -> tuple[dict[str, ShareChange], list[str]]:
-        """A commit (one that lost no peer) counted `counted` and left out `late` for being late. The holders placed
-        by `newest` whose microbatch count changes with it, and those to take off the run's work (late at their
-        smallest share, or at one microbatch an iteration; none where benches are off: they stay there)."""
+    def committed(self, newest: Schedule, counted: Collection[str], late: Collection[str],
+                  reports: Sequence[Done] = ()) -> tuple[dict[str, ShareChange], list[str]]:
+        """A commit (one that lost no peer) counted `counted` (their `reports`) and left out `late` for being late.
+        The holders placed by `newest` whose microbatch count changes with it, and those to take off the run's work
+        (late at their smallest share, or at one microbatch an iteration; none where benches are off)."""
+        for r in reports:
+            if r.operations > 0:
+                self._pace[r.peer] = r.compute / r.operations
+        own = [h for h in late if self.slow_pace(h, counted)]
         before = self.shares.slowed
         single = [h for h, n in Counter(r.origin for r in newest.routes).items() if n == 1]
-        changed = self.shares.committed(counted, late, single=single)
+        changed = self.shares.committed(counted, own, single=single)
         shards = newest.meta.get("shards", {})
 
         def count(h: str, share: float) -> int:
@@ -54,6 +74,13 @@ class SlowHolders:
                  for h, share in placed.items() if share != OFF}
         off = [h for h, s in placed.items() if s == OFF] if self.benches.enabled else []
         return {h: c for h, c in moved.items() if c.was != c.count}, off
+
+    def slow_pace(self, holder: str, others: Collection[str]) -> bool:
+        """Whether `holder`'s own passes are `SLOW_PACE` times slower than the median of `others`' (True where it or
+        they never said: lateness alone judges then)."""
+        mine = self._pace.get(holder)
+        theirs = [self._pace[p] for p in others if p != holder and p in self._pace]
+        return mine is None or not theirs or mine >= SLOW_PACE * statistics.median(theirs)
 
     def bench(self, holder: str, now: float) -> float:
         """Take `holder` off the run's work from `now`: the seconds it sits out. Placed again, it starts afresh."""
@@ -66,3 +93,5 @@ class SlowHolders:
     def forget(self, holders: Collection[str]) -> None:
         """`holders` left the run (a bench stays: one restarted with its key is still too slow for now)."""
         self.shares.forget(holders)
+        for h in holders:
+            self._pace.pop(h, None)

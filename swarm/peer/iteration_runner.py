@@ -146,7 +146,9 @@ class IterationRunner:
                               settled=lambda: self.follower.is_committed(iteration, schedule.epoch))
         self.disproved = self.disproved | executor.disproved
         if stage == 0 and data is not None and not self.follower.is_committed(iteration, schedule.epoch):
-            self.reports.done(iteration, schedule.epoch, result, data.shards.positions())  # else: left out, late
+            forwards, backwards, seconds = self.timeline.compute_so_far()  # a holder computes in its pipeline only
+            self.reports.done(iteration, schedule.epoch, result, data.shards.positions(),  # else: left out, late
+                              operations=forwards + backwards, compute=seconds)
         waited = time.time()
         self._wait_for_commit(executor, schedule, iteration)
         self.timeline.record("commit", waited, time.time(), iteration=iteration)

@@ -85,8 +85,10 @@ class Reports:
         self.tell(Faulty(peer=self.peer_id, suspect=suspect, iteration=iteration, epoch=epoch,
                          why=why[:MAX_WHY_CHARS]))
 
-    def done(self, iteration: int, epoch: int, result: IterationResult, shards: dict) -> None:
-        """This data holder finished its microbatches of the iteration."""
+    def done(self, iteration: int, epoch: int, result: IterationResult, shards: dict, *, operations: int = 0,
+             compute: float = 0.0) -> None:
+        """This data holder finished its microbatches of the iteration (`operations` passes computed in `compute`
+        seconds)."""
         self.tell(Done(peer=self.peer_id, iteration=iteration, epoch=epoch, loss_sum=result.loss_sum,
                        losses=result.losses, tokens=result.tokens, started=result.started, finished=time.time(),
-                       dropped=result.dropped, shards=shards))
+                       dropped=result.dropped, shards=shards, operations=operations, compute=round(compute, 4)))

@@ -49,6 +49,10 @@ class Timeline:
         with self._lock:
             self._spans.append({"peer": self.peer, "kind": kind, "start": start, "end": end, **args})
 
+    def compute_so_far(self) -> tuple[int, int, float]:
+        """(forward passes, backward passes, compute seconds) recorded since the last `take_compute`."""
+        return self._compute
+
     def take_compute(self) -> tuple[int, int, float]:
         """(forward passes, backward passes, compute seconds) recorded since the last call, which resets them."""
         taken, self._compute = self._compute, (0, 0, 0.0)
