@@ -313,6 +313,7 @@ class Scheduler:
         if not self.epochs.ever_held(sender):
             logger.warning("ignored a progress report from %s: not a data holder of the schedule", sender)
             return []
+        self.slow_holders.note(report)  # how quick its passes were, even in an iteration committed without it
         holder = self.liveness.records.get(sender)
         why = self.commits.add(sender, report, own=self.epochs.shards_of(sender, report.epoch),
                                own_data=holder is not None and holder.data_holder, now=now)

@@ -5,12 +5,13 @@ holders whose microbatch count changes (re-planned on the same placement) and th
 off the run's work for a while, `Benches`). Bookkeeping only: the scheduler announces and re-plans.
 
 A holder is late when its microbatches come back late, which a slow relay on their paths causes as surely as a slow
-holder. The commits alone cannot tell the two apart, so a holder's lateness counts against it only while its own
-passes are slow: each `done` says how many forward and backward passes the holder computed and in how many seconds,
-and a late holder whose last counted report shows them `SLOW_PACE` times slower than the other holders' (median) is
-judged; one as quick as the others is late for someone else's sake, and that commit is not fed for it (nor for one
-that never said, judged on lateness alone as before). Passes of one stage cost the same on every holder (stage 0,
-one microbatch shape), so seconds per pass compare.
+holder. The commits alone cannot tell the two apart, so a holder's lateness counts against it only while its own passes
+are slow: each `done` says how many forward and backward passes the holder computed and in how many seconds, and a late
+holder whose last report shows them `SLOW_PACE` times slower than the other holders' (median) is judged (a late
+holder's report of the iteration it was left out of comes after that commit, and counts too); one as quick as the
+others is late for someone else's sake, and that commit is not fed for it (nor for one that never said, judged on
+lateness alone as before). Passes of one stage cost the same on every holder (stage 0, one microbatch shape), so
+seconds per pass compare.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ class SlowHolders:
         self.shares = HolderShares()
         self.benches = Benches(bench_seconds)
         self._pace: dict[str, float] = {}
-        """Holder -> seconds per pass in its last counted report that said."""
+        """Holder -> seconds per pass in its last report that said (`note`)."""
 
     def committed(self, newest: Schedule, counted: Collection[str], late: Collection[str],
                   reports: Sequence[Done] = ()) -> tuple[dict[str, ShareChange], list[str]]:
@@ -58,8 +59,7 @@ class SlowHolders:
         The holders placed by `newest` whose microbatch count changes with it, and those to take off the run's work
         (late at their smallest share, or at one microbatch an iteration; none where benches are off)."""
         for r in reports:
-            if r.operations > 0:
-                self._pace[r.peer] = r.compute / r.operations
+            self.note(r)
         own = [h for h in late if self.slow_pace(h, counted)]
         before = self.shares.slowed
         single = [h for h, n in Counter(r.origin for r in newest.routes).items() if n == 1]
@@ -74,6 +74,12 @@ class SlowHolders:
                  for h, share in placed.items() if share != OFF}
         off = [h for h, s in placed.items() if s == OFF] if self.benches.enabled else []
         return {h: c for h, c in moved.items() if c.was != c.count}, off
+
+    def note(self, report: Done) -> None:
+        """A holder's `done`, counted or not: a late holder's report comes after the commit that left it out, and
+        says how slow its passes were then (sooner than its next counted one)."""
+        if report.operations > 0:
+            self._pace[report.peer] = report.compute / report.operations
 
     def slow_pace(self, holder: str, others: Collection[str]) -> bool:
         """Whether `holder`'s own passes are `SLOW_PACE` times slower than the median of `others`' (True where it or

@@ -47,3 +47,17 @@ def test_a_holder_that_never_says_how_quick_its_passes_are_is_judged_on_lateness
     changes = feed(slow, newest, holders, holders[0], None, 3)
     assert [m[holders[0]].count for m, _ in changes if m] == [2]
     assert slow.slow_pace("unknown", holders) and not slow.slow_pace(holders[1], holders)
+
+
+def test_a_late_holders_own_report_after_the_commit_counts_for_its_pace(records):
+    """Its report of an iteration committed without it comes late, and says its passes were slow then: the late
+    commits after it are held against it, without waiting for a counted one."""
+    newest = planned(make_scheduler("skippipe"), records)
+    holders = newest.data_holders
+    slow, others = SlowHolders(per_shard=4), holders[1:]
+    slow.committed(newest, holders, [], [done(h, 0, 0.1) for h in holders])  # all quick
+    slow.committed(newest, others, [holders[0]], [done(h, 1, 0.1) for h in others])  # it turns slow: quick till now
+    slow.note(done(holders[0], 1, 0.1 * SLOW_PACE))  # its late report of iteration 1
+    assert slow.committed(newest, others, [holders[0]], [done(h, 2, 0.1) for h in others]) == ({}, [])
+    moved, _ = slow.committed(newest, others, [holders[0]], [done(h, 3, 0.1) for h in others])
+    assert moved[holders[0]].count == 2  # late twice since its passes showed slow
