@@ -361,7 +361,7 @@ class Scheduler:
         # lateness in an iteration that lost a peer is the churn's (microbatches went around the dead), not slowness
         churned = set(commit.left_out) - self.commits.last_late
         moved, off = ({}, []) if churned or not self.config.holder_shares else \
-            self.slow_holders.committed(self.schedule, self.commits.last_counted, self.commits.last_late, reports)
+            self.slow_holders.committed(self.schedule, self.commits.last_counted, self.commits.last_late)
         # the record first: see `RecordIteration`
         return [RecordIteration(record), Announce(commit)] + self._follow_shares(moved, off, now)
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import statistics
 from collections import Counter
-from collections.abc import Collection, Sequence
+from collections.abc import Collection
 from typing import NamedTuple
 
 from scheduler.schedule import Schedule
@@ -53,13 +53,12 @@ class SlowHolders:
         self._pace: dict[str, float] = {}
         """Holder -> seconds per pass in its last report that said (`note`)."""
 
-    def committed(self, newest: Schedule, counted: Collection[str], late: Collection[str],
-                  reports: Sequence[Done] = ()) -> tuple[dict[str, ShareChange], list[str]]:
-        """A commit (one that lost no peer) counted `counted` (their `reports`) and left out `late` for being late.
-        The holders placed by `newest` whose microbatch count changes with it, and those to take off the run's work
-        (late at their smallest share, or at one microbatch an iteration; none where benches are off)."""
-        for r in reports:
-            self.note(r)
+    def committed(self, newest: Schedule, counted: Collection[str],
+                  late: Collection[str]) -> tuple[dict[str, ShareChange], list[str]]:
+        """A commit (one that lost no peer) counted `counted` and left out `late` for being late (their reports were
+        `note`d as they came). The holders placed by `newest` whose microbatch count changes with it, and those to
+        take off the run's work (late at their smallest share, or at one microbatch an iteration; none where benches
+        are off)."""
         own = [h for h in late if self.slow_pace(h, counted)]
         before = self.shares.slowed
         single = [h for h, n in Counter(r.origin for r in newest.routes).items() if n == 1]

@@ -15,8 +15,8 @@ answers but still holds the microbatch past the hop's stall limit has that attem
 holder re-queues it around that peer, and the report counts against it). A newer
 epoch that starts at the iteration in progress aborts it (IterationAborted), and so does the run finishing while
 the peer is asked to stop; a commit without this peer, which the scheduler took off the run (benched, sitting out,
-taken for gone) while it ran, passes it by (IterationPassedBy: its mates average without it and send it nothing);
-no commit in time is an IterationTimeout.
+taken for gone) while it ran, passes it by (it neither averages nor steps: its mates average without it and send it
+nothing); no commit in time is an IterationTimeout.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from swarm.peer.host_share import ThreadShare
 from swarm.peer.inbound_checks import InboundChecks
 from swarm.peer.iteration_clock import SILENCE_FLOOR, IterationClock
 from swarm.peer.mailbox import Inbox, Outbox
-from swarm.peer.pipeline import IterationAborted, IterationPassedBy, IterationTimeout, PipelineExecutor
+from swarm.peer.pipeline import IterationAborted, IterationTimeout, PipelineExecutor
 from swarm.peer.reports import Reports
 from swarm.peer.schedule_follower import ScheduleFollower
 from swarm.peer.stage_session import StageSession
@@ -158,9 +158,11 @@ class IterationRunner:
         if stage == 0 and data is not None:
             data.settle(iteration, self.follower.left_out(iteration), result.requeued)
         if self.peer_id in self.follower.gone:  # benched, sitting out, or taken for gone by mistake
-            raise IterationPassedBy(f"iteration {iteration} committed without this peer, which the scheduler took off "
-                                    "the run while it ran: its stage averages without it (and its mates send it "
-                                    "nothing), so it goes on without averaging or stepping")
+            logger.warning("iteration %d committed without this peer, which the scheduler took off the run while it "
+                           "ran: its stage averages without it (and its mates send it nothing), so it goes on without "
+                           "averaging or stepping", iteration)
+            worker.reset()  # its gradients of the iteration go (its draws went back with the commit)
+            return
         t1 = time.perf_counter()
         group = schedule.stage_peers(stage)
         self._probe_left_out(group, iteration)

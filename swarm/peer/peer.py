@@ -61,7 +61,7 @@ from swarm.peer.members import Members
 from swarm.peer.message_chunks import largest_stage_message
 from swarm.peer.message_padding import MessagePadding
 from swarm.peer.options import PeerOptions, trusted_coordinator
-from swarm.peer.pipeline import IterationAborted, IterationPassedBy, IterationTimeout
+from swarm.peer.pipeline import IterationAborted, IterationTimeout
 from swarm.peer.placement_release import PlacementRelease
 from swarm.peer.reachability_notice import DialVerdict, announced_addresses, join_reachability
 from swarm.peer.reports import Reports
@@ -184,8 +184,6 @@ class Peer:
                 except IterationAborted as e:
                     logger.warning("%s", e)
                     self._abandon_iteration()
-                    if isinstance(e, IterationPassedBy):  # committed without it: the next, if it is placed there
-                        self.iteration = self.inbox.iteration = self.iteration + 1
                 except IterationTimeout as e:
                     logger.warning("%s; waiting for the scheduler to replace the schedule", e)
                     self.reports.stuck(self.iteration, self.schedule.epoch)
@@ -346,7 +344,9 @@ class Peer:
 
     # ---- schedules ----------------------------------------------------------------------------------
     def _use(self, schedule: Schedule) -> None:
-        """`schedule` is the epoch in use from now on (it and the epochs before it are pending no more)."""
+        """`schedule` is the epoch in use from now on (it and the epochs before it are pending no more); the peers it
+        places that were declared gone under an older epoch (this one too, placed again after it) are back."""
+        self.follower.placed_anew(schedule)
         self.follower.schedule = schedule
         self.members.follow(schedule.placement)
         self.inbox.adopt(schedule.epoch)
@@ -359,7 +359,6 @@ class Peer:
         while True:
             self.iteration = self.inbox.iteration = int(schedule.meta.get("start_iteration", 0))
             self._use(schedule)  # after the iteration is set: what its senders sent before this peer heard is filed
-            self.follower.placed_anew(schedule)  # placed again after it was taken for gone (or benched): no more
             self._fresh = True  # until its first iteration commits
             try:
                 self.keeper.start(schedule, self.iteration, revised=self.follower.poll_newer)
@@ -414,7 +413,6 @@ class Peer:
             logger.info("epoch %d reruns iteration %d with this peer: it starts there, not at %d", schedule.epoch,
                         start, self.iteration)
             self.iteration = self.inbox.iteration = start
-        self.follower.placed_anew(schedule)
         self.runner.new_epoch()
         self._use(schedule)
         if self.peer_id not in schedule.placement:

@@ -63,11 +63,6 @@ class IterationAborted(RuntimeError):
     """The scheduler replaced this iteration's schedule (a peer died or joined): abandon it and run it again."""
 
 
-class IterationPassedBy(IterationAborted):
-    """The iteration was committed without this peer, which the scheduler took off the run while it ran (benched,
-    sitting out, taken for gone): abandon it and go on to the next, without averaging or stepping."""
-
-
 def expected_backwards(schedule: Schedule, peer: str) -> int:
     """Backward passes `peer` runs per iteration: one per route through it, one per route it originates."""
     return sum(r.peers.count(peer) + (r.origin == peer) for r in schedule.routes)

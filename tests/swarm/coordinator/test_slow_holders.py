@@ -21,8 +21,9 @@ def feed(slow: SlowHolders, newest, holders: list[str], late: str, pace: float |
     changes = []
     for i in range(commits):
         counted = [h for h in holders if h != late or i % 3 == 0]
-        reports = [done(h, i, pace if h == late else 0.1) for h in counted]
-        changes.append(slow.committed(newest, counted, [] if late in counted else [late], reports))
+        for h in counted:
+            slow.note(done(h, i, pace if h == late else 0.1))  # as the scheduler does with each report
+        changes.append(slow.committed(newest, counted, [] if late in counted else [late]))
     return changes
 
 
@@ -55,9 +56,14 @@ def test_a_late_holders_own_report_after_the_commit_counts_for_its_pace(records)
     newest = planned(make_scheduler("skippipe"), records)
     holders = newest.data_holders
     slow, others = SlowHolders(per_shard=4), holders[1:]
-    slow.committed(newest, holders, [], [done(h, 0, 0.1) for h in holders])  # all quick
-    slow.committed(newest, others, [holders[0]], [done(h, 1, 0.1) for h in others])  # it turns slow: quick till now
+    def commit(iteration: int, counted: list[str], late: list[str]):
+        for h in counted:
+            slow.note(done(h, iteration, 0.1))
+        return slow.committed(newest, counted, late)
+
+    commit(0, holders, [])  # all quick
+    commit(1, others, [holders[0]])  # it turns slow: its passes were quick till now
     slow.note(done(holders[0], 1, 0.1 * SLOW_PACE))  # its late report of iteration 1
-    assert slow.committed(newest, others, [holders[0]], [done(h, 2, 0.1) for h in others]) == ({}, [])
-    moved, _ = slow.committed(newest, others, [holders[0]], [done(h, 3, 0.1) for h in others])
+    assert commit(2, others, [holders[0]]) == ({}, [])
+    moved, _ = commit(3, others, [holders[0]])
     assert moved[holders[0]].count == 2  # late twice since its passes showed slow
