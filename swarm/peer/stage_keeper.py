@@ -137,6 +137,7 @@ class StageKeeper:
                 if isinstance(e, JoinAbandoned):
                     raise
                 raise JoinAbandoned(f"stage {self.stage}'s state did not come: {e}", revised=False) from None
+            self.session.lineage = b""  # a copy of the group's state now, not of its own rounds before it was dropped
         self._go_online()
 
     def _load_stage(self, schedule: Schedule, iteration: int, revised: Callable[[], Schedule | None]) -> None:
