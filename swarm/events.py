@@ -68,6 +68,8 @@ EVENTS: dict[str, tuple[str, ...]] = {
     # a holder the commits showed slow (or on time again) injects `microbatches` instead of `was` from an iteration on
     "holder_share": ("peer", "share", "microbatches", "was", "start_iteration"),
     "holder_benched": ("peer", "seconds", "iteration"),
+    # a relay whose own passes stayed far slower than the other relays' (`Pace` reports) is taken off the run's work
+    "relay_benched": ("peer", "seconds", "iteration"),
     "benched": ("iteration", "seconds"),
     # two members of one stage group cannot reach each other: `peer` sits out `seconds` (`partner` keeps serving)
     "estranged": ("peer", "partner", "stage", "seconds"),

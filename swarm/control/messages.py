@@ -289,6 +289,26 @@ class Done:
 
 
 @dataclass(frozen=True)
+class Pace:
+    """Relay `peer` (a scheduled peer of a later stage, no data of its own) computed `operations` forward and backward
+    passes of committed `iteration` under `epoch` in `compute` seconds, wall clock: how the scheduler finds a relay
+    slow for good (`swarm.coordinator.slow_relays`), which no data holder's report shows as its own."""
+
+    TOPIC: ClassVar[Topic] = "progress"
+    peer: str
+    iteration: int
+    epoch: int
+    operations: int
+    compute: float
+
+    @classmethod
+    def _decode(cls, d: dict, name: str) -> Pace:
+        return cls(peer=_peer(d, name), iteration=_iteration(d, name), epoch=_epoch(d, name),
+                   operations=read_int(d.get("operations"), f"{name}.operations", 1, _MAX_ITERATION),
+                   compute=read_float(d.get("compute"), f"{name}.compute", 0.0, 1e7))
+
+
+@dataclass(frozen=True)
 class Commit:
     """The scheduler commits `iteration` under `epoch` (peers average and step); `shards` are the run's shard
     positions after it, where a shard that changes holder next starts; `left_out` are the peers of the epoch whose
@@ -404,9 +424,10 @@ class SitOut:
 
 @dataclass(frozen=True)
 class Benched:
-    """The scheduler takes `peer`, a data holder, off the run's work for `seconds`, from `iteration` on (the one in
-    progress commits without it): commits kept leaving it out for being late even at its smallest share
-    (`swarm.coordinator.benches`). It is not taken for gone, and is placed again afterwards."""
+    """The scheduler takes `peer` off the run's work for `seconds`, from `iteration` on (the one in progress goes on
+    without it): a data holder the commits kept leaving out for being late even at its smallest share, or a relay
+    whose passes stayed far slower than the others' (`swarm.coordinator.benches`). It is not taken for gone, and is
+    placed again afterwards."""
 
     TOPIC: ClassVar[Topic] = "membership"
     peer: str
@@ -449,10 +470,10 @@ class Pong:
 
 
 ControlMessage = Join | Leave | Gone | Finished | Stuck | Broken | Unrecoverable | Unreachable | ScheduleNotice | \
-    Alive | Done | Commit | Faulty | Admitted | Refused | NotDialable | SitOut | Benched | Ping | Pong
+    Alive | Done | Pace | Commit | Faulty | Admitted | Refused | NotDialable | SitOut | Benched | Ping | Pong
 MESSAGE_TYPES: dict[str, type] = {cls.__name__.lower(): cls for cls in
                                   (Join, Leave, Gone, Finished, Stuck, Broken, Unrecoverable, Unreachable,
-                                   ScheduleNotice, Alive, Done, Commit, Faulty, Admitted, Refused, NotDialable,
+                                   ScheduleNotice, Alive, Done, Pace, Commit, Faulty, Admitted, Refused, NotDialable,
                                    SitOut, Benched, Ping, Pong)}
 
 

@@ -9,8 +9,10 @@
 - liveness.py: Liveness, which peers are alive, from heartbeat records and corroborated reports
 - commit_tracker.py: CommitTracker, holders' done reports into commits; the metrics line of an iteration
 - holder_shares.py: HolderShares, the share of its microbatches a holder is given, from how often it was late
-- benches.py: Benches, holders taken off the run's work for a while (late at their smallest share), and until when
+- benches.py: Benches, peers taken off the run's work for a while (slow for good), and until when
 - slow_holders.py: SlowHolders, a commit's lateness into share re-plans and benches, said of the newest epoch
+- slow_relays.py: SlowRelays, relays' own pace reports into verdicts: slow for good or not
+- slow_peers.py: SlowPeers, holders' shares, relays' verdicts and the benches of both; who may be benched
 - epochs.py: EpochHistory, the epochs published and which one runs an iteration
 - shard_assignment.py: which data holder draws from which of the run's shards, epoch after epoch
 - admission_desk.py: AdmissionDesk, joiners admitted (certificates issued, renewed) or refused; members' records

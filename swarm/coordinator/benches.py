@@ -1,25 +1,24 @@
-"""`Benches`: data holders taken off the run's work for a while, because no share of it made them keep time.
+"""`Benches`: peers taken off the run's work for a while, because they are slow for good.
 
-A holder the commits still leave out for being late at its smallest share (`HolderShares`, share `OFF`) costs the run
-more than its work brings: every other iteration waits for it past the margin, and its stage's averaging waits on its
-slow part too. It is planned without, as a peer sitting out: it stays alive and is not declared gone, its shards go to
-the other holders at the last commit's positions, and it is told why and for how long (`Benched`). The bench lasts
-`BENCH` seconds (`swarm.bench_seconds`) the first time, doubled each time the same peer is benched again (up to
-`MAX_BENCH`); then it is placed again like any joiner, at its whole share: a volunteer's machine slowed by its owner's
-job is tried again once the job may be over, and one slow for good costs the run less each time.
-
-A holder is not benched when no other holder of the run would be left: a slow run beats one that cannot go on.
+A data holder the commits still leave out for being late at its smallest share (`HolderShares`, share `OFF`), or a
+relay whose own passes stay far slower than the other relays' (`SlowRelays`), costs the run more than its work brings:
+iterations wait for it, and its stage's averaging waits on its slow part too. It is planned without, as a peer sitting
+out: it stays alive and is not declared gone, its work goes to the others (a holder's shards at the last commit's
+positions), and it is told why and for how long (`Benched`). The bench lasts `BENCH` seconds (`swarm.bench_seconds`)
+the first time, doubled each time the same peer is benched again (up to `MAX_BENCH`); then it is placed again like any
+joiner, at its whole share: a volunteer's machine slowed by its owner's job is tried again once the job may be over,
+and one slow for good costs the run less each time. Which peers may go is `SlowPeers`' to say (a stage keeps a peer).
 """
 
 from __future__ import annotations
 
 BENCH = 300.0
-"""Seconds a holder is kept off the run's work the first time, by default (`swarm.bench_seconds`)."""
+"""Seconds a peer is kept off the run's work the first time, by default (`swarm.bench_seconds`)."""
 MAX_BENCH = 3600.0
 
 
 class Benches:
-    """The holders kept off the run's work now, until when (monotonic seconds), and how often each was benched.
+    """The peers kept off the run's work now, until when (monotonic seconds), and how often each was benched.
 
     :param first: seconds of a peer's first bench (the run's `swarm.bench_seconds`); 0: no peer is ever benched
     """

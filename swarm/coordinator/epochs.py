@@ -45,6 +45,10 @@ class EpochHistory:
         if self.all and self.all[-1] is schedule:
             self.all.pop()
 
+    def get(self, epoch: int) -> Schedule | None:
+        """Epoch `epoch` (None if it is not one of these)."""
+        return next((s for s in self.all if s.epoch == epoch), None)
+
     def in_force(self, iteration: int) -> Schedule:
         """The epoch that runs `iteration`: the newest one starting at or before it (a successor that knows only
         later epochs takes its oldest)."""
@@ -67,10 +71,10 @@ class EpochHistory:
 
     def shards_of(self, peer: str, epoch: int) -> set[str]:
         """The data shards (indices as strings) epoch `epoch` gave holder `peer` (none if it knows no such epoch)."""
-        for s in self.all:
-            if s.epoch == epoch:
-                specs = s.meta.get("shards", {}).get(peer)
-                if specs is None:
-                    specs = [s.data_holders.index(peer)] if peer in s.data_holders else []
-                return {str(int(k)) for k in specs}
-        return set()
+        s = self.get(epoch)
+        if s is None:
+            return set()
+        specs = s.meta.get("shards", {}).get(peer)
+        if specs is None:
+            specs = [s.data_holders.index(peer)] if peer in s.data_holders else []
+        return {str(int(k)) for k in specs}

@@ -166,11 +166,16 @@ class Replanner:
         self._param_bytes: tuple[int, ...] | None = None
 
     # ---- costs ------------------------------------------------------------------------------------
+    @property
+    def layers_per_stage(self) -> tuple[int, ...]:
+        """The model's layers on each stage."""
+        return tuple(balanced_split(self.model["n_layers"], self.config.stages))
+
     def model_cost(self, peers: Mapping[str, PeerRecord]) -> ModelCost:
         """The model's costs: layers per stage, bytes per message, and the loss step relative to the stage-0
         forward as the peers measured it (it depends on the vocabulary, which a decoder block does not show)."""
         cfg, model = self.config, self.model
-        layers = balanced_split(model["n_layers"], cfg.stages)
+        layers = self.layers_per_stage
         activation = cfg.message_size(model["dim"])  # as the peers send it: padded where emulation says so
         ratios = [r.loss_seconds / (r.seconds_per_layer * max(1, layers[0])) for r in peers.values()
                   if r.loss_seconds > 0]

@@ -14,7 +14,8 @@ than running again for the sake of one holder's share; it runs again under the n
 is left or a holder is leaving (it hands its stage over first). A holder late against the others is left out of
 the commit the same way, without being taken for gone (`CommitTracker.late`, `check_late_holders`); one the commits
 show slow for good is given fewer microbatches by a re-plan from the next iteration (`HolderShares`), and one still
-late at its smallest share is taken off the run's work for a while, as a peer sitting out (`Benches`).
+late at its smallest share is taken off the run's work for a while, as a peer sitting out; so is a relay whose own
+passes stay far slower than the other relays' (`SlowPeers`).
 A joiner that takes over a shard another holder carries starts it where the commit of the iteration in progress leaves
 it: every schedule says which commit its shard positions are as of (`meta["positions_after"]`), and such a joiner waits
 for the later one. With the SWARM-style planner a stable swarm is also re-planned every `SWARM_REPLAN_ITERATIONS`
@@ -28,7 +29,6 @@ from collections.abc import Iterable, Mapping
 
 from scheduler.schedule import Schedule
 from swarm.control.messages import (
-    Benched,
     Broken,
     ControlMessage,
     Done,
@@ -37,6 +37,7 @@ from swarm.control.messages import (
     Gone,
     Join,
     Leave,
+    Pace,
     Pong,
     Stuck,
     Unreachable,
@@ -49,7 +50,8 @@ from swarm.coordinator.first_plan import SETTLE_SECONDS, FirstPlan
 from swarm.coordinator.liveness import Liveness
 from swarm.coordinator.replanner import NoDataHolder, Replanner
 from swarm.coordinator.restart_reports import RestartReports
-from swarm.coordinator.slow_holders import ShareChange, SlowHolders
+from swarm.coordinator.slow_holders import ShareChange
+from swarm.coordinator.slow_peers import SlowPeers
 from swarm.coordinator.suspicions import Suspicions
 from swarm.events import event
 from swarm.run_config import RunConfig
@@ -90,9 +92,9 @@ class Scheduler:
         self.epochs = EpochHistory()
         self.liveness = Liveness(config.heartbeat, exclude=coordinator)
         self.commits = CommitTracker()
-        self.slow_holders = SlowHolders(config.microbatches, config.bench_seconds)
-        """Each holder's share of its microbatches, from how often commits left it out for being late, and the
-        holders taken off the run's work for a while (late at their smallest share)."""
+        self.slow = SlowPeers(config.microbatches, config.bench_seconds, self.replanner.layers_per_stage)
+        """Holders' shares from how often commits left them out for being late, relays' paces, and the peers
+        taken off the run's work for a while (both slow for good)."""
         self.completed = 0
         """Iterations committed; the one in progress is `completed`."""
         self.peers_online = 0
@@ -155,10 +157,11 @@ class Scheduler:
         for p in placement:
             if p not in peers:
                 self.suspicions.estrangements.forget(p)  # gone: whoever sat out because of it may come back
-                self.slow_holders.forget([p])
+                self.slow.forget([p])
         peers = {p: r for p, r in peers.items() if p not in sitting_out}
-        gone = [p for p in placement if p not in peers]
-        draining = [p for p in placement if p in peers and peers[p].state == PeerState.DRAINING]
+        handing = self.slow.handing_over(placement)  # benched last peers of their stages, planned as if leaving
+        gone = [p for p in placement if p not in peers and p not in handing]
+        draining = [p for p in placement if p in handing or (p in peers and peers[p].state == PeerState.DRAINING)]
         # a joiner announces itself before it has probed its links: placed earlier, the others would wait for it
         joining = [p for p, r in peers.items() if p not in placement and r.state == PeerState.JOINING
                    and self.liveness.seen_for(p, now) >= SETTLE_SECONDS
@@ -197,7 +200,7 @@ class Scheduler:
 
     def _kept_out(self, now: float) -> set[str]:
         """The live peers the plan leaves out now: sitting out an estrangement, or benched for being too slow."""
-        return self.suspicions.estrangements.sitting_out(now) | self.slow_holders.benched(now)
+        return self.suspicions.estrangements.sitting_out(now) | self.slow.benched(now)
 
     def _swarm_periodic_replan(self, peers: dict[str, PeerRecord], now: float) -> list[Action]:
         """The SWARM-style planner's periodic re-plan of a stable swarm, from the next iteration (as for a joiner):
@@ -218,7 +221,7 @@ class Scheduler:
             return self.replanner.replan(live, self.epochs, start_iteration=start,
                                          shard_positions=self.commits.shard_positions,
                                          handing_over=list(handing_over), stateless=self.liveness.stateless,
-                                         shares=self.slow_holders.shares.slowed)
+                                         shares=self.slow.holders.shares.slowed)
 
         try:
             try:
@@ -248,7 +251,7 @@ class Scheduler:
         """A control message from `sender` (authenticated by the gossip layer; whether it may say this is checked
         here against the schedule)."""
         claimed = getattr(message, "peer", sender)
-        if isinstance(message, (Join, Leave, Stuck, Broken, Unrecoverable, Done, Faulty)) and claimed != sender:
+        if isinstance(message, (Join, Leave, Stuck, Broken, Unrecoverable, Done, Pace, Faulty)) and claimed != sender:
             logger.warning("ignored a %s report from %s in the name of %s", type(message).__name__.lower(), sender,
                            claimed)
             return []
@@ -264,6 +267,9 @@ class Scheduler:
             return self.suspicions.unreachable(sender, message.peer, self.schedule, now)
         elif isinstance(message, Done):
             return self._note_done(sender, message, now)
+        elif isinstance(message, Pace):
+            return self._bench(self.slow.paced(message, self.epochs.get(message.epoch),
+                                               self.liveness.records.get(sender), self.completed), now)
         elif isinstance(message, Faulty):
             return self.suspicions.faulty(sender, message, self.epochs)
         return []
@@ -313,7 +319,7 @@ class Scheduler:
         if not self.epochs.ever_held(sender):
             logger.warning("ignored a progress report from %s: not a data holder of the schedule", sender)
             return []
-        self.slow_holders.note(report)  # how quick its passes were, even in an iteration committed without it
+        self.slow.holders.note(report)  # how quick its passes were, even in an iteration committed without it
         holder = self.liveness.records.get(sender)
         why = self.commits.add(sender, report, own=self.epochs.shards_of(sender, report.epoch),
                                own_data=holder is not None and holder.data_holder, now=now)
@@ -361,7 +367,7 @@ class Scheduler:
         # lateness in an iteration that lost a peer is the churn's (microbatches went around the dead), not slowness
         churned = set(commit.left_out) - self.commits.last_late
         moved, off = ({}, []) if churned or not self.config.holder_shares else \
-            self.slow_holders.committed(self.schedule, self.commits.last_counted, self.commits.last_late)
+            self.slow.holders.committed(self.schedule, self.commits.last_counted, self.commits.last_late)
         # the record first: see `RecordIteration`
         return [RecordIteration(record), Announce(commit)] + self._follow_shares(moved, off, now)
 
@@ -382,23 +388,14 @@ class Scheduler:
                                                               microbatches=c.count, was=c.was, start_iteration=start))
         return self._replan({p: r for p, r in live.items() if p in self.schedule.placement}, start=start, now=now)
 
-    def _bench(self, holders: list[str], now: float) -> list[Action]:
-        """Take `holders`, late at their smallest share, off the run's work for a while (`Benches`; each is told) and
-        re-plan without them from the next iteration, the one in progress committing without them, as for a peer
-        sitting out. Not a holder whose going would leave no other holder of the newest epoch live and placed."""
-        live, kept_out = self.liveness.live(now), self._kept_out(now)
-        told: list[Action] = []
-        for h in holders:
-            if not any(p != h and p in live and p not in kept_out for p in self.schedule.data_holders):
-                logger.warning("%s is late at its smallest share, but no other data holder is left: it stays", h)
-                continue
-            seconds = self.slow_holders.bench(h, now)
-            kept_out.add(h)
-            logger.warning("%s was late at its smallest share: it is taken off the run's work for %.0f s from "
-                           "iteration %d (not taken for gone), then placed again", h, seconds, self.completed,
-                           extra=event("holder_benched", peer=h, seconds=seconds, iteration=self.completed))
-            told.append(Announce(Benched(peer=h, iteration=self.completed, seconds=seconds)))
-        return told + self._follow_membership(live, now) if told else []
+    def _bench(self, peers: list[str], now: float) -> list[Action]:
+        """Take `peers`, slow for good, off the run's work for a while (those `SlowPeers.bench` lets go; each is
+        told) and re-plan without them from the next iteration, as for a peer sitting out: the one in progress goes on
+        without them (a holder's draws go back, a relay's forwards go around it), or, for a relay that hands its stage
+        over, as for a peer leaving."""
+        live = self.liveness.live(now)
+        told = self.slow.bench(peers, self.schedule, set(live) - self._kept_out(now), self.completed, now)
+        return [Announce(m) for m in told] + self._follow_membership(live, now) if told else []
 
     def closing(self, stopped: bool) -> Finished | None:
         """What to tell the peers as this scheduler stops: the run is over if it reached its last iteration, or if

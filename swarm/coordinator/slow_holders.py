@@ -23,7 +23,6 @@ from typing import NamedTuple
 
 from scheduler.schedule import Schedule
 from swarm.control.messages import Done
-from swarm.coordinator.benches import BENCH, Benches
 from swarm.coordinator.holder_shares import OFF, HolderShares, holder_microbatches
 
 SLOW_PACE = 2.0
@@ -40,16 +39,17 @@ class ShareChange(NamedTuple):
 
 
 class SlowHolders:
-    """The holders' shares and benches of one run.
+    """The holders' shares in one run, and the holders no share helps.
 
     :param per_shard: microbatches a holder injects per shard at its whole share (the run's `microbatches`)
-    :param bench_seconds: a holder's first bench (the run's `swarm.bench_seconds`; 0: none is benched)
+    :param benching: whether a holder no share helps is taken off the run's work (the run's `swarm.bench_seconds`
+      is not 0), else it stays at its smallest share
     """
 
-    def __init__(self, per_shard: int, bench_seconds: float = BENCH) -> None:
+    def __init__(self, per_shard: int, benching: bool = True) -> None:
         self.per_shard = per_shard
+        self.benching = benching
         self.shares = HolderShares()
-        self.benches = Benches(bench_seconds)
         self._pace: dict[str, float] = {}
         """Holder -> seconds per pass in its last report that said (`note`)."""
 
@@ -71,7 +71,7 @@ class SlowHolders:
         placed = {h: share for h, share in changed.items() if h in newest.placement}
         moved = {h: ShareChange(count(h, before.get(h, 1.0)), count(h, share), share)
                  for h, share in placed.items() if share != OFF}
-        off = [h for h, s in placed.items() if s == OFF] if self.benches.enabled else []
+        off = [h for h, s in placed.items() if s == OFF] if self.benching else []
         return {h: c for h, c in moved.items() if c.was != c.count}, off
 
     def note(self, report: Done) -> None:
@@ -87,16 +87,8 @@ class SlowHolders:
         theirs = [self._pace[p] for p in others if p != holder and p in self._pace]
         return mine is None or not theirs or mine >= SLOW_PACE * statistics.median(theirs)
 
-    def bench(self, holder: str, now: float) -> float:
-        """Take `holder` off the run's work from `now`: the seconds it sits out. Placed again, it starts afresh."""
-        self.shares.forget([holder])
-        return self.benches.bench(holder, now)
-
-    def benched(self, now: float) -> set[str]:
-        return self.benches.benched(now)
-
     def forget(self, holders: Collection[str]) -> None:
-        """`holders` left the run (a bench stays: one restarted with its key is still too slow for now)."""
+        """`holders` left the run or were benched: placed again, each starts afresh at its whole share."""
         self.shares.forget(holders)
         for h in holders:
             self._pace.pop(h, None)

@@ -63,8 +63,8 @@ class ControlRouter:
                 self.dial_verdict.on_sit_out(message)
             else:
                 logger.warning("the scheduler takes this peer off the run's work for %.0f s from iteration %d: "
-                               "commits kept leaving it out for being late, even at its smallest share (is another "
-                               "job using this machine?); it is placed again afterwards", message.seconds,
+                               "its passes stayed far slower than the other peers' (is another job using this "
+                               "machine?); it is placed again afterwards", message.seconds,
                                message.iteration, extra=event("benched", iteration=message.iteration,
                                                               seconds=message.seconds))
         elif isinstance(message, Ping) and message.peer == self.peer_id and trusted:

@@ -149,6 +149,9 @@ class IterationRunner:
             forwards, backwards, seconds = self.timeline.compute_so_far()  # a holder computes in its pipeline only
             self.reports.done(iteration, schedule.epoch, result, data.shards.positions(),  # else: left out, late
                               operations=forwards + backwards, compute=seconds)
+        elif stage > 0:  # a relay: how quick its passes were, which no holder's report tells (`SlowRelays`)
+            forwards, backwards, seconds = self.timeline.compute_so_far()
+            self.reports.pace(iteration, schedule.epoch, forwards + backwards, seconds)
         waited = time.time()
         self._wait_for_commit(executor, schedule, iteration)
         self.timeline.record("commit", waited, time.time(), iteration=iteration)

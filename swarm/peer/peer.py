@@ -295,8 +295,9 @@ class Peer:
         return False
 
     def _rejoin(self, stop: threading.Event) -> bool:
-        """Dropped by the scheduler (taken for dead): announce again and wait to be placed, then load the stage's
-        current state from a same-stage peer. False if the run ended first."""
+        """Dropped by the scheduler (taken for dead, or benched: a stage's last hands it over first, `hand_over`):
+        announce again, wait to be placed, load the stage's state from a same-stage peer. False if the run ended."""
+        self.keeper.hand_over(self.schedule, self.iteration)
         self.state = PeerState.JOINING
         self.inbox.online = False
         schedule = self.follower.wait_for_placement(self.peer_id, stop, self.options.join_timeout,

@@ -18,6 +18,7 @@ from swarm.control.messages import (
     ControlMessage,
     Done,
     Faulty,
+    Pace,
     Stuck,
     Unreachable,
     Unrecoverable,
@@ -92,3 +93,9 @@ class Reports:
         self.tell(Done(peer=self.peer_id, iteration=iteration, epoch=epoch, loss_sum=result.loss_sum,
                        losses=result.losses, tokens=result.tokens, started=result.started, finished=time.time(),
                        dropped=result.dropped, shards=shards, operations=operations, compute=round(compute, 4)))
+
+    def pace(self, iteration: int, epoch: int, operations: int, compute: float) -> None:
+        """This relay computed `operations` passes of the iteration in `compute` seconds (none: nothing to say)."""
+        if operations > 0:
+            self.tell(Pace(peer=self.peer_id, iteration=iteration, epoch=epoch, operations=operations,
+                           compute=round(compute, 4)))

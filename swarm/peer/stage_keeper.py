@@ -235,8 +235,8 @@ class StageKeeper:
                         extra=event("state_sent", stage=self.stage, to=peer, why=why))
 
     def hand_over(self, schedule: Schedule, iteration: int) -> None:
-        """`schedule` plans without this draining peer: if it was its stage's last, send the stage's state to the
-        peer moved there to take over (the schedule names it)."""
+        """`schedule` plans without this draining or benched peer: if it was its stage's last, send the stage's state
+        to the peer moved there to take over (the schedule names it)."""
         handover = schedule.meta.get("handover")
         takers = [p for p, source in handover.items() if source == self.peer_id and p in schedule.placement] \
             if isinstance(handover, dict) else []

@@ -81,7 +81,7 @@ def test_a_holder_late_at_one_microbatch_is_benched_then_placed_again_at_its_who
     assert published(s.observe(fresh(records), t + 10)) == []
     assert published(s.observe(fresh(records), t + BENCH - 1)) == []  # still benched
     (back,) = published(s.observe(fresh(records), t + BENCH + 1))
-    assert slow in back.placement and s.slow_holders.shares.share(slow) == 1.0  # like any joiner, afresh
+    assert slow in back.placement and s.slow.holders.shares.share(slow) == 1.0  # like any joiner, afresh
 
 
 def test_a_run_configured_without_benches_keeps_a_slow_holder_at_one_microbatch(records):
@@ -99,4 +99,4 @@ def test_a_run_configured_without_benches_keeps_a_slow_holder_at_one_microbatch(
         actions, t = late_twice(s, records, slow, t)
         assert not any(isinstance(m, (Benched, Gone)) for m in notices(actions))
         assert [len(e.routes_from(slow)) for e in published(actions)] == ([expected] if expected else [])
-    assert slow in s.schedule.placement and not s.slow_holders.benched(t)
+    assert slow in s.schedule.placement and not s.slow.benched(t)

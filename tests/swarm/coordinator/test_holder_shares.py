@@ -128,7 +128,7 @@ def test_lateness_in_an_iteration_that_lost_a_peer_is_not_held_against_a_holder(
             (committed,) = notices(s.check_late_holders(t + 20))
         assert committed.left_out == tuple(sorted((dead, slow) if lost else (slow,)))
         t += 20
-    assert s.slow_holders.shares.share(slow) == 1.0
+    assert s.slow.holders.shares.share(slow) == 1.0
     assert not [r for r in caplog.records if getattr(r, EVENT_ATTR, {}).get("event") == "holder_share"]
 
 

@@ -1,0 +1,96 @@
+"""`SlowPeers`: what the scheduler does about peers slow for good, holders and relays alike.
+
+A data holder the commits keep leaving out for being late is given a smaller share of its microbatches
+(`SlowHolders`), and one no share helps is benched; a relay whose own passes stay far slower than the other relays'
+(`SlowRelays`, from its `Pace` reports) is benched at once: its work goes to its stage mates, and no share of a
+relay's work can be planned. A benched peer is planned without for a while (`Benches`), as a peer sitting out: alive,
+not declared gone, told why and for how long (`Benched`), then placed again like any joiner.
+
+Its stage must keep a serving peer. A holder is never the last of stage 0; a relay that is the last of its stage is
+benched only where a peer of another later stage can be spared to take the stage over: it is planned without as if it
+were leaving (`handing_over`), serves the iteration in progress, and hands its stage's state to the peer moved there,
+rather than leaving the stage unserved (its layers untrained) or its state lost. Bookkeeping and decisions only: the
+scheduler announces and re-plans.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Collection, Sequence
+
+from scheduler.schedule import Schedule
+from swarm.control.messages import Benched, Pace
+from swarm.coordinator.benches import Benches
+from swarm.coordinator.slow_holders import SlowHolders
+from swarm.coordinator.slow_relays import SlowRelays
+from swarm.events import event
+from swarm.wire import PeerRecord
+
+logger = logging.getLogger(__name__)
+
+
+class SlowPeers:
+    """The slow holders' shares, the slow relays' verdicts and the benches of one run.
+
+    :param microbatches: microbatches a holder injects per shard at its whole share (the run's `microbatches`)
+    :param bench_seconds: a peer's first bench (the run's `swarm.bench_seconds`; 0: none is benched)
+    :param layers_per_stage: the model's layers on each stage
+    """
+
+    def __init__(self, microbatches: int, bench_seconds: float, layers_per_stage: Sequence[int]) -> None:
+        self.benches = Benches(bench_seconds)
+        self.holders = SlowHolders(microbatches, benching=self.benches.enabled)
+        self.relays = SlowRelays(layers_per_stage)
+        self._handing_over: set[str] = set()
+
+    def paced(self, report: Pace, schedule: Schedule | None, record: PeerRecord | None, completed: int) -> list[str]:
+        """A relay's pace under its epoch `schedule` (None: an epoch this scheduler does not know), from the peer of
+        `record` (None: not live): the relays it makes slow for good (none where benches are off)."""
+        if not self.benches.enabled or schedule is None or record is None or report.iteration > completed:
+            return []
+        return self.relays.note(report, schedule, record.seconds_per_layer)
+
+    def handing_over(self, placement: Collection[str]) -> set[str]:
+        """The benched peers of `placement` still to be planned without as if leaving (once an epoch has planned
+        without them, none)."""
+        self._handing_over &= set(placement)
+        return set(self._handing_over)
+
+    def bench(self, peers: list[str], schedule: Schedule, serving: Collection[str], iteration: int,
+              now: float) -> list[Benched]:
+        """Take `peers` of the newest epoch `schedule` off the run's work from `iteration` on, `serving` being the
+        live peers not kept out; the messages that tell them (for those whose stage can do without them)."""
+        serving = set(serving)
+        told = []
+        for p in peers:
+            stage = schedule.placement.get(p)
+            if stage is None or p not in serving:
+                continue
+            why = "late at its smallest share" if stage == 0 else self.relays.why(p, schedule)
+            per_stage = Counter(st for q, st in schedule.placement.items() if q in serving)
+            if per_stage[stage] < 2 and not (stage > 0 and any(n >= 2 for st, n in per_stage.items() if st > 0)):
+                logger.warning("%s is %s, but its stage %d has no other peer, nor can one be spared: it stays", p,
+                               why, stage)
+                continue
+            if per_stage[stage] < 2:
+                self._handing_over.add(p)
+            seconds = self.benches.bench(p, now)
+            self.forget([p])
+            serving.discard(p)
+            logger.warning("%s is %s: it is taken off the run's work for %.0f s from iteration %d (not taken for "
+                           "gone)%s, then placed again", p, why, seconds, iteration,
+                           f", handing stage {stage} over" if p in self._handing_over else "",
+                           extra=event("holder_benched" if stage == 0 else "relay_benched", peer=p, seconds=seconds,
+                                       iteration=iteration))
+            told.append(Benched(peer=p, iteration=iteration, seconds=seconds))
+        return told
+
+    def benched(self, now: float) -> set[str]:
+        return self.benches.benched(now)
+
+    def forget(self, peers: Collection[str]) -> None:
+        """`peers` left the run or were benched: placed again, each starts afresh (a bench stays: one restarted
+        with its key is still too slow for now)."""
+        self.holders.forget(peers)
+        self.relays.forget(peers)

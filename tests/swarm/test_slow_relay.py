@@ -1,0 +1,82 @@
+"""A relay slow for good is benched from its own pace reports, then placed again.
+
+A local swarm of 6 peers (3 stages, compute emulated at 0.05 s a layer). After iteration 3 one relay (a peer of a
+later stage, no data of its own) is throttled: its process runs 0.05 s in every 1.55 s, a volunteer's machine taken by
+another job. Every microbatch through it is late, so its holders come back late too; the scheduler must find the relay
+(each relay reports its seconds per pass, `Pace`), not shrink the innocent holders' shares. It is benched (15 s
+here): the last of its stage, it hands the stage over to a peer another stage can spare, as a peer leaving does;
+otherwise it is planned without and its stage mate serves on. The other job ends as it is benched (the throttle is
+lifted): after its bench it asks to be placed again and is, like any joiner. Nobody is taken for gone, no stage copy
+is mended, and every sample is processed once.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from swarm.local.local_swarm import LocalSwarm
+from swarm.local.throttle import Throttle
+from swarm.net.identity import ensure_identity
+from tests.swarm.test_late_holder import BENCH_SECONDS, PEERS, processed_once, run_config
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
+
+ITERATIONS = 30
+"""Enough for the relay's verdict (two slow reports), its bench (~1 s an iteration without it) and a few iterations
+after it is placed again."""
+
+
+def test_a_slow_relay_is_benched_from_its_pace_then_placed_again(tmp_path):
+    config, args = run_config(tmp_path, "relay", ITERATIONS, f"bench_seconds = {BENCH_SECONDS}\n")
+    run_dir = tmp_path / "run"
+    swarm = LocalSwarm(run_dir, PEERS, run_id="relay", coordinator_args=["--config", config], peer_args=args)
+    throttle: list[Throttle] = []
+
+    def lift_once_benched(_record: dict) -> None:
+        if throttle and swarm.events("relay_benched", who="coordinator"):
+            throttle.pop().close()
+
+    try:
+        swarm.start()
+        swarm.watch(3, timeout=240)
+        ids = {ensure_identity(str(run_dir / f"peer-{i:02d}.key")): i for i in range(PEERS)}
+        placement = swarm.schedule()["placement"]
+        per_stage = {st: sum(s == st for s in placement.values()) for st in placement.values()}
+        # the last of its stage if there is one (it hands over), else one with a stage mate
+        victim = min((p for p, st in placement.items() if st > 0), key=lambda p: (per_stage[placement[p]], p))
+        alone = per_stage[placement[victim]] == 1
+        throttled_at = time.time()
+        throttle.append(Throttle(swarm.peers[ids[victim]].pid, running=0.05, stopped=1.5).start())
+        records = swarm.watch(ITERATIONS, timeout=420, on_record=lift_once_benched)
+    finally:
+        for t in throttle:
+            t.close()
+        swarm.stop()
+    assert [r["iteration"] for r in records] == list(range(1, ITERATIONS + 1))
+    (bench,) = swarm.events("relay_benched", who="coordinator")
+    assert bench["peer"] == victim and bench["time"] - throttled_at < 60, bench
+    assert not swarm.events("holder_share", who="coordinator"), "a holder was shared down for the relay's slowness"
+    assert not swarm.events("holder_benched", who="coordinator")
+    assert not swarm.events("declared_gone", who="coordinator"), "a live peer was taken for gone"
+    who = f"peer-{ids[victim]:02d}"
+    assert [e["iteration"] for e in swarm.events("benched", who=who)] == [bench["iteration"]]
+    replans = [(e["gone"], e["leaving"], e["joining"]) for e in swarm.events("replanned", who="coordinator")]
+    out = ([], [victim], []) if alone else ([victim], [], [])
+    assert replans[:1] == [out] and ([], [], [victim]) in replans[1:], replans
+    epochs = swarm.schedules()
+    assert [victim in e["placement"] for e in epochs][:3] == [True, False, True], [e["placement"] for e in epochs]
+    if alone:  # a peer moved to its stage and took the stage's state over from it
+        stage = placement[victim]
+        (mover,) = [p for p, st in epochs[1]["placement"].items() if st == stage]
+        assert epochs[1]["meta"]["handover"].get(mover) == victim
+        handed = [e for e in swarm.events("state_sent", who=who) if e["why"] == "handover"]
+        assert handed and handed[0]["to"] == [mover], handed
+    back = epochs[2]["meta"]["start_iteration"]
+    assert back - bench["iteration"] >= 5 and any(r["iteration"] > back for r in records)  # it waited out its bench
+    placed = swarm.events("placed", who=who)
+    assert len(placed) == 2 and placed[1]["epoch"] == epochs[2]["epoch"], placed
+    assert not swarm.events("stage_mended"), "a stage copy went apart"
+    processed = processed_once(run_dir, records)
+    assert processed and set(processed) == {1}, f"samples processed {dict(processed)} times"
