@@ -1,8 +1,9 @@
-"""A data holder slower than it announced (issue #19): throughput with holder shares, without, and unthrottled.
+"""A data holder or relay slower than it announced (issue #19): throughput with holder shares and benches, without
+them, and unthrottled.
 
     .venv/bin/python benchmarks/slow_holder.py [--peers 6] [--runs 3] [--minutes 2] [--running 0.05] [--stopped 0.95]
-        [--emulate-speed SECONDS] [--microbatches 4] [--modes shares,fixed,unthrottled] [--victim holder|relay]
-        [--out F.json] [--keep DIR]
+        [--emulate-speed SECONDS] [--microbatches 4] [--modes shares,fixed,unbenched,unthrottled]
+        [--victim holder|relay] [--out F.json] [--keep DIR]
 
 Each run is a real local swarm (coordinator and peer processes on loopback, 3 stages, 33% skip, the tiny model's
 real compute; `--emulate-speed` pads every operation to that many seconds per layer instead, but a padded operation
@@ -21,12 +22,15 @@ Modes, alternating within each repetition (repetition r uses seed r):
   window does not show it placed again (and slow again) after its bench;
 - `fixed`: `swarm.holder_shares = false`: it keeps its microbatches; left out of the commits it is late in, it is
   waited for every third iteration (`CommitTracker.late`);
-- `unthrottled`: the same swarm with no holder throttled (the ceiling both are read against).
+- `unbenched`: `swarm.bench_seconds = 0`: shares as in `shares`, but no peer is ever benched (at its smallest share
+  the slow holder stays; a slow relay keeps its work);
+- `unthrottled`: the same swarm with no holder throttled (the ceiling the others are read against).
 
-`--victim relay` throttles a peer of a later stage instead (no data of its own): its slowness shows as lateness
-of the holders whose microbatches pass it, which the scheduler must not take for their own (`SlowHolders` compares
-each late holder's seconds per pass with the others'; `others_shared`, `others_benched`: share changes and benches
-of holders that were not throttled).
+`--victim relay` throttles a peer of a later stage instead (no data of its own, a stage mate beside it): its
+slowness shows as lateness of the holders whose microbatches pass it, which the scheduler must not take for their own
+(`SlowHolders` compares each late holder's seconds per pass with the others'; `others_shared`, `others_benched`: share
+changes and benches of peers that were not throttled), and in its own pace reports, from which the scheduler benches it
+(`SlowRelays`; compare `shares` with `unbenched`).
 
 Prints each run (tokens/s, iterations committed in the window, commits that left the slow holder out, its
 microbatches per iteration at the end, its share changes and benches, seconds from the throttle to its bench),
@@ -51,7 +55,7 @@ from swarm.local.local_swarm import LocalSwarm  # noqa: E402
 from swarm.local.throttle import Throttle  # noqa: E402
 from swarm.net.identity import ensure_identity  # noqa: E402
 
-MODES = ("shares", "fixed", "unthrottled")
+MODES = ("shares", "fixed", "unbenched", "unthrottled")
 START_AFTER = 3
 
 
@@ -69,7 +73,8 @@ def run(args: argparse.Namespace, mode: str, index: int, root: Path) -> dict:
     config = run_dir / "run.toml"
     config.write_text(f"[run]\nrun_id = 'slow'\nstages = 3\nskip = 0.33\nmicrobatches = {args.microbatches}\n"
                       f"iterations = 0\nmin_peers = {args.peers}\nseed = {index}\n"
-                      f"[swarm]\nholder_shares = {'false' if mode == 'fixed' else 'true'}\n")
+                      f"[swarm]\nholder_shares = {'false' if mode == 'fixed' else 'true'}\n"
+                      f"{'bench_seconds = 0' if mode == 'unbenched' else ''}\n")
     swarm = LocalSwarm(run_dir, args.peers, run_id="slow", coordinator_args=["--config", str(config)],
                        peer_args=["--iteration-deadline", "120",
                                   *(["--emulate-speed", str(args.emulate_speed)] if args.emulate_speed else [])])
@@ -81,6 +86,8 @@ def run(args: argparse.Namespace, mode: str, index: int, root: Path) -> dict:
         schedule = swarm.schedule()
         slow = max({r["origin"] for r in schedule["routes"]}) if args.victim == "holder" else \
             max(p for p, stage in schedule["placement"].items() if stage > 0)
+        stage = schedule["placement"][slow]
+        alone = sum(st == stage for st in schedule["placement"].values()) == 1
         start = time.time()
         if mode != "unthrottled":
             throttle = Throttle(swarm.peers[ids[slow]].pid, running=args.running, stopped=args.stopped).start()
@@ -93,14 +100,16 @@ def run(args: argparse.Namespace, mode: str, index: int, root: Path) -> dict:
         microbatches = sum(r["origin"] == slow for r in swarm.schedule()["routes"]) if args.victim == "holder" \
             else None
         shares = swarm.events("holder_share", who="coordinator")
-        benches = swarm.events("holder_benched", who="coordinator")
+        benches = swarm.events("holder_benched", who="coordinator") + \
+            swarm.events("relay_benched", who="coordinator")
         shares, benches = [e for e in shares if e["time"] >= start], [e for e in benches if e["time"] >= start]
     finally:
         if throttle is not None:
             throttle.close()
         swarm.stop()
     return {"mode": mode, "run": index, **window_figures(records, start, 60 * args.minutes, slow),
-            "slow_microbatches_at_end": microbatches, "share_changes": len(shares), "benched": len(benches),
+            "slow_alone_in_stage": alone, "slow_microbatches_at_end": microbatches, "share_changes": len(shares),
+            "benched": len(benches),
             "benched_after_s": round(benches[0]["time"] - start, 1) if benches else None,
             "others_shared": sum(e["peer"] != slow for e in shares),
             "others_benched": sum(e["peer"] != slow for e in benches)}
@@ -145,9 +154,10 @@ def main() -> None:
         print(f"{mode:>11}: tokens/s {spread([r['tokens_per_s'] for r in mine])} (min/median/max), iterations "
               f"{spread([r['iterations'] for r in mine])}, the slow holder left out of "
               f"{spread([r['slow_left_out'] for r in mine])}")
-    if "shares" in median and "fixed" in median and median["fixed"]:
-        print(f"median tokens/s, shares / fixed: {median['shares'] / median['fixed']:.2f}x")
-    for mode in ("shares", "fixed"):
+    for base in ("fixed", "unbenched"):
+        if "shares" in median and median.get(base):
+            print(f"median tokens/s, shares / {base}: {median['shares'] / median[base]:.2f}x")
+    for mode in ("shares", "fixed", "unbenched"):
         if mode in median and median.get("unthrottled"):
             print(f"median tokens/s, {mode} / unthrottled: {median[mode] / median['unthrottled']:.2f}x")
     if args.out:
