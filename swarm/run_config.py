@@ -37,7 +37,7 @@ profile = ""            # plan on a network preset instead of the measured links
 planner = "skippipe"    # or skippipe-no-collision / full-pipeline / random-skip / swarm (baselines, for benchmarks)
 rebalance = true        # a survivor may move to a stage group a departure left the bottleneck
 holder_shares = true    # a data holder the commits show slow is given fewer microbatches, then benched
-bench_seconds = 300     # how long a holder late at its smallest share sits out (doubled each time; 0 = never)
+bench_seconds = 300     # how long a peer slow for good sits out (doubled each time; 0 = never)
 message_bytes = 0       # emulation: pad each activation and gradient to this many bytes (0 = their own size)
 chunk_bytes = 67108864  # stage gradients and state larger than this travel in pieces of this size (64 MiB)
 ```
@@ -121,9 +121,10 @@ class RunConfig:
     late at its smallest share is benched (`swarm.coordinator.benches`); false: every holder injects `microbatches`
     per shard whatever its pace, and stays (the others then wait for a slow one every third iteration)."""
     bench_seconds: float = BENCH
-    """How long a holder still late at its smallest share sits out the first time (doubled each time it is benched
-    again, up to `MAX_BENCH` or this, whichever is longer), then is placed again; 0: never benched, it stays at its
-    smallest share (`swarm.coordinator.benches`)."""
+    """How long a peer slow for good (a holder still late at its smallest share, a relay whose passes stay far slower
+    than the other relays') sits out the first time (doubled each time it is benched again, up to `MAX_BENCH` or
+    this, whichever is longer), then is placed again; 0: never benched: a holder stays at its smallest share, a relay
+    keeps its work (`swarm.coordinator.benches`, `swarm.coordinator.slow_peers`)."""
     message_bytes: int = 0
     """Emulation: pad every activation and gradient on the wire with zero rows (along the batch) to at least this
     many bytes, so a small model's run carries a bigger model's messages (`wire_activation_shape`); the planner's

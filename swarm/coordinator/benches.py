@@ -8,9 +8,18 @@ positions), and it is told why and for how long (`Benched`). The bench lasts `BE
 the first time, doubled each time the same peer is benched again (up to `MAX_BENCH`); then it is placed again like any
 joiner, at its whole share: a volunteer's machine slowed by its owner's job is tried again once the job may be over,
 and one slow for good costs the run less each time. Which peers may go is `SlowPeers`' to say (a stage keeps a peer).
+
+A successor scheduler keeps them: every epoch published carries them (`to_meta`: seconds left, not a clock time, since
+the successor's clock is another machine's), and the successor `restore`s them from the newest epoch it knows (a bench
+may so last longer by the time from that epoch's publication to the take-over).
 """
 
 from __future__ import annotations
+
+import math
+from typing import Any
+
+from swarm.constants import MAX_ID_CHARS
 
 BENCH = 300.0
 """Seconds a peer is kept off the run's work the first time, by default (`swarm.bench_seconds`)."""
@@ -45,3 +54,25 @@ class Benches:
         for p in [p for p, until in self._until.items() if until <= now]:
             del self._until[p]
         return set(self._until)
+
+    def to_meta(self, now: float) -> dict[str, list]:
+        """Every peer benched in this run: [seconds its bench has left (0: over), times benched], for a successor."""
+        return {p: [round(max(0.0, self._until.get(p, now) - now), 1), n] for p, n in sorted(self._times.items())}
+
+    def restore(self, saved: Any, now: float) -> list[str]:
+        """Take over the benches a predecessor published (`to_meta`, read from an epoch: checked, as anything read
+        is); returns what was wrong with the entries dropped."""
+        if not isinstance(saved, dict):
+            return [f"benches: a {type(saved).__name__}, not a map"] if saved is not None else []
+        wrong = []
+        for peer, entry in saved.items():
+            left, times = entry if isinstance(entry, list) and len(entry) == 2 else (None, None)
+            if not isinstance(peer, str) or not 0 < len(peer) <= MAX_ID_CHARS or type(times) is not int or \
+                    not 1 <= times <= 64 or type(left) not in (int, float) or not math.isfinite(left) or \
+                    not 0 <= left <= max(MAX_BENCH, self.first):
+                wrong.append(f"bench {str(peer)[:MAX_ID_CHARS]!r}: {str(entry)[:80]}")
+                continue
+            self._times[peer] = times
+            if left > 0:
+                self._until[peer] = now + left
+        return wrong

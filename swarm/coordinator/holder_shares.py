@@ -22,6 +22,9 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Collection
+from typing import Any
+
+from swarm.constants import MAX_ID_CHARS
 
 SLOW_WINDOW = 3
 """A holder's last iterations (those it was counted in or left out of for being late) its lateness is judged on."""
@@ -84,6 +87,20 @@ class HolderShares:
             else:
                 self._share[holder] = share
         return changed
+
+    def restore(self, saved: Any) -> list[str]:
+        """Take over the shares a predecessor published (`slowed`, read from an epoch: checked, as anything read
+        is); returns what was wrong with the entries dropped. Their lateness starts afresh."""
+        if not isinstance(saved, dict):
+            return [f"shares: a {type(saved).__name__}, not a map"] if saved is not None else []
+        wrong = []
+        for holder, share in saved.items():
+            if not isinstance(holder, str) or not 0 < len(holder) <= MAX_ID_CHARS or \
+                    type(share) not in (int, float) or not MIN_SHARE <= share < 1.0:
+                wrong.append(f"share {str(holder)[:MAX_ID_CHARS]!r}: {str(share)[:40]}")
+                continue
+            self._share[holder] = float(share)
+        return wrong
 
     def forget(self, holders: Collection[str]) -> None:
         """`holders` left the run: one that comes back starts afresh (a new process, maybe a new machine)."""

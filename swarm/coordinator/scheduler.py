@@ -136,16 +136,18 @@ class Scheduler:
         if first is None:
             return []
         self._restart_reports.progress(now)  # the first iteration's clock starts
-        return self._publish(first)
+        return self._publish(first, now)
 
     def resume(self, schedules: Iterable[Schedule], completed: int, records: Mapping[str, tuple[PeerRecord, float]],
                now: float, *, shard_positions: Mapping[str, dict] | None = None) -> list[Action]:
         """Take the role over from a dead scheduler (its epochs `schedules`, `completed` iterations in, shards at
-        `shard_positions` or the newest epoch's): the iteration in progress reruns, reported again by every holder."""
+        `shard_positions` or the newest epoch's, its slow peers as the newest epoch says): the iteration in progress
+        reruns, reported again by every holder."""
         self.epochs, self.completed = EpochHistory(schedules), completed
         self.commits = CommitTracker(self.schedule.meta.get("shard_positions") if shard_positions is None else
                                      shard_positions)
         self._restart_reports.progress(now)
+        self.slow.restore(self.schedule.meta.get("slow"), now)
         peers = self.liveness.update(records, now)
         return self._replan({p: r for p, r in peers.items() if p in self.schedule.placement}, start=completed, now=now)
 
@@ -239,11 +241,13 @@ class Scheduler:
         except (RuntimeError, ValueError) as e:
             logger.error("could not re-plan: %s", e)
             return []
-        return self._publish(schedule)
+        return self._publish(schedule, now)
 
-    def _publish(self, schedule: Schedule) -> list[Action]:
+    def _publish(self, schedule: Schedule, now: float) -> list[Action]:
         schedule.meta["successors"] = successors(self.schedule, schedule, self.liveness.first_seen)
         schedule.meta["positions_after"] = self.completed - 1  # the commit its `shard_positions` are as of
+        if slow := self.slow.to_meta(now):
+            schedule.meta["slow"] = slow  # for a successor (`resume`)
         return [PublishSchedule(schedule, self.epochs.add(schedule, in_progress=self.completed))]
 
     # ---- reports ------------------------------------------------------------------------------------

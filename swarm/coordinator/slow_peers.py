@@ -10,7 +10,8 @@ Its stage must keep a serving peer. A holder is never the last of stage 0; a rel
 benched only where a peer of another later stage can be spared to take the stage over: it is planned without as if it
 were leaving (`handing_over`), serves the iteration in progress, and hands its stage's state to the peer moved there,
 rather than leaving the stage unserved (its layers untrained) or its state lost. Bookkeeping and decisions only: the
-scheduler announces and re-plans.
+scheduler announces and re-plans. Each epoch published carries the shares and benches (`to_meta`), so that a
+successor scheduler does not give a slow holder its whole share back nor place a benched peer at once (`restore`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Collection, Sequence
+from typing import Any
 
 from scheduler.schedule import Schedule
 from swarm.control.messages import Benched, Pace
@@ -85,6 +87,26 @@ class SlowPeers:
                                        iteration=iteration))
             told.append(Benched(peer=p, iteration=iteration, seconds=seconds))
         return told
+
+    def to_meta(self, now: float) -> dict[str, Any]:
+        """What a successor scheduler needs to go on as this one would (`restore`): the holders' shares and the
+        benches (none: empty)."""
+        saved = {"shares": self.holders.shares.slowed, "benched": self.benches.to_meta(now)}
+        return {k: v for k, v in saved.items() if v}
+
+    def restore(self, saved: Any, now: float) -> None:
+        """Go on from what a predecessor published with its newest epoch (`to_meta`; malformed entries are dropped,
+        logged). The relays' verdicts start afresh: a slow relay is found again within a few iterations."""
+        if saved is None or not isinstance(saved, dict):
+            if saved is not None:
+                logger.warning("the predecessor's slow peers: a %s, not a map: dropped", type(saved).__name__)
+            return
+        wrong = self.holders.shares.restore(saved.get("shares")) + self.benches.restore(saved.get("benched"), now)
+        if wrong:
+            logger.warning("the predecessor's slow peers: dropped %s", "; ".join(wrong[:5]))
+        if saved:
+            logger.info("went on from the predecessor's slow peers: shares %s, benched %s",
+                        self.holders.shares.slowed, sorted(self.benches.benched(now)))
 
     def benched(self, now: float) -> set[str]:
         return self.benches.benched(now)
