@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Callable
+from typing import NamedTuple
 
 import pytest
 
@@ -94,27 +96,49 @@ def test_a_frozen_holder_is_left_out_of_the_commit_and_found_by_its_mates_probes
     assert processed and set(processed) == {1}, f"samples processed {dict(processed)} times"
 
 
-def test_a_slow_holder_is_left_out_when_late_then_given_less_work_then_benched_then_placed_again(tmp_path):
-    config, args = run_config(tmp_path, "slow", SLOW_ITERATIONS, f"bench_seconds = {BENCH_SECONDS}\n")
+class ThrottledRun(NamedTuple):
+    swarm: LocalSwarm
+    records: list[dict]
+    ids: dict[str, int]
+    """Peer id -> its index in the swarm (`peer-NN`)."""
+    victim: str
+    throttled_at: float
+
+
+def run_throttled_until_benched(tmp_path, run_id: str, iterations: int, benched_event: str,
+                                pick: Callable[[dict], str]) -> ThrottledRun:
+    """A swarm of `PEERS` (benches of `BENCH_SECONDS`) whose peer `pick(first schedule)` is throttled to 0.05 s of
+    every 1.55 s once iteration 3 is committed, until the coordinator's `benched_event` names it: its machine's other
+    job ends as it is benched. Runs `iterations` iterations, then stops the swarm."""
+    config, args = run_config(tmp_path, run_id, iterations, f"bench_seconds = {BENCH_SECONDS}\n")
     run_dir = tmp_path / "run"
-    swarm = LocalSwarm(run_dir, PEERS, run_id="slow", coordinator_args=["--config", config], peer_args=args)
+    swarm = LocalSwarm(run_dir, PEERS, run_id=run_id, coordinator_args=["--config", config], peer_args=args)
     throttle: list[Throttle] = []
 
     def lift_once_benched(_record: dict) -> None:
-        if throttle and swarm.events("holder_benched", who="coordinator"):
+        if throttle and swarm.events(benched_event, who="coordinator"):
             throttle.pop().close()
 
     try:
         swarm.start()
         swarm.watch(3, timeout=240)
         ids = {ensure_identity(str(run_dir / f"peer-{i:02d}.key")): i for i in range(PEERS)}
-        victim = max({r["origin"] for r in swarm.schedule()["routes"]})  # a data holder
+        victim = pick(swarm.schedule())
+        throttled_at = time.time()
         throttle.append(Throttle(swarm.peers[ids[victim]].pid, running=0.05, stopped=1.5).start())
-        records = swarm.watch(SLOW_ITERATIONS, timeout=420, on_record=lift_once_benched)
+        records = swarm.watch(iterations, timeout=420, on_record=lift_once_benched)
     finally:
         for t in throttle:
             t.close()
         swarm.stop()
+    return ThrottledRun(swarm, records, ids, victim, throttled_at)
+
+
+def test_a_slow_holder_is_left_out_when_late_then_given_less_work_then_benched_then_placed_again(tmp_path):
+    swarm, records, ids, victim, _ = run_throttled_until_benched(
+        tmp_path, "slow", SLOW_ITERATIONS, "holder_benched",
+        lambda schedule: max({r["origin"] for r in schedule["routes"]}))  # a data holder
+    run_dir = tmp_path / "run"
     assert [r["iteration"] for r in records] == list(range(1, SLOW_ITERATIONS + 1))
     shares = swarm.events("holder_share", who="coordinator")
     assert [(e["peer"], e["microbatches"], e["was"]) for e in shares] == [(victim, 1, 2)], shares

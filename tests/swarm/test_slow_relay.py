@@ -12,14 +12,11 @@ is mended, and every sample is processed once.
 
 from __future__ import annotations
 
-import time
+from collections import Counter
 
 import pytest
 
-from swarm.local.local_swarm import LocalSwarm
-from swarm.local.throttle import Throttle
-from swarm.net.identity import ensure_identity
-from tests.swarm.test_late_holder import BENCH_SECONDS, PEERS, processed_once, run_config
+from tests.swarm.test_late_holder import processed_once, run_throttled_until_benched
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
@@ -28,32 +25,19 @@ ITERATIONS = 30
 after it is placed again."""
 
 
+def last_of_its_stage_if_any(schedule: dict) -> str:
+    """A relay alone in its stage if there is one (it hands its stage over), else one with a stage mate."""
+    placement = schedule["placement"]
+    per_stage = Counter(placement.values())
+    return min((p for p, st in placement.items() if st > 0), key=lambda p: (per_stage[placement[p]], p))
+
+
 def test_a_slow_relay_is_benched_from_its_pace_then_placed_again(tmp_path):
-    config, args = run_config(tmp_path, "relay", ITERATIONS, f"bench_seconds = {BENCH_SECONDS}\n")
-    run_dir = tmp_path / "run"
-    swarm = LocalSwarm(run_dir, PEERS, run_id="relay", coordinator_args=["--config", config], peer_args=args)
-    throttle: list[Throttle] = []
-
-    def lift_once_benched(_record: dict) -> None:
-        if throttle and swarm.events("relay_benched", who="coordinator"):
-            throttle.pop().close()
-
-    try:
-        swarm.start()
-        swarm.watch(3, timeout=240)
-        ids = {ensure_identity(str(run_dir / f"peer-{i:02d}.key")): i for i in range(PEERS)}
-        placement = swarm.schedule()["placement"]
-        per_stage = {st: sum(s == st for s in placement.values()) for st in placement.values()}
-        # the last of its stage if there is one (it hands over), else one with a stage mate
-        victim = min((p for p, st in placement.items() if st > 0), key=lambda p: (per_stage[placement[p]], p))
-        alone = per_stage[placement[victim]] == 1
-        throttled_at = time.time()
-        throttle.append(Throttle(swarm.peers[ids[victim]].pid, running=0.05, stopped=1.5).start())
-        records = swarm.watch(ITERATIONS, timeout=420, on_record=lift_once_benched)
-    finally:
-        for t in throttle:
-            t.close()
-        swarm.stop()
+    swarm, records, ids, victim, throttled_at = run_throttled_until_benched(
+        tmp_path, "relay", ITERATIONS, "relay_benched", last_of_its_stage_if_any)
+    epochs = swarm.schedules()
+    placement = epochs[0]["placement"]
+    alone = Counter(placement.values())[placement[victim]] == 1
     assert [r["iteration"] for r in records] == list(range(1, ITERATIONS + 1))
     (bench,) = swarm.events("relay_benched", who="coordinator")
     assert bench["peer"] == victim and bench["time"] - throttled_at < 60, bench
@@ -65,7 +49,6 @@ def test_a_slow_relay_is_benched_from_its_pace_then_placed_again(tmp_path):
     replans = [(e["gone"], e["leaving"], e["joining"]) for e in swarm.events("replanned", who="coordinator")]
     out = ([], [victim], []) if alone else ([victim], [], [])
     assert replans[:1] == [out] and ([], [], [victim]) in replans[1:], replans
-    epochs = swarm.schedules()
     assert [victim in e["placement"] for e in epochs][:3] == [True, False, True], [e["placement"] for e in epochs]
     if alone:  # a peer moved to its stage and took the stage's state over from it
         stage = placement[victim]
@@ -78,5 +61,5 @@ def test_a_slow_relay_is_benched_from_its_pace_then_placed_again(tmp_path):
     placed = swarm.events("placed", who=who)
     assert len(placed) == 2 and placed[1]["epoch"] == epochs[2]["epoch"], placed
     assert not swarm.events("stage_mended"), "a stage copy went apart"
-    processed = processed_once(run_dir, records)
+    processed = processed_once(tmp_path / "run", records)
     assert processed and set(processed) == {1}, f"samples processed {dict(processed)} times"
