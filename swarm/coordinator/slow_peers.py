@@ -2,9 +2,10 @@
 
 A data holder the commits keep leaving out for being late is given a smaller share of its microbatches
 (`SlowHolders`), and one no share helps is benched; a relay whose own passes stay far slower than the other relays'
-(`SlowRelays`, from its `Pace` reports) is benched at once: its work goes to its stage mates, and no share of a
-relay's work can be planned. A benched peer is planned without for a while (`Benches`), as a peer sitting out: alive,
-not declared gone, told why and for how long (`Benched`), then placed again like any joiner.
+(`SlowRelays`, from its `Pace` reports) is benched with no share step before (its work is what the paths bring it,
+not a count the scheduler sets): its work goes to its stage mates. A benched peer is planned without for a while
+(`Benches`), as a peer sitting out: alive, not declared gone, told why and for how long (`Benched`), then placed again
+like any joiner.
 
 Its stage must keep a serving peer. A holder is never the last of stage 0; a relay that is the last of its stage is
 benched only where a peer of another later stage can be spared to take the stage over: it is planned without as if it
