@@ -4,11 +4,12 @@ A relay (a scheduled peer of a later stage, no data of its own) slower than the 
 whose path crosses it: its holders' microbatches come back late (which `SlowHolders` must not take for their own), and
 its stage mates wait for it in the averaging. No holder's report says which relay it was, so each relay says, after
 each commit, how many passes it computed and in how many seconds (`Pace`). Its seconds per pass per layer are compared
-with the other relays' of the same epoch (their last reports' median), both as measured and over the seconds per layer
-each announced (what the plan assumed). A relay `SLOW_PACE` times slower than the others on both counts in `SLOW_OF` of
-its last `JUDGED` reports is slow for good; the scheduler benches it (`Benches`) when a stage mate is left to serve its
-stage. Both counts: a relay that announced a slower machine was planned for what it is, and one whose announcement was
-measured on a quiet host (and is as quick as the others now) is not slow for that.
+with the other relays' of the same epoch (their last reports' median), and its pace over the seconds per layer it
+announced (what the plan assumed) with `SLOW_PACE` and with the others' (median), whichever is more. A relay
+`SLOW_PACE` times slower on both counts in `SLOW_OF` of its last `JUDGED` reports is slow for good; the scheduler
+benches it (`SlowPeers`). Both counts: a relay that announced a slower machine and runs at that pace was planned for
+what it is, even where the others run quicker than they announced; and one whose announcement was measured on a quiet
+host (and is as quick as the others now) is not slow for that.
 
 Self-reported, so a liar gains nothing: a relay that claims slow passes benches itself, and one that hides them is no
 worse than before (a relay that stalls the run is found out by what its holders report, `Suspicions`). Slow links are
@@ -58,8 +59,10 @@ class SlowRelays:
                   p in self._pace]
         if len(others) < MIN_OTHERS:
             return []
-        slow = all(mine >= SLOW_PACE * statistics.median(theirs)
-                   for mine, theirs in zip(self._pace[report.peer], zip(*others), strict=True))
+        (seconds, ratio), (their_seconds, their_ratios) = self._pace[report.peer], zip(*others, strict=True)
+        # over its announcement: at least SLOW_PACE x, and so much more than the others are (a loaded host slows all)
+        slow = seconds >= SLOW_PACE * statistics.median(their_seconds) and \
+            ratio >= SLOW_PACE * max(1.0, statistics.median(their_ratios))
         verdicts = self._verdicts.setdefault(report.peer, deque(maxlen=JUDGED))
         verdicts.append(slow)
         if sum(verdicts) < SLOW_OF:

@@ -47,6 +47,13 @@ def test_a_relay_is_judged_slow_only_against_its_measured_and_its_announced_spee
     assert [relays.note(pace("a", 0.8), schedule, announced=0.2) for _ in range(3)] == [[], [], []]
     # its announcement was measured on a quiet host: three times quicker than it runs now, as quick as the others
     assert [relays.note(pace("a", 0.2), schedule, announced=0.015) for _ in range(3)] == [[], [], []]
+    # the others run three times quicker than they announced; it runs as slow as it said it would (a slower machine)
+    quick = SlowRelays((2, 2, 2))
+    for p in "bcd":
+        quick.note(pace(p, 0.2), schedule, announced=0.3)
+    assert [quick.note(pace("a", 0.8), schedule, announced=0.4) for _ in range(3)] == [[], [], []]
+    # three times slower than it said: slow
+    assert [quick.note(pace("a", 2.4), schedule, announced=0.4) for _ in range(2)] == [[], ["a"]]
 
 
 def test_only_relays_of_the_reports_epoch_are_judged_and_against_two_others_at_least():
