@@ -55,8 +55,7 @@ class SlowRelays:
             return []
         seconds = report.compute / report.operations / max(1, self.layers_per_stage[stage])
         self._pace[report.peer] = (seconds, seconds / announced)
-        others = [self._pace[p] for p, st in schedule.placement.items() if st > 0 and p != report.peer and
-                  p in self._pace]
+        others = self._others(report.peer, schedule)
         if len(others) < MIN_OTHERS:
             return []
         (seconds, ratio), (their_seconds, their_ratios) = self._pace[report.peer], zip(*others, strict=True)
@@ -73,11 +72,14 @@ class SlowRelays:
     def slowdown(self, relay: str, schedule: Schedule) -> float:
         """How many times the other relays' median seconds per pass (per layer) `relay`'s last report took (0 if
         unknown)."""
-        others = [self._pace[p][0] for p, st in schedule.placement.items() if st > 0 and p != relay and
-                  p in self._pace]
+        others = self._others(relay, schedule)
         if relay not in self._pace or not others:
             return 0.0
-        return self._pace[relay][0] / max(statistics.median(others), 1e-9)
+        return self._pace[relay][0] / max(statistics.median(s for s, _ in others), 1e-9)
+
+    def _others(self, relay: str, schedule: Schedule) -> list[tuple[float, float]]:
+        """The last paces of the relays of `schedule` but `relay`."""
+        return [self._pace[p] for p, st in schedule.placement.items() if st > 0 and p != relay and p in self._pace]
 
     def why(self, relay: str, schedule: Schedule) -> str:
         """Why `relay` is benched, for the log."""

@@ -64,9 +64,9 @@ class Departure:
             return False
         return self.follower.finished.is_set() or (self.succession.role is None and not self.keep_serving())
 
-    def hand_over(self, iteration: int) -> None:
-        """The scheduler plans without this draining peer: hand its stage over if it was the last, then leave."""
+    def left(self, iteration: int) -> None:
+        """The scheduler plans without this draining peer from `iteration` (its stage handed over if it was the
+        last: `StageKeeper.hand_over`): it leaves."""
         schedule = self.follower.schedule
-        self.keeper.hand_over(schedule, iteration)
         logger.info("left gracefully: schedule epoch %d runs without this peer from iteration %d", schedule.epoch,
                     iteration, extra=event("left", epoch=schedule.epoch, iteration=iteration))

@@ -167,12 +167,12 @@ class Peer:
                 if stop.is_set() and not self.departure.keep_serving():
                     break
                 self._adopt_due_schedule()
-                if self.peer_id not in self.schedule.placement and self.state == PeerState.DRAINING:
-                    self.departure.hand_over(self.iteration)
-                    break
                 if self.peer_id not in self.schedule.placement:
-                    logger.warning("the schedule of epoch %d no longer includes this peer; asking to be placed again",
-                                   self.schedule.epoch)
+                    self.keeper.hand_over(self.schedule, self.iteration)  # its stage's last, leaving or benched
+                    if self.state == PeerState.DRAINING:
+                        self.departure.left(self.iteration)
+                        break
+                    logger.warning("epoch %d no longer places this peer: asking to be placed", self.schedule.epoch)
                     if not self._rejoin(stop):
                         return
                     continue
@@ -295,9 +295,7 @@ class Peer:
         return False
 
     def _rejoin(self, stop: threading.Event) -> bool:
-        """Dropped by the scheduler (taken for dead, or benched: a stage's last hands it over first, `hand_over`):
-        announce again, wait to be placed, load the stage's state from a same-stage peer. False if the run ended."""
-        self.keeper.hand_over(self.schedule, self.iteration)
+        """Dropped (taken for dead, or benched): announce again, wait to be placed, load the stage; False: run over."""
         self.state = PeerState.JOINING
         self.inbox.online = False
         schedule = self.follower.wait_for_placement(self.peer_id, stop, self.options.join_timeout,
