@@ -37,6 +37,7 @@ profile = ""            # plan on a network preset instead of the measured links
 planner = "skippipe"    # or skippipe-no-collision / full-pipeline / random-skip / swarm (baselines, for benchmarks)
 rebalance = true        # a survivor may move to a stage group a departure left the bottleneck
 holder_shares = true    # a data holder the commits show slow is given fewer microbatches, then benched
+measured_speeds = true  # plan on the speeds the peers' passes run at, not those they announced
 bench_seconds = 300     # how long a peer slow for good sits out (doubled each time; 0 = never)
 message_bytes = 0       # emulation: pad each activation and gradient to this many bytes (0 = their own size)
 chunk_bytes = 67108864  # stage gradients and state larger than this travel in pieces of this size (64 MiB)
@@ -120,6 +121,10 @@ class RunConfig:
     microbatches by a re-plan, and its share back once on time again (`swarm.coordinator.holder_shares`); one still
     late at its smallest share is benched (`swarm.coordinator.benches`); false: every holder injects `microbatches`
     per shard whatever its pace, and stays (the others then wait for a slow one every third iteration)."""
+    measured_speeds: bool = True
+    """Plan on each peer's speed as its reported passes show it (its announced seconds per layer times its measured
+    slowdown), and re-plan the paths when one drifts from what its epoch assumed where that pays
+    (`swarm.coordinator.measured_speeds`); false: every plan takes the speeds the peers announced."""
     bench_seconds: float = BENCH
     """How long a peer slow for good (a holder still late at its smallest share, a relay whose passes stay far slower
     than the other relays') sits out the first time (doubled each time it is benched again, up to `MAX_BENCH` or
@@ -200,7 +205,7 @@ class RunConfig:
             raise ValueError(f"run.skip {self.skip} with {self.stages} stages: no path can visit stage(s) "
                              f"{', '.join(map(str, never))}, whose peers would never train; lower run.skip or "
                              "run.stages")
-        for name in ("rebalance", "holder_shares"):
+        for name in ("rebalance", "holder_shares", "measured_speeds"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"swarm.{name} must be true or false, got {getattr(self, name)!r}")
         if isinstance(self.bench_seconds, bool) or not isinstance(self.bench_seconds, (int, float)) or \
@@ -347,6 +352,8 @@ class RunConfig:
             hyper["average_dtype"] = self.average_dtype
         if not self.holder_shares:  # likewise
             hyper["holder_shares"] = False
+        if not self.measured_speeds:  # likewise
+            hyper["measured_speeds"] = False
         if self.bench_seconds != BENCH:  # likewise
             hyper["bench_seconds"] = float(self.bench_seconds)
         hyper["init_weights"] = list(self.init_weights)

@@ -21,6 +21,7 @@ its shard moves on. A holder left out that often is given fewer microbatches (`H
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Collection, Mapping
 from dataclasses import replace
@@ -28,8 +29,11 @@ from dataclasses import replace
 from scheduler.costs import jitter_quantiles, pooled_jitter
 from scheduler.schedule import Schedule
 from swarm.control.messages import Commit, Done
+from swarm.events import event
 from swarm.lateness import overdue
 from swarm.wire import PeerRecord
+
+logger = logging.getLogger(__name__)
 
 LATE_AGAIN_PATIENCE = 3.0
 """How many times the margin a holder the last commit left out for being late gets."""
@@ -89,9 +93,12 @@ class CommitTracker:
         behind = overdue([max(0.0, t - started) for t in arrived.values()], len(awaited), now - started, patience)
         return (awaited, behind) if behind is not None else ([], 0.0)
 
-    def excuse_late(self, iteration: int, epoch: int, holders: Collection[str]) -> None:
-        """`holders` were late against the others in `iteration` under `epoch` (`late`): it commits without them,
-        and the next iteration is more patient with them."""
+    def excuse_late(self, iteration: int, epoch: int, holders: Collection[str], behind: float = 0.0) -> None:
+        """`holders` were late against the others in `iteration` under `epoch` (`late`, `behind` seconds past
+        their median report): it commits without them, and the next iteration is more patient with them."""
+        logger.warning("iteration %d commits without %s: %.1f s behind the other holders' median report", iteration,
+                       sorted(holders), behind, extra=event("holders_excused", iteration=iteration, epoch=epoch,
+                                                            peers=sorted(holders), seconds=round(behind, 2)))
         self.excuse(iteration, epoch, holders)
         self._late.setdefault((iteration, epoch), set()).update(holders)
 

@@ -15,7 +15,9 @@ is left or a holder is leaving (it hands its stage over first). A holder late ag
 the commit the same way, without being taken for gone (`CommitTracker.late`, `check_late_holders`); one the commits
 show slow for good is given fewer microbatches by a re-plan from the next iteration (`HolderShares`), and one still
 late at its smallest share is taken off the run's work for a while, as a peer sitting out; so is a relay whose own
-passes stay far slower than the other relays' (`SlowPeers`).
+passes stay far slower than the other relays' (`SlowPeers`). Every plan takes the peers' measured speeds, and a peer
+whose speed drifts from the one its epoch assumed has the paths re-planned, on the same placement, where that pays
+(`MeasuredSpeeds`).
 A joiner that takes over a shard another holder carries starts it where the commit of the iteration in progress leaves
 it: every schedule says which commit its shard positions are as of (`meta["positions_after"]`), and such a joiner waits
 for the later one. With the SWARM-style planner a stable swarm is also re-planned every `SWARM_REPLAN_ITERATIONS`
@@ -50,7 +52,7 @@ from swarm.coordinator.first_plan import SETTLE_SECONDS, FirstPlan
 from swarm.coordinator.liveness import Liveness
 from swarm.coordinator.replanner import NoDataHolder, Replanner
 from swarm.coordinator.restart_reports import RestartReports
-from swarm.coordinator.slow_holders import ShareChange
+from swarm.coordinator.slow_holders import ShareChange, log_share_changes
 from swarm.coordinator.slow_peers import SlowPeers
 from swarm.coordinator.suspicions import Suspicions
 from swarm.events import event
@@ -92,9 +94,10 @@ class Scheduler:
         self.epochs = EpochHistory()
         self.liveness = Liveness(config.heartbeat, exclude=coordinator)
         self.commits = CommitTracker()
-        self.slow = SlowPeers(config.microbatches, config.bench_seconds, self.replanner.layers_per_stage)
-        """Holders' shares from how often commits left them out for being late, relays' paces, and the peers
-        taken off the run's work for a while (both slow for good)."""
+        self.slow = SlowPeers(config.microbatches, config.bench_seconds, self.replanner.layers_per_stage,
+                              measured_speeds=config.measured_speeds)
+        """Holders' shares from how often commits left them out for being late, relays' paces, the peers taken off
+        the run's work for a while (both slow for good), and every peer's measured speed."""
         self.completed = 0
         """Iterations committed; the one in progress is `completed`."""
         self.peers_online = 0
@@ -219,15 +222,22 @@ class Scheduler:
 
     def _replan(self, peers: dict[str, PeerRecord], *, start: int, now: float,
                 handing_over: Iterable[str] = ()) -> list[Action]:
+        schedule = self._plan(peers, start=start, now=now, handing_over=handing_over)
+        return [] if schedule is None else self._publish(schedule, now)
+
+    def _plan(self, peers: dict[str, PeerRecord], *, start: int, now: float,
+              handing_over: Iterable[str] = ()) -> Schedule | None:
+        """A new epoch of `peers` from iteration `start`, on their measured speeds (None: it could not be planned,
+        logged)."""
         def plan(live: dict[str, PeerRecord]) -> Schedule:
-            return self.replanner.replan(live, self.epochs, start_iteration=start,
+            return self.replanner.replan(self.slow.speeds.applied(live), self.epochs, start_iteration=start,
                                          shard_positions=self.commits.shard_positions,
                                          handing_over=list(handing_over), stateless=self.liveness.stateless,
                                          shares=self.slow.holders.shares.slowed)
 
         try:
             try:
-                schedule = plan(peers)
+                return plan(peers)
             except NoDataHolder as e:
                 # holders declared gone that still beat are taken back: without one no epoch can tell them they
                 # were dropped, and the run would stand still (`Liveness.take_back` says why and when)
@@ -237,11 +247,10 @@ class Scheduler:
                 if not back:
                     raise NoDataHolder(f"{e}; the newest epoch's: " + "; ".join(
                         f"{p}: {self.liveness.describe(p, now)}" for p in self.schedule.data_holders)) from None
-                schedule = plan({**peers, **back})
+                return plan({**peers, **back})
         except (RuntimeError, ValueError) as e:
             logger.error("could not re-plan: %s", e)
-            return []
-        return self._publish(schedule, now)
+            return None
 
     def _publish(self, schedule: Schedule, now: float) -> list[Action]:
         schedule.meta["successors"] = successors(self.schedule, schedule, self.liveness.first_seen)
@@ -323,7 +332,8 @@ class Scheduler:
         if not self.epochs.ever_held(sender):
             logger.warning("ignored a progress report from %s: not a data holder of the schedule", sender)
             return []
-        self.slow.holders.note(report)  # how quick its passes were, even in an iteration committed without it
+        # how quick its passes were, even in an iteration committed without it
+        self.slow.done(report, self.epochs.get(report.epoch), self.liveness.records.get(sender))
         holder = self.liveness.records.get(sender)
         why = self.commits.add(sender, report, own=self.epochs.shards_of(sender, report.epoch),
                                own_data=holder is not None and holder.data_holder, now=now)
@@ -344,11 +354,7 @@ class Scheduler:
                                          started=self._restart_reports.progress_at, now=now)
         if not late:
             return []
-        logger.warning("iteration %d commits without %s: %.1f s behind the other holders' median report",
-                       self.completed, late, behind, extra=event("holders_excused", iteration=self.completed,
-                                                                 epoch=running.epoch, peers=late,
-                                                                 seconds=round(behind, 2)))
-        self.commits.excuse_late(self.completed, running.epoch, late)
+        self.commits.excuse_late(self.completed, running.epoch, late, behind)
         return self._commit_if_reported(now)
 
     def _left_out(self, running: Schedule) -> list[str]:
@@ -373,24 +379,27 @@ class Scheduler:
         moved, off = ({}, []) if churned or not self.config.holder_shares else \
             self.slow.holders.committed(self.schedule, self.commits.last_counted, self.commits.last_late)
         # the record first: see `RecordIteration`
-        return [RecordIteration(record), Announce(commit)] + self._follow_shares(moved, off, now)
+        return [RecordIteration(record), Announce(commit)] + self._follow_pace(moved, off, now)
 
-    def _follow_shares(self, moved: Mapping[str, ShareChange], off: list[str], now: float) -> list[Action]:
-        """Take the holders of `off` off the run's work (`_bench`), or re-plan from the next iteration, on the same
-        placement, for those whose count of microbatches the last commit changed (`SlowHolders`). Not while a placed
-        peer is missing from the live ones: the membership's re-plan comes first (and plans with the new shares)."""
+    def _follow_pace(self, moved: Mapping[str, ShareChange], off: list[str], now: float) -> list[Action]:
+        """After a commit: take the holders of `off` off the run's work (`_bench`); else re-plan from the next
+        iteration, on the same placement, for the holders whose count of microbatches the commit changed
+        (`SlowHolders`), or for placed peers whose measured speed drifted from the one their epoch was planned with,
+        where the new paths are `SPEED_REPLAN_GAIN` quicker on the measured costs (`MeasuredSpeeds`; not on a
+        configured profile, whose plans take its speeds). Not while a placed peer is missing from the live ones: the
+        membership's re-plan comes first (and plans with both)."""
         if off and (benched := self._bench(off, now)):
             return benched  # its re-plan plans every holder's share
-        live = self.liveness.live(now)
-        if not moved or not set(self.schedule.placement) <= set(live):
+        live, placement = self.liveness.live(now), self.schedule.placement
+        drifted = {} if moved or self.config.profile else self.slow.speeds.drifted(placement)
+        if not (moved or drifted) or not set(placement) <= set(live):
             return []
         start = self.completed + 1
-        for h, c in moved.items():
-            logger.warning("%s %s: it injects %d microbatches instead of %d from iteration %d", h,
-                           "was left out of commits for being late" if c.count < c.was else "has been on time again",
-                           c.count, c.was, start, extra=event("holder_share", peer=h, share=c.share,
-                                                              microbatches=c.count, was=c.was, start_iteration=start))
-        return self._replan({p: r for p, r in live.items() if p in self.schedule.placement}, start=start, now=now)
+        log_share_changes(moved, start)
+        schedule = self._plan({p: r for p, r in live.items() if p in placement}, start=start, now=now)
+        if schedule is None or (drifted and not self.slow.speeds.pays(drifted, self.schedule, schedule, start)):
+            return []
+        return self._publish(schedule, now)
 
     def _bench(self, peers: list[str], now: float) -> list[Action]:
         """Take `peers`, slow for good, off the run's work for a while (those `SlowPeers.bench` lets go; each is

@@ -16,14 +16,18 @@ seconds per pass compare.
 
 from __future__ import annotations
 
+import logging
 import statistics
 from collections import Counter
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from typing import NamedTuple
 
 from scheduler.schedule import Schedule
 from swarm.control.messages import Done
 from swarm.coordinator.holder_shares import OFF, HolderShares, holder_microbatches
+from swarm.events import event
+
+logger = logging.getLogger(__name__)
 
 SLOW_PACE = 2.0
 """How many times the other holders' median seconds per pass a late holder's own must take for its lateness to be its
@@ -36,6 +40,15 @@ class ShareChange(NamedTuple):
     was: int
     count: int
     share: float
+
+
+def log_share_changes(moved: Mapping[str, ShareChange], start: int) -> None:
+    """Say, for the log and the run's events, which holders inject how many microbatches from iteration `start`."""
+    for h, c in moved.items():
+        logger.warning("%s %s: it injects %d microbatches instead of %d from iteration %d", h,
+                       "was left out of commits for being late" if c.count < c.was else "has been on time again",
+                       c.count, c.was, start, extra=event("holder_share", peer=h, share=c.share, microbatches=c.count,
+                                                          was=c.was, start_iteration=start))
 
 
 class SlowHolders:

@@ -13,6 +13,9 @@ were leaving (`handing_over`), serves the iteration in progress, and hands its s
 rather than leaving the stage unserved (its layers untrained) or its state lost. Bookkeeping and decisions only: the
 scheduler announces and re-plans. Each epoch published carries the shares and benches (`to_meta`), so that a
 successor scheduler does not give a slow holder its whole share back nor place a benched peer at once (`restore`).
+
+Peers merely slower than they announced are neither shared down nor benched: every plan takes their measured speeds
+(`MeasuredSpeeds`, from the same reports), and paths are re-planned for one whose speed drifts where that pays.
 """
 
 from __future__ import annotations
@@ -23,8 +26,9 @@ from collections.abc import Collection, Sequence
 from typing import Any
 
 from scheduler.schedule import Schedule
-from swarm.control.messages import Benched, Pace
+from swarm.control.messages import Benched, Done, Pace
 from swarm.coordinator.benches import Benches
+from swarm.coordinator.measured_speeds import MeasuredSpeeds
 from swarm.coordinator.slow_holders import SlowHolders
 from swarm.coordinator.slow_relays import SlowRelays
 from swarm.events import event
@@ -39,18 +43,32 @@ class SlowPeers:
     :param microbatches: microbatches a holder injects per shard at its whole share (the run's `microbatches`)
     :param bench_seconds: a peer's first bench (the run's `swarm.bench_seconds`; 0: none is benched)
     :param layers_per_stage: the model's layers on each stage
+    :param measured_speeds: whether plans take the peers' measured speeds (`MeasuredSpeeds`; the run's
+      `swarm.measured_speeds`)
     """
 
-    def __init__(self, microbatches: int, bench_seconds: float, layers_per_stage: Sequence[int]) -> None:
+    def __init__(self, microbatches: int, bench_seconds: float, layers_per_stage: Sequence[int], *,
+                 measured_speeds: bool = True) -> None:
         self.benches = Benches(bench_seconds)
         self.holders = SlowHolders(microbatches, benching=self.benches.enabled)
         self.relays = SlowRelays(layers_per_stage)
+        self.speeds = MeasuredSpeeds(layers_per_stage, measured_speeds)
         self._handing_over: set[str] = set()
+
+    def done(self, report: Done, schedule: Schedule | None, record: PeerRecord | None) -> None:
+        """A holder's `done` under its epoch `schedule` (None: one this scheduler does not know), counted or not,
+        from the peer of `record` (None: not live): how quick its passes were."""
+        self.holders.note(report)
+        self.speeds.note(report.peer, schedule, report.operations, report.compute, record)
 
     def paced(self, report: Pace, schedule: Schedule | None, record: PeerRecord | None, completed: int) -> list[str]:
         """A relay's pace under its epoch `schedule` (None: an epoch this scheduler does not know), from the peer of
-        `record` (None: not live): the relays it makes slow for good (none where benches are off)."""
-        if not self.benches.enabled or schedule is None or record is None or report.iteration > completed:
+        `record` (None: not live): the relays it makes slow for good (none where benches are off). Only a committed
+        iteration's report counts (one reported before its commit may yet run again)."""
+        if report.iteration > completed:
+            return []
+        self.speeds.note(report.peer, schedule, report.operations, report.compute, record)
+        if not self.benches.enabled or schedule is None or record is None:
             return []
         return self.relays.note(report, schedule, record.seconds_per_layer)
 
@@ -90,9 +108,10 @@ class SlowPeers:
         return told
 
     def to_meta(self, now: float) -> dict[str, Any]:
-        """What a successor scheduler needs to go on as this one would (`restore`): the holders' shares and the
-        benches (none: empty)."""
-        saved = {"shares": self.holders.shares.slowed, "benched": self.benches.to_meta(now)}
+        """What a successor scheduler needs to go on as this one would (`restore`): the holders' shares, the benches
+        and the slowdowns the newest plan took (none: empty)."""
+        saved = {"shares": self.holders.shares.slowed, "benched": self.benches.to_meta(now),
+                 "speeds": self.speeds.to_meta()}
         return {k: v for k, v in saved.items() if v}
 
     def restore(self, saved: Any, now: float) -> None:
@@ -102,12 +121,13 @@ class SlowPeers:
             if saved is not None:
                 logger.warning("the predecessor's slow peers: a %s, not a map: dropped", type(saved).__name__)
             return
-        wrong = self.holders.shares.restore(saved.get("shares")) + self.benches.restore(saved.get("benched"), now)
+        wrong = self.holders.shares.restore(saved.get("shares")) + self.benches.restore(saved.get("benched"), now) + \
+            self.speeds.restore(saved.get("speeds"))
         if wrong:
             logger.warning("the predecessor's slow peers: dropped %s", "; ".join(wrong[:5]))
         if saved:
-            logger.info("went on from the predecessor's slow peers: shares %s, benched %s",
-                        self.holders.shares.slowed, sorted(self.benches.benched(now)))
+            logger.info("went on from the predecessor's slow peers: shares %s, benched %s, speeds %s",
+                        self.holders.shares.slowed, sorted(self.benches.benched(now)), self.speeds.to_meta())
 
     def benched(self, now: float) -> set[str]:
         return self.benches.benched(now)
@@ -117,3 +137,4 @@ class SlowPeers:
         with its key is still too slow for now)."""
         self.holders.forget(peers)
         self.relays.forget(peers)
+        self.speeds.forget(peers)

@@ -30,6 +30,7 @@ def test_coordinator_refuses_bad_flags(args, message):
     ("not toml [", "not valid TOML"),
     ("[swarm]\nrebalance = 'yes'", "swarm.rebalance must be true or false"),
     ("[swarm]\nholder_shares = 1", "swarm.holder_shares must be true or false"),
+    ("[swarm]\nmeasured_speeds = 'no'", "swarm.measured_speeds must be true or false"),
     ("[swarm]\nbench_seconds = -5", "swarm.bench_seconds must be 0-86400 seconds"),
     ("[swarm]\nbench_seconds = true", "swarm.bench_seconds must be 0-86400 seconds"),
 ])
@@ -56,6 +57,16 @@ def test_peer_refuses_a_bad_stage():
 def test_peer_refuses_a_bad_join_timeout(value):
     r = CliRunner().invoke(peer_main, ["join", "--initial-peers", "/ip4/127.0.0.1/tcp/1", "--join-timeout", value])
     assert r.exit_code == 2 and "--join-timeout" in r.output
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--emulate-drift", "2"], "--emulate-drift slows an emulated device: it needs --emulate-speed"),
+    (["--emulate-speed", "0.1", "--emulate-drift", "0.5"], "--emulate-drift"),
+    (["--emulate-speed", "0.1", "--emulate-drift", "nan"], "--emulate-drift must be a number"),
+])
+def test_peer_refuses_a_drift_it_cannot_emulate(args, message):
+    r = CliRunner().invoke(peer_main, ["join", "--initial-peers", "/ip4/127.0.0.1/tcp/1", *args])
+    assert r.exit_code == 2 and message in r.output and "Traceback" not in r.output
 
 
 def test_local_swarm_refuses_a_bad_config():

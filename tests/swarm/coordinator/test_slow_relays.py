@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from scheduler.constants import BACKWARD_FACTOR
 from scheduler.paths import PathRules
 from scheduler.schedule import Schedule
 from swarm.control.messages import Benched, Gone, Pace
@@ -75,13 +76,15 @@ def test_only_relays_of_the_reports_epoch_are_judged_and_against_two_others_at_l
 
 def report_paces(s: Scheduler, records: dict[str, PeerRecord], slow: set[str], t: float) -> list:
     """At `t`, with every peer's record fresh, every relay of the newest epoch reports the iteration in progress,
-    those of `slow` last and at 8 times the others' seconds per pass; the actions of the last report that asked for
-    any."""
+    those of `slow` last and at 8 times the seconds per pass of the others (as quick as they announced); the actions
+    of the last report that asked for any."""
     assert published(s.observe(fresh(records), t)) == []
     actions: list = []
+    layers = s.replanner.layers_per_stage
     for p in sorted((p for p, st in s.schedule.placement.items() if st > 0), key=lambda p: (p in slow, p)):
-        out = s.handle(p, pace(p, 0.1 * (8.0 if p in slow else 1.0), iteration=s.completed, epoch=s.schedule.epoch),
-                       t)
+        honest = records[p].seconds_per_layer * layers[s.schedule.placement[p]] * (1 + BACKWARD_FACTOR) / 2
+        out = s.handle(p, pace(p, honest * (8.0 if p in slow else 1.0), iteration=s.completed,
+                               epoch=s.schedule.epoch), t)
         actions = out or actions
     return actions
 
