@@ -208,6 +208,9 @@ def start(config_path, run_id, iterations, min_peers, stages, skip, seed, microb
               help="append this peer's timeline (compute and send spans, JSON lines) here")
 @click.option("--emulate-speed", "emulate_speed", type=click.FloatRange(min=0, max=60, min_open=True), default=None,
               help="compute emulation: seconds per layer of the device to emulate (operations are padded to it)")
+@click.option("--emulate-drift", type=click.FloatRange(min=1, max=100), default=1.0, show_default=True,
+              help="compute emulation: run this many times slower than the --emulate-speed announced (a machine "
+                   "whose owner started a job after it measured itself)")
 @click.option("--emulate-latency", "latency_file", type=click.Path(exists=True, dir_okay=False), default=None,
               help="link emulation: JSON file of one-way latencies to peers, added by the transport")
 @click.option("--fault", type=click.Choice(FAULTS), default=None,
@@ -215,7 +218,7 @@ def start(config_path, run_id, iterations, min_peers, stages, skip, seed, microb
 def join(initial_peers, coordinator, run_id, token, device, precision, threads, stage, data_paths, identity, host,
          port, announce_addrs, reachability, iteration_deadline, join_timeout, state_timeout, log_file, log_level,
          log_param_digest, events, metrics_path, ledger, checkpoint_dir, init_from, probe_sample, trace_path,
-         emulate_speed, latency_file, fault) -> None:
+         emulate_speed, emulate_drift, latency_file, fault) -> None:
     """Join a run: measure, announce, get placed, train; Ctrl+C leaves cleanly."""
     from swarm.control.membership import check_token
     from swarm.coordinator.scheduler_role import SchedulerRole
@@ -229,9 +232,12 @@ def join(initial_peers, coordinator, run_id, token, device, precision, threads, 
 
     if stage != "auto" and not stage.isdigit():
         _fail(f"--stage must be a stage number or auto, got {stage!r}")
-    for name, seconds in (("--join-timeout", join_timeout), ("--state-timeout", state_timeout)):
+    for name, seconds in (("--join-timeout", join_timeout), ("--state-timeout", state_timeout),
+                          ("--emulate-drift", emulate_drift)):
         if math.isnan(seconds):  # NaN passes click's range check
-            _fail(f"{name} must be a number of seconds, got nan")
+            _fail(f"{name} must be a number, got nan")
+    if emulate_drift != 1.0 and not emulate_speed:
+        _fail("--emulate-drift slows an emulated device: it needs --emulate-speed")
     from swarm.net.reachability import announce_problem
 
     for problem in filter(None, map(announce_problem, announce_addrs)):
@@ -277,7 +283,7 @@ def join(initial_peers, coordinator, run_id, token, device, precision, threads, 
                           log_gossip=(log_file + ".gossip") if log_file else None,
                           log_param_digest=log_param_digest, checkpoint_dir=checkpoint_dir, ledger_path=ledger,
                           init_from=init_from, metrics_path=metrics_path, trace_path=trace_path,
-                          emulate_seconds_per_layer=emulate_speed,
+                          emulate_seconds_per_layer=emulate_speed, emulate_drift=emulate_drift,
                           link_latency=latency, probe_sample=probe_sample, fault=fault, threads=threads,
                           host_registry=str(registry) if registry else None)
     watch_startup()  # a peer hung before its DHT is up dumps its threads' stacks to stderr

@@ -82,6 +82,9 @@ class PeerOptions:
     """Where this peer appends its timeline (compute and send spans, JSON lines) for a Chrome trace."""
     emulate_seconds_per_layer: float | None = None
     """Compute emulation: announce this speed instead of the measured one and pad every operation to it."""
+    emulate_drift: float = 1.0
+    """Compute emulation: pad every operation to this many times the speed announced (a machine whose owner started a
+    job after it measured itself; `emulate_seconds_per_layer` is still what it announces)."""
     fault: str | None = None
     """Misbehave on purpose (`swarm.peer.faults`): for testing a swarm's defences only."""
     link_latency: Mapping[str, float] | None = None

@@ -284,9 +284,11 @@ class StageKeeper:
     def _new_session(self, schedule: Schedule) -> StageSession:
         """A fresh session for this peer's stage in `schedule`, its worker from the run's seed."""
         o = self.options
+        emulated = o.emulate_seconds_per_layer and o.emulate_seconds_per_layer * o.emulate_drift
+        drift = o.emulate_drift if emulated else 1.0
         worker = new_worker(self.peer_id, self.stage, schedule, self.model_config, self.config, device=o.device,
-                            precision=self.precision, emulate_seconds_per_layer=o.emulate_seconds_per_layer,
-                            loss_seconds=self.loss_seconds)
+                            precision=self.precision, emulate_seconds_per_layer=emulated,
+                            loss_seconds=self.loss_seconds * drift)
         return StageSession(self.stage, worker, run_id=o.run_id, dht=self._dht)
 
     def _voices(self) -> int:

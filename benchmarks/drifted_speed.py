@@ -1,0 +1,135 @@
+"""A relay slower than it announced, but not slow enough to bench (issue #19): throughput with the plans on the
+peers' measured speeds against plans on their announced ones.
+
+    .venv/bin/python benchmarks/drifted_speed.py [--peers 6] [--runs 3] [--minutes 2.5] [--drift 1.8]
+        [--emulate-speed 0.11] [--microbatches 4] [--modes measured,announced,steady] [--out F.json] [--keep DIR]
+
+Each run is a real local swarm (coordinator and peer processes on loopback, 3 stages, 33% skip, the tiny model), every
+peer's operations padded to `--emulate-speed` seconds per layer (the 500M-class speed of the WAN benchmarks): compute
+is what an iteration waits for, as on GPUs over a fast network. Two peers ask for stage 1 (`--stage 1`), so the
+victim has a stage mate; the victim announces the common speed but runs `--drift` times slower from its start
+(`--emulate-drift`: a machine whose owner started a job after it measured itself). 1.8x is below the 2x at which a
+relay is benched (`SlowRelays`), so only the plans can do anything about it. Throughput is the tokens of the iterations
+committed within the `--minutes` window that starts once iteration 3 is committed, over its length.
+
+Modes, alternating within each repetition (repetition r uses seed r):
+- `measured`: the default, `swarm.measured_speeds = true`: once two of the victim's pace reports show it, the paths
+  are re-planned on its measured speed from the next iteration, where the re-plan's simulated iteration is 10%
+  shorter (`swarm.coordinator.measured_speeds`);
+- `announced`: `swarm.measured_speeds = false`: every plan takes the announced speeds;
+- `steady`: no drift (the same pins): the ceiling both are read against.
+
+Prints each run (tokens/s, iterations in the window, re-plans for drift and their simulated gain, the victim's share of
+the hops in the first and the last epoch, benches) and min/median/max per mode, and the median ratios measured /
+announced and each against steady.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.sigterm import unwind_on_sigterm  # noqa: E402
+from benchmarks.slow_holder import spread, window_figures  # noqa: E402
+from swarm.local.local_swarm import LocalSwarm  # noqa: E402
+from swarm.net.identity import ensure_identity  # noqa: E402
+
+MODES = ("measured", "announced", "steady")
+START_AFTER = 3
+
+
+def hop_share(schedule: dict, peer: str) -> float:
+    """The fraction of the hops of `schedule`'s paths (stages past 0) that `peer` serves."""
+    hops = [p for r in schedule["routes"] for p in r["peers"]]
+    return round(sum(p == peer for p in hops) / max(1, len(hops)), 3)
+
+
+def run(args: argparse.Namespace, mode: str, index: int, root: Path) -> dict:
+    run_dir = root / f"{mode}-{index}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    config = run_dir / "run.toml"
+    config.write_text(f"[run]\nrun_id = 'drift'\nstages = 3\nskip = 0.33\nmicrobatches = {args.microbatches}\n"
+                      f"iterations = 0\nmin_peers = {args.peers}\nseed = {index}\n"
+                      f"[swarm]\nmeasured_speeds = {'false' if mode == 'announced' else 'true'}\n")
+    common = ["--iteration-deadline", "120", "--emulate-speed", str(args.emulate_speed)]
+    victim_args = ["--stage", "1", *(["--emulate-drift", str(args.drift)] if mode != "steady" else [])]
+    peer_args = [common + (["--stage", "1"] if i == args.peers - 2 else victim_args if i == args.peers - 1 else [])
+                 for i in range(args.peers)]
+    swarm = LocalSwarm(run_dir, args.peers, run_id="drift", coordinator_args=["--config", str(config)],
+                       peer_args=peer_args)
+    try:
+        swarm.start()
+        swarm.watch(START_AFTER, timeout=600)
+        ids = {i: ensure_identity(str(run_dir / f"peer-{i:02d}.key")) for i in range(args.peers)}
+        victim = ids[args.peers - 1]
+        start = time.time()
+        while time.time() < start + 60 * args.minutes:
+            time.sleep(1.0)
+            dead = [p for p in swarm.peers if p.poll() is not None]
+            if dead or (swarm.coordinator is not None and swarm.coordinator.poll() is not None):
+                raise RuntimeError(f"a process of the swarm exited; logs in {run_dir}")
+        records = swarm.metrics()
+        epochs = swarm.schedules()
+        drifts = swarm.events("speeds_drifted", who="coordinator")
+        benches = swarm.events("relay_benched", who="coordinator") + swarm.events("holder_benched", who="coordinator")
+    finally:
+        swarm.stop()
+    return {"mode": mode, "run": index, **window_figures(records, start, 60 * args.minutes, victim),
+            "epochs": len(epochs), "drift_replans": sum(e["replanned"] for e in drifts),
+            "drift_gains": [e["gain"] for e in drifts],
+            "victim_measured": [e["peers"].get(victim) for e in drifts],
+            "victim_hops_first": hop_share(epochs[0], victim), "victim_hops_last": hop_share(epochs[-1], victim),
+            "benched": len(benches)}
+
+
+def main() -> None:
+    unwind_on_sigterm()
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--peers", type=int, default=6)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--minutes", type=float, default=2.5, help="the window measured from iteration 3 on")
+    parser.add_argument("--drift", type=float, default=1.8, help="times slower than announced the victim runs")
+    parser.add_argument("--emulate-speed", type=float, default=0.11, help="every peer's emulated seconds per layer")
+    parser.add_argument("--microbatches", type=int, default=4, help="microbatches per holder (run.microbatches)")
+    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--out", default=None, help="also write the results as JSON here")
+    parser.add_argument("--keep", default=None, help="keep the run directories here (logs, events)")
+    args = parser.parse_args()
+    modes = [m for m in args.modes.split(",") if m]
+    if set(modes) - set(MODES) or args.runs < 1 or args.minutes <= 0 or args.peers < 5 or not 1 < args.drift <= 100:
+        sys.exit(f"error: modes must be among {', '.join(MODES)}; --runs >= 1, --minutes > 0, --peers >= 5, "
+                 "1 < --drift <= 100")
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(args.keep) if args.keep else Path(tmp)
+        for index in range(args.runs):
+            for mode in modes:
+                r = run(args, mode, index, root)
+                results.append(r)
+                print(json.dumps(r), flush=True)
+    median = {}
+    for mode in modes:
+        mine = [r for r in results if r["mode"] == mode]
+        median[mode] = statistics.median(r["tokens_per_s"] for r in mine)
+        print(f"{mode:>9}: tokens/s {spread([r['tokens_per_s'] for r in mine])} (min/median/max), iterations "
+              f"{spread([r['iterations'] for r in mine])}, victim's hops first/last epoch "
+              f"{[(r['victim_hops_first'], r['victim_hops_last']) for r in mine]}")
+    if median.get("announced") and "measured" in median:
+        print(f"median tokens/s, measured / announced: {median['measured'] / median['announced']:.2f}x")
+    for mode in ("measured", "announced"):
+        if mode in median and median.get("steady"):
+            print(f"median tokens/s, {mode} / steady: {median[mode] / median['steady']:.2f}x")
+    if args.out:
+        Path(args.out).write_text(json.dumps({"date": time.strftime("%Y-%m-%d"), "args": vars(args),
+                                              "results": results}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
