@@ -71,9 +71,10 @@ EVENTS: dict[str, tuple[str, ...]] = {
     # a relay whose own passes stayed far slower than the other relays' (`Pace` reports) is taken off the run's work
     "relay_benched": ("peer", "seconds", "iteration"),
     "benched": ("iteration", "seconds"),
-    # placed peers whose measured slowdown drifted from the planned one (peer -> measured): paths re-planned on the
-    # same placement from `start_iteration` if that made them `gain` quicker (`replanned`), else left as they were
-    "speeds_drifted": ("peers", "gain", "replanned", "start_iteration"),
+    # placed peers whose measured slowdown (peer -> measured) or hops whose message time ("a->b" -> seconds) drifted
+    # from the plan's: paths re-planned on the same placement from `start_iteration` if that made them `gain`
+    # quicker (`replanned`), else left as they were
+    "costs_drifted": ("peers", "links", "gain", "replanned", "start_iteration"),
     # two members of one stage group cannot reach each other: `peer` sits out `seconds` (`partner` keeps serving)
     "estranged": ("peer", "partner", "stage", "seconds"),
     # admission: the scheduler's decisions, and a joiner told it is not admitted

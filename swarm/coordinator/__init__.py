@@ -13,7 +13,9 @@
 - slow_holders.py: SlowHolders, a commit's lateness into share re-plans and benches, said of the newest epoch
 - slow_relays.py: SlowRelays, relays' own pace reports into verdicts: slow for good or not
 - slow_peers.py: SlowPeers, holders' shares, relays' verdicts and the benches of both; who may be benched
-- measured_speeds.py: MeasuredSpeeds, each peer's passes against its announced speed; when a drift re-plans
+- measured_speeds.py: MeasuredSpeeds, each peer's passes against its announced speed, for the plans
+- link_drift.py: LinkDrift, the hops whose measured links moved away from those the newest epoch was planned on
+- cost_drift.py: CostDrift, what drifted from the newest epoch's costs (speeds, links) and whether re-planning pays
 - epochs.py: EpochHistory, the epochs published and which one runs an iteration
 - shard_assignment.py: which data holder draws from which of the run's shards, epoch after epoch
 - admission_desk.py: AdmissionDesk, joiners admitted (certificates issued, renewed) or refused; members' records

@@ -8,10 +8,9 @@ the cost model gives its announced speed for the same passes (forward = layers x
 forward, a holder's loss step at its announced `loss_seconds`). The median of a peer's last `REPORTS` reports is its
 measured slowdown; the planner plans on announced x measured (`applied`).
 
-A re-plan for drift (`drifted`) comes once a placed peer's measured slowdown is `DRIFT` times off the one its epoch was
-planned with, and is published only where the new paths' simulated iteration is `SPEED_REPLAN_GAIN` shorter than the
-epoch's paths on the same measured costs (`replan_gain`): a swarm slowed evenly (a loaded host) is not re-planned for
-nothing, and every slowdown seen is the planned one from then on (hysteresis: no re-plan until it drifts again).
+A placed peer whose measured slowdown is `DRIFT` times off the one its epoch was planned with has drifted
+(`drifted`): the scheduler weighs a re-plan of the paths for it (`CostDrift`), and every slowdown a plan took is the
+planned one from then on (hysteresis: no re-plan until it drifts again).
 
 Self-reported, so bounded: a slowdown below `FASTEST` (a peer claiming passes quicker than half its announcement, to
 draw paths to itself) counts as `FASTEST`; a peer that claims slow passes only draws fewer paths. Relays far slower
@@ -21,7 +20,6 @@ than the others are benched besides (`SlowPeers`); this is for the many merely s
 from __future__ import annotations
 
 import dataclasses
-import logging
 import math
 import statistics
 from collections import deque
@@ -29,24 +27,16 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from scheduler.constants import BACKWARD_FACTOR, LOSS_FACTOR
-from scheduler.costs import tables_from_dict
-from scheduler.round_trips import schedule_sim_routes
 from scheduler.schedule import Schedule
-from scheduler.simulator import simulate
 from swarm.constants import MAX_ID_CHARS
-from swarm.events import event
 from swarm.wire import PeerRecord
-
-logger = logging.getLogger(__name__)
 
 REPORTS = 3
 """Reports a peer's measured slowdown is the median of (one slow iteration is a hiccup: a checkpoint written)."""
 MIN_REPORTS = 2
 """Reports a measured slowdown needs before the planner takes it."""
 DRIFT = 1.5
-"""How many times off the slowdown an epoch was planned with a peer's measured one must be to re-plan for it."""
-SPEED_REPLAN_GAIN = 0.1
-"""How much shorter the re-planned paths' simulated iteration must be than the epoch's on the measured costs."""
+"""How many times off the cost an epoch was planned with a measured one must be to weigh a re-plan for it."""
 FASTEST = 0.5
 """The smallest slowdown taken: a peer's claim to run more than twice as fast as it announced counts as twice."""
 SLOWEST = 100.0
@@ -114,21 +104,6 @@ class MeasuredSpeeds:
                 out[p] = (planned, k)
         return out
 
-    def pays(self, drifted: Mapping[str, tuple[float, float]], epoch: Schedule, replanned: Schedule,
-             start: int) -> bool:
-        """Whether `replanned` (from iteration `start`, on the measured speeds) is worth publishing for the `drifted`
-        peers in place of `epoch`: its simulated iteration `SPEED_REPLAN_GAIN` shorter than `epoch`'s paths' on the
-        same costs (`replan_gain`). Said either way, for the log and the run's events."""
-        gain = replan_gain(epoch, replanned)
-        pays = gain >= SPEED_REPLAN_GAIN
-        logger.log(logging.WARNING if pays else logging.INFO, "measured speeds drifted from the planned (%s): "
-                   "re-planned paths are %.0f%% quicker%s", ", ".join(f"{p} {a:.2f}x -> {b:.2f}x" for p, (a, b) in
-                                                                     sorted(drifted.items())),
-                   100 * gain, f": from iteration {start}" if pays else ", not worth an epoch",
-                   extra=event("speeds_drifted", peers={p: round(b, 3) for p, (_, b) in sorted(drifted.items())},
-                               gain=round(gain, 4), replanned=pays, start_iteration=start))
-        return pays
-
     def to_meta(self) -> dict[str, float]:
         """The slowdowns the newest plan took, not 1 (for a successor: `restore`)."""
         return {p: round(k, 4) for p, k in sorted(self._planned.items()) if k != 1.0}
@@ -157,16 +132,3 @@ class MeasuredSpeeds:
             self._restored.pop(p, None)
             self._planned.pop(p, None)
 
-
-def replan_gain(epoch: Schedule, replanned: Schedule) -> float:
-    """How much shorter (a fraction of it) `replanned`'s simulated iteration is than `epoch`'s paths simulated on
-    `replanned`'s cost tables (the same peers on measured speeds). 0 where `epoch` places peers the tables lack."""
-    tables = tables_from_dict(replanned.meta["costs"])
-    if not set(epoch.placement) <= set(tables.ids):
-        return 0.0
-    was = float(simulate(tables, schedule_sim_routes(epoch, tables),
-                         priority=epoch.meta.get("priority", "backward_first")).makespan)
-    now = replanned.meta.get("on_time_seconds", replanned.predicted_iteration_seconds)
-    if not was or now is None:
-        return 0.0
-    return 1.0 - float(now) / was

@@ -187,6 +187,10 @@ class Replanner:
         return ModelCost(layers_per_stage=tuple(layers), activation_bytes=activation, loss_factor=loss_factor,
                          stage_param_bytes=self._param_bytes)
 
+    def tables(self, peers: Mapping[str, PeerRecord]) -> CostTables:
+        """The cost tables a plan of `peers` would take (their records as they are)."""
+        return CostTables.from_view(self.view(peers), self.model_cost(peers))
+
     def view(self, peers: Mapping[str, PeerRecord]) -> SwarmView:
         """The measured view of `peers`, or the configured profile's on their ids."""
         cfg = self.config
@@ -309,7 +313,7 @@ class Replanner:
         cfg, old = self.config, history.latest
         cost = self.model_cost(peers)
         view = self.view(peers)
-        tables = CostTables.from_view(view, cost)
+        tables = self.tables(peers)
         rules = PathRules.from_skip_ratio(cfg.stages, cfg.skip)
         # the first placement is shared by every method (as in the paper); a full pipeline's runtime then places
         # joiners and movers where its own columns need them

@@ -16,8 +16,8 @@ the commit the same way, without being taken for gone (`CommitTracker.late`, `ch
 show slow for good is given fewer microbatches by a re-plan from the next iteration (`HolderShares`), and one still
 late at its smallest share is taken off the run's work for a while, as a peer sitting out; so is a relay whose own
 passes stay far slower than the other relays' (`SlowPeers`). Every plan takes the peers' measured speeds, and a peer
-whose speed drifts from the one its epoch assumed has the paths re-planned, on the same placement, where that pays
-(`MeasuredSpeeds`).
+whose speed, or a hop whose link, drifts from what its epoch assumed has the paths re-planned, on the same placement,
+where that pays (`CostDrift`).
 A joiner that takes over a shard another holder carries starts it where the commit of the iteration in progress leaves
 it: every schedule says which commit its shard positions are as of (`meta["positions_after"]`), and such a joiner waits
 for the later one. With the SWARM-style planner a stable swarm is also re-planned every `SWARM_REPLAN_ITERATIONS`
@@ -47,6 +47,7 @@ from swarm.control.messages import (
 )
 from swarm.coordinator.actions import Action, Announce, PublishSchedule, RecordIteration
 from swarm.coordinator.commit_tracker import CommitTracker, iteration_metrics
+from swarm.coordinator.cost_drift import CostDrift
 from swarm.coordinator.epochs import EpochHistory, successors
 from swarm.coordinator.first_plan import SETTLE_SECONDS, FirstPlan
 from swarm.coordinator.liveness import Liveness
@@ -96,8 +97,8 @@ class Scheduler:
         self.commits = CommitTracker()
         self.slow = SlowPeers(config.microbatches, config.bench_seconds, self.replanner.layers_per_stage,
                               measured_speeds=config.measured_speeds)
-        """Holders' shares from how often commits left them out for being late, relays' paces, the peers taken off
-        the run's work for a while (both slow for good), and every peer's measured speed."""
+        """Slow holders' shares, slow relays' verdicts, benches, and every peer's measured speed."""
+        self.drift = CostDrift(self.slow.speeds, self.replanner.tables)
         self.completed = 0
         """Iterations committed; the one in progress is `completed`."""
         self.peers_online = 0
@@ -383,21 +384,23 @@ class Scheduler:
 
     def _follow_pace(self, moved: Mapping[str, ShareChange], off: list[str], now: float) -> list[Action]:
         """After a commit: take the holders of `off` off the run's work (`_bench`); else re-plan from the next
-        iteration, on the same placement, for the holders whose count of microbatches the commit changed
-        (`SlowHolders`), or for placed peers whose measured speed drifted from the one their epoch was planned with,
-        where the new paths are `SPEED_REPLAN_GAIN` quicker on the measured costs (`MeasuredSpeeds`; not on a
-        configured profile, whose plans take its speeds). Not while a placed peer is missing from the live ones: the
-        membership's re-plan comes first (and plans with both)."""
+        iteration, on the same placement, for the holders whose microbatch count it changed (`SlowHolders`), or for
+        costs that drifted from the newest epoch's (a peer's speed, a link), where that pays (`CostDrift`; not on a
+        configured profile). Not while a placed peer is missing from the live ones: the membership's re-plan comes
+        first (and plans with both)."""
         if off and (benched := self._bench(off, now)):
             return benched  # its re-plan plans every holder's share
         live, placement = self.liveness.live(now), self.schedule.placement
-        drifted = {} if moved or self.config.profile else self.slow.speeds.drifted(placement)
-        if not (moved or drifted) or not set(placement) <= set(live):
+        if not set(placement) <= set(live):
+            return []
+        peers = {p: r for p, r in live.items() if p in placement}
+        drift = {} if moved or self.config.profile else self.drift.drifted(self.schedule, peers)
+        if not (moved or drift):
             return []
         start = self.completed + 1
         log_share_changes(moved, start)
-        schedule = self._plan({p: r for p, r in live.items() if p in placement}, start=start, now=now)
-        if schedule is None or (drifted and not self.slow.speeds.pays(drifted, self.schedule, schedule, start)):
+        schedule = self._plan(peers, start=start, now=now)
+        if schedule is None or (drift and not self.drift.pays(drift, self.schedule, schedule, start)):
             return []
         return self._publish(schedule, now)
 
