@@ -14,8 +14,8 @@ committed within the `--minutes` window that starts once iteration 3 is committe
 
 Modes, alternating within each repetition (repetition r uses seed r):
 - `measured`: the default, `swarm.measured_speeds = true`: once two of the victim's pace reports show it, the paths
-  are re-planned on its measured speed from the next iteration, where the re-plan's simulated iteration is 10%
-  shorter (`swarm.coordinator.measured_speeds`);
+  are re-planned on its measured speed from the next iteration, where the re-plan's simulated iteration is 5%
+  shorter (`swarm.coordinator.measured_speeds`, `swarm.coordinator.cost_drift`);
 - `announced`: `swarm.measured_speeds = false`: every plan takes the announced speeds;
 - `steady`: no drift (the same pins): the ceiling both are read against.
 
@@ -27,15 +27,14 @@ announced and each against steady.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.repetitions import alternate, print_ratios, save  # noqa: E402
 from benchmarks.sigterm import unwind_on_sigterm  # noqa: E402
 from benchmarks.slow_holder import spread, window_figures  # noqa: E402
 from swarm.local.local_swarm import LocalSwarm  # noqa: E402
@@ -77,7 +76,7 @@ def run(args: argparse.Namespace, mode: str, index: int, root: Path) -> dict:
                 raise RuntimeError(f"a process of the swarm exited; logs in {run_dir}")
         records = swarm.metrics()
         epochs = swarm.schedules()
-        drifts = swarm.events("speeds_drifted", who="coordinator")
+        drifts = swarm.events("costs_drifted", who="coordinator")
         benches = swarm.events("relay_benched", who="coordinator") + swarm.events("holder_benched", who="coordinator")
     finally:
         swarm.stop()
@@ -106,14 +105,7 @@ def main() -> None:
     if set(modes) - set(MODES) or args.runs < 1 or args.minutes <= 0 or args.peers < 5 or not 1 < args.drift <= 100:
         sys.exit(f"error: modes must be among {', '.join(MODES)}; --runs >= 1, --minutes > 0, --peers >= 5, "
                  "1 < --drift <= 100")
-    results = []
-    with tempfile.TemporaryDirectory() as tmp:
-        root = Path(args.keep) if args.keep else Path(tmp)
-        for index in range(args.runs):
-            for mode in modes:
-                r = run(args, mode, index, root)
-                results.append(r)
-                print(json.dumps(r), flush=True)
+    results = alternate(args, modes, run)
     median = {}
     for mode in modes:
         mine = [r for r in results if r["mode"] == mode]
@@ -121,15 +113,8 @@ def main() -> None:
         print(f"{mode:>9}: tokens/s {spread([r['tokens_per_s'] for r in mine])} (min/median/max), iterations "
               f"{spread([r['iterations'] for r in mine])}, victim's hops first/last epoch "
               f"{[(r['victim_hops_first'], r['victim_hops_last']) for r in mine]}")
-    if median.get("announced") and "measured" in median:
-        print(f"median tokens/s, measured / announced: {median['measured'] / median['announced']:.2f}x")
-    for mode in ("measured", "announced"):
-        if mode in median and median.get("steady"):
-            print(f"median tokens/s, {mode} / steady: {median[mode] / median['steady']:.2f}x")
-    if args.out:
-        Path(args.out).write_text(json.dumps({"date": time.strftime("%Y-%m-%d"), "args": vars(args),
-                                              "results": results}, indent=1))
-
+    print_ratios(median, [("measured", "announced"), ("measured", "steady"), ("announced", "steady")])
+    save(args, results)
 
 if __name__ == "__main__":
     main()

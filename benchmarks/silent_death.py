@@ -25,12 +25,12 @@ import argparse
 import json
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.repetitions import alternate  # noqa: E402
 from benchmarks.sigterm import unwind_on_sigterm  # noqa: E402
 from swarm.local.local_swarm import LocalSwarm  # noqa: E402
 from swarm.net.identity import ensure_identity  # noqa: E402
@@ -110,15 +110,7 @@ def main() -> None:
     modes = [m for m in args.modes.split(",") if m]
     if set(modes) - set(MODES) or args.after < 3:
         sys.exit(f"error: modes must be among {', '.join(MODES)}, --after at least 3")
-    results = []
-    with tempfile.TemporaryDirectory() as tmp:
-        root = Path(args.keep) if args.keep else Path(tmp)
-        root.mkdir(parents=True, exist_ok=True)
-        for index in range(args.runs):
-            for mode in modes:
-                r = run(args, mode, index, root)
-                results.append(r)
-                print(json.dumps(r), flush=True)
+    results = alternate(args, modes, run)
     for mode in modes:
         mine = [r for r in results if r["mode"] == mode]
         gone = [r["declared_gone_after_s"] for r in mine if r["declared_gone_after_s"] is not None]

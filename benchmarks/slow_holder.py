@@ -41,15 +41,14 @@ unthrottled.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.repetitions import alternate, print_ratios, save  # noqa: E402
 from benchmarks.sigterm import unwind_on_sigterm  # noqa: E402
 from swarm.local.local_swarm import LocalSwarm  # noqa: E402
 from swarm.local.throttle import Throttle  # noqa: E402
@@ -139,14 +138,7 @@ def main() -> None:
     modes = [m for m in args.modes.split(",") if m]
     if set(modes) - set(MODES) or args.runs < 1 or args.minutes <= 0 or args.peers < 4:
         sys.exit(f"error: modes must be among {', '.join(MODES)}; --runs >= 1, --minutes > 0, --peers >= 4")
-    results = []
-    with tempfile.TemporaryDirectory() as tmp:
-        root = Path(args.keep) if args.keep else Path(tmp)
-        for index in range(args.runs):
-            for mode in modes:
-                r = run(args, mode, index, root)
-                results.append(r)
-                print(json.dumps(r), flush=True)
+    results = alternate(args, modes, run)
     median = {}
     for mode in modes:
         mine = [r for r in results if r["mode"] == mode]
@@ -154,16 +146,9 @@ def main() -> None:
         print(f"{mode:>11}: tokens/s {spread([r['tokens_per_s'] for r in mine])} (min/median/max), iterations "
               f"{spread([r['iterations'] for r in mine])}, the slow holder left out of "
               f"{spread([r['slow_left_out'] for r in mine])}")
-    for base in ("fixed", "unbenched"):
-        if "shares" in median and median.get(base):
-            print(f"median tokens/s, shares / {base}: {median['shares'] / median[base]:.2f}x")
-    for mode in ("shares", "fixed", "unbenched"):
-        if mode in median and median.get("unthrottled"):
-            print(f"median tokens/s, {mode} / unthrottled: {median[mode] / median['unthrottled']:.2f}x")
-    if args.out:
-        Path(args.out).write_text(json.dumps({"date": time.strftime("%Y-%m-%d"), "args": vars(args),
-                                              "results": results}, indent=1))
-
+    print_ratios(median, [("shares", "fixed"), ("shares", "unbenched"), ("shares", "unthrottled"),
+                          ("fixed", "unthrottled"), ("unbenched", "unthrottled")])
+    save(args, results)
 
 if __name__ == "__main__":
     main()
