@@ -15,7 +15,8 @@ scheduler announces and re-plans. Each epoch published carries the shares and be
 successor scheduler does not give a slow holder its whole share back nor place a benched peer at once (`restore`).
 
 Peers merely slower than they announced are neither shared down nor benched: every plan takes their measured speeds
-(`MeasuredSpeeds`, from the same reports), and paths are re-planned for one whose speed drifts where that pays.
+(`MeasuredSpeeds`, from the same reports), and paths are re-planned for one whose speed drifts where that pays
+(`CostDrift`).
 """
 
 from __future__ import annotations
