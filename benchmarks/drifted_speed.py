@@ -13,10 +13,10 @@ relay is benched (`SlowRelays`), so only the plans can do anything about it. Thr
 committed within the `--minutes` window that starts once iteration 3 is committed, over its length.
 
 Modes, alternating within each repetition (repetition r uses seed r):
-- `measured`: the default, `swarm.measured_speeds = true`: once two of the victim's pace reports show it, the paths
-  are re-planned on its measured speed from the next iteration, where the re-plan's simulated iteration is 5%
-  shorter (`swarm.coordinator.measured_speeds`, `swarm.coordinator.cost_drift`);
-- `announced`: `swarm.measured_speeds = false`: every plan takes the announced speeds;
+- `measured`: `swarm.measured_speeds = true` (off by default; on in this mode and in `steady`): once two of the
+  victim's pace reports show it, the paths are re-planned on its measured speed from the next iteration, where the
+  re-plan's simulated iteration is 5% shorter (`swarm.coordinator.measured_speeds`, `swarm.coordinator.cost_drift`);
+- `announced`: `swarm.measured_speeds = false` (the run's default): every plan takes the announced speeds;
 - `steady`: no drift (the same pins): the ceiling both are read against.
 
 Prints each run (tokens/s, iterations in the window, re-plans for drift and their simulated gain, the victim's share of

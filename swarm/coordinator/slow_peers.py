@@ -49,7 +49,7 @@ class SlowPeers:
     """
 
     def __init__(self, microbatches: int, bench_seconds: float, layers_per_stage: Sequence[int], *,
-                 measured_speeds: bool = True) -> None:
+                 measured_speeds: bool = False) -> None:
         self.benches = Benches(bench_seconds)
         self.holders = SlowHolders(microbatches, benching=self.benches.enabled)
         self.relays = SlowRelays(layers_per_stage)

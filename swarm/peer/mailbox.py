@@ -59,6 +59,11 @@ KIND_OF: dict[Direction, Kind] = {Direction.FORWARD: "hop", Direction.BACKWARD: 
                                   Direction.STATE: "state"}
 
 
+def epoch_of(m: Inbound | Undelivered | Requeue) -> int:
+    """The epoch a filed item belongs to: a message's header says it, a re-queue report carries it."""
+    return m.epoch if isinstance(m, Requeue) else m.header.epoch
+
+
 class Inbox:
     """Messages for the main loop, by kind (pipeline hops, averaging, stage state) and iteration.
 
@@ -169,7 +174,7 @@ class Inbox:
             self.epoch = epoch
             self._buckets = defaultdict(list, {k: kept for k, v in self._buckets.items()
                                                if (kept := [m for m in v if k[1] == "state" or
-                                                            m.header.epoch >= epoch])})
+                                                            epoch_of(m) >= epoch])})
             held, self._held = self._held, []
             for m in held:
                 if m.header.epoch > epoch:

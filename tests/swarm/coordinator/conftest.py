@@ -39,8 +39,9 @@ def make_replanner(planner: str = "skippipe", **kwargs) -> Replanner:
     return Replanner(config, model_of(config))
 
 
-def make_scheduler(planner: str = "skippipe", *, rebalance: bool = True, **kwargs) -> Scheduler:
-    config = make_config(planner, rebalance=rebalance)
+def make_scheduler(planner: str = "skippipe", *, rebalance: bool = True, measured_speeds: bool = False,
+                   **kwargs) -> Scheduler:
+    config = make_config(planner, rebalance=rebalance, measured_speeds=measured_speeds)
     return Scheduler(config, model_of(config), "coordinator", **kwargs)
 
 

@@ -17,7 +17,7 @@ from swarm.coordinator.scheduler import Scheduler
 from swarm.events import EVENT_ATTR
 from swarm.run_config import RunConfig
 from swarm.wire import PeerRecord
-from tests.swarm.coordinator.conftest import make_config, make_records, make_scheduler, model_of
+from tests.swarm.coordinator.conftest import make_config, make_records, make_scheduler
 from tests.swarm.coordinator.test_scheduler import commit, fresh, planned, published
 
 SPEED = 0.05
@@ -154,7 +154,7 @@ def test_a_relay_merely_slower_than_announced_has_the_paths_replanned_around_it_
     re-plans the paths from the next iteration on the same placement, fewer of them through it; the same pace after
     that re-plans nothing."""
     records = near(make_records())
-    s = make_scheduler("skippipe")
+    s = make_scheduler("skippipe", measured_speeds=True)
     first, slow = relay_with_a_mate(s, records)
     assert paces(s, records, {slow: 1.8}, 101.0) == []
     assert published(commit(s, 1, now=102.0)) == []  # one report is not a measurement
@@ -178,7 +178,7 @@ def test_a_drift_whose_replan_does_not_pay_publishes_nothing_and_is_not_weighed_
     re-planned paths `REPLAN_GAIN` quicker (they simulate 1% slower). Said once (not at every commit); the epoch
     stays."""
     records = make_records()
-    s = make_scheduler("skippipe")
+    s = make_scheduler("skippipe", measured_speeds=True)
     first, slow = relay_with_a_mate(s, records)
     with caplog.at_level("INFO"):
         reported_at(s, records, slow, 1.8, (101.0, 103.0, 105.0))
@@ -188,26 +188,27 @@ def test_a_drift_whose_replan_does_not_pay_publishes_nothing_and_is_not_weighed_
 
 def test_a_successor_plans_on_its_predecessors_measured_speeds():
     records = near(make_records())
-    s = make_scheduler("skippipe")
+    s = make_scheduler("skippipe", measured_speeds=True)
     first, slow = relay_with_a_mate(s, records)
     paces(s, records, {slow: 1.8}, 101.0)
     commit(s, 1, now=102.0)
     paces(s, records, {slow: 1.8}, 103.0)
     assert published(commit(s, 1, now=104.0))
-    heir = make_scheduler("skippipe")
+    heir = make_scheduler("skippipe", measured_speeds=True)
     (resumed,) = published(heir.resume(s.epochs.all, s.completed, fresh(records), 5000.0))
     assert heir.slow.speeds.slowdown(slow) == 1.8 and resumed.meta["slow"] == {"speeds": {slow: 1.8}}
     assert crossings(resumed, slow) < crossings(first, slow)
 
 
-def test_a_run_configured_without_measured_speeds_plans_on_the_announced_ones(caplog):
-    config = make_config("skippipe", measured_speeds=False)
-    assert RunConfig.from_spec(config.to_spec(coordinator="c", vocab_size=512))[0].measured_speeds is False
+def test_a_run_plans_on_the_announced_speeds_unless_configured_to_measure(caplog):
+    """`swarm.measured_speeds` is off by default; on, it travels in the run spec (a successor keeps it)."""
+    config = make_config("skippipe", measured_speeds=True)
+    assert RunConfig.from_spec(config.to_spec(coordinator="c", vocab_size=512))[0].measured_speeds is True
     assert "measured_speeds" not in make_config().to_spec(coordinator="c", vocab_size=512).hyperparameters
     with pytest.raises(ValueError, match="measured_speeds"):
         make_config("skippipe", measured_speeds="yes")
     records = near(make_records())
-    s = Scheduler(config, model_of(config), "coordinator")
+    s = make_scheduler("skippipe")
     first, slow = relay_with_a_mate(s, records)
     with caplog.at_level("INFO"):
         reported_at(s, records, slow, 1.8, (101.0, 103.0, 105.0))

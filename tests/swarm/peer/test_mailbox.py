@@ -13,6 +13,7 @@ import torch
 
 from swarm.constants import INBOX_SIZE, OUTBOX_SIZE
 from swarm.net.delivery import Inbound, Undelivered
+from swarm.peer.attempts import Requeue
 from swarm.peer.mailbox import MAX_ITERATIONS_AHEAD, Inbox, Outbox, all_delivered
 from swarm.peer.timeline import Timeline
 from swarm.wire import Direction, HopHeader
@@ -53,6 +54,20 @@ def test_a_newer_epochs_messages_are_held_until_the_peer_adopts_it_and_older_one
     assert [m.header.microbatch for m in inbox.receive("hop", 0.0)] == [5]
     inbox.iteration = 4
     assert inbox.receive("hop", 0.0) == []  # epoch 0's message is void
+
+
+def test_a_new_epoch_voids_the_older_epochs_re_queue_reports_with_its_messages():
+    """A re-queue report filed under epoch 0 is void once the peer adopts epoch 1, as epoch 0's messages are (adopting
+    the epoch used to fail on it: a report carries its epoch, not a message header); one of epoch 1 is kept."""
+    inbox = Inbox()
+    inbox.adopt(0)
+    inbox.iteration = 3
+    inbox.signal(Requeue(iteration=3, epoch=0, microbatch=1, attempt=0, gone="x"))
+    inbox.put(message(3, epoch=0, microbatch=2))
+    assert inbox.receive("average", 0.0) == []  # both filed with the iteration's hops
+    inbox.adopt(1)
+    inbox.signal(Requeue(iteration=3, epoch=1, microbatch=3, attempt=0, gone="x"))
+    assert [m.microbatch for m in inbox.receive("hop", 0.0)] == [3]
 
 
 def test_a_fresh_joiner_keeps_the_messages_of_an_epoch_that_reruns_the_iteration_before():
