@@ -27,16 +27,22 @@ announced and each against steady.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.repetitions import alternate, print_ratios, save  # noqa: E402
+from benchmarks.repetitions import (  # noqa: E402
+    alternate,
+    print_ratios,
+    repetition_parser,
+    run_config,
+    save,
+    summarize,
+)
 from benchmarks.sigterm import unwind_on_sigterm  # noqa: E402
-from benchmarks.slow_holder import spread, window_figures  # noqa: E402
+from benchmarks.slow_holder import window_figures  # noqa: E402
 from swarm.local.local_swarm import LocalSwarm  # noqa: E402
 from swarm.net.identity import ensure_identity  # noqa: E402
 
@@ -51,12 +57,9 @@ def hop_share(schedule: dict, peer: str) -> float:
 
 
 def run(args: argparse.Namespace, mode: str, index: int, root: Path) -> dict:
-    run_dir = root / f"{mode}-{index}"
-    run_dir.mkdir(parents=True, exist_ok=True)
+    run_dir = run_config(root, mode, index, "drift", args,
+                         f"measured_speeds = {'false' if mode == 'announced' else 'true'}")
     config = run_dir / "run.toml"
-    config.write_text(f"[run]\nrun_id = 'drift'\nstages = 3\nskip = 0.33\nmicrobatches = {args.microbatches}\n"
-                      f"iterations = 0\nmin_peers = {args.peers}\nseed = {index}\n"
-                      f"[swarm]\nmeasured_speeds = {'false' if mode == 'announced' else 'true'}\n")
     common = ["--iteration-deadline", "120", "--emulate-speed", str(args.emulate_speed)]
     victim_args = ["--stage", "1", *(["--emulate-drift", str(args.drift)] if mode != "steady" else [])]
     peer_args = [common + (["--stage", "1"] if i == args.peers - 2 else victim_args if i == args.peers - 1 else [])
@@ -90,29 +93,19 @@ def run(args: argparse.Namespace, mode: str, index: int, root: Path) -> dict:
 
 def main() -> None:
     unwind_on_sigterm()
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--peers", type=int, default=6)
-    parser.add_argument("--runs", type=int, default=3)
+    parser = repetition_parser(__doc__, MODES)
     parser.add_argument("--minutes", type=float, default=2.5, help="the window measured from iteration 3 on")
     parser.add_argument("--drift", type=float, default=1.8, help="times slower than announced the victim runs")
     parser.add_argument("--emulate-speed", type=float, default=0.11, help="every peer's emulated seconds per layer")
     parser.add_argument("--microbatches", type=int, default=4, help="microbatches per holder (run.microbatches)")
-    parser.add_argument("--modes", default=",".join(MODES))
-    parser.add_argument("--out", default=None, help="also write the results as JSON here")
-    parser.add_argument("--keep", default=None, help="keep the run directories here (logs, events)")
     args = parser.parse_args()
     modes = [m for m in args.modes.split(",") if m]
     if set(modes) - set(MODES) or args.runs < 1 or args.minutes <= 0 or args.peers < 5 or not 1 < args.drift <= 100:
         sys.exit(f"error: modes must be among {', '.join(MODES)}; --runs >= 1, --minutes > 0, --peers >= 5, "
                  "1 < --drift <= 100")
     results = alternate(args, modes, run)
-    median = {}
-    for mode in modes:
-        mine = [r for r in results if r["mode"] == mode]
-        median[mode] = statistics.median(r["tokens_per_s"] for r in mine)
-        print(f"{mode:>9}: tokens/s {spread([r['tokens_per_s'] for r in mine])} (min/median/max), iterations "
-              f"{spread([r['iterations'] for r in mine])}, victim's hops first/last epoch "
-              f"{[(r['victim_hops_first'], r['victim_hops_last']) for r in mine]}")
+    median = summarize(results, modes, lambda mine: "victim's hops first/last epoch "
+                       f"{[(r['victim_hops_first'], r['victim_hops_last']) for r in mine]}")
     print_ratios(median, [("measured", "announced"), ("measured", "steady"), ("announced", "steady")])
     save(args, results)
 

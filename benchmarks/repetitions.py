@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -38,3 +39,44 @@ def save(args: argparse.Namespace, results: list[dict]) -> None:
     if args.out:
         Path(args.out).write_text(json.dumps({"date": time.strftime("%Y-%m-%d"), "args": vars(args),
                                               "results": results}, indent=1))
+
+
+def repetition_parser(doc: str | None, modes: Sequence[str]) -> argparse.ArgumentParser:
+    """A benchmark's command line with the options every repeated local-swarm benchmark takes: `--peers`, `--runs`,
+    `--modes` (comma-separated, default all of `modes`), `--out` and `--keep`; the benchmark adds its own."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--peers", type=int, default=6)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--modes", default=",".join(modes))
+    parser.add_argument("--out", default=None, help="also write the results as JSON here")
+    parser.add_argument("--keep", default=None, help="keep the run directories here (logs, events)")
+    return parser
+
+
+def spread(values: list[float]) -> str:
+    """min / median / max of `values`, to the unit."""
+    return f"{min(values):.0f} / {statistics.median(values):.0f} / {max(values):.0f}"
+
+
+def summarize(results: list[dict], modes: Sequence[str], more: Callable[[list[dict]], str]) -> dict[str, float]:
+    """Print each mode's tokens/s and iterations (min / median / max over its runs) and `more(its runs)`; the median
+    tokens/s of each mode."""
+    median = {}
+    for mode in modes:
+        mine = [r for r in results if r["mode"] == mode]
+        median[mode] = statistics.median(r["tokens_per_s"] for r in mine)
+        print(f"{mode:>11}: tokens/s {spread([r['tokens_per_s'] for r in mine])} (min/median/max), iterations "
+              f"{spread([r['iterations'] for r in mine])}, {more(mine)}")
+    return median
+
+
+def run_config(root: Path, mode: str, index: int, run_id: str, args: argparse.Namespace, swarm: str) -> Path:
+    """The run directory of `mode`'s repetition `index` under `root`, made, with its `run.toml`: 3 stages, 33% skip,
+    `args.microbatches` per holder, until stopped, `args.peers` awaited, seed `index`, and the `[swarm]` lines
+    `swarm`."""
+    run_dir = root / f"{mode}-{index}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "run.toml").write_text(f"[run]\nrun_id = '{run_id}'\nstages = 3\nskip = 0.33\n"
+                                      f"microbatches = {args.microbatches}\niterations = 0\nmin_peers = {args.peers}\n"
+                                      f"seed = {index}\n[swarm]\n{swarm}\n")
+    return run_dir

@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.repetitions import alternate  # noqa: E402
+from benchmarks.repetitions import alternate, repetition_parser  # noqa: E402
 from benchmarks.sigterm import unwind_on_sigterm  # noqa: E402
 from swarm.local.local_swarm import LocalSwarm  # noqa: E402
 from swarm.net.identity import ensure_identity  # noqa: E402
@@ -96,16 +96,11 @@ def spread(values: list[float]) -> str:
 
 def main() -> None:
     unwind_on_sigterm()
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--peers", type=int, default=6)
-    parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--modes", default=",".join(MODES))
+    parser = repetition_parser(__doc__, MODES)
     parser.add_argument("--after", type=int, default=6, help="the peer dies once this iteration is committed")
     parser.add_argument("--then", type=int, default=6, help="iterations run after the death")
     parser.add_argument("--emulate-speed", type=float, default=None,
                         help="pad each peer's operations to this many seconds per layer (longer iterations)")
-    parser.add_argument("--out", default=None, help="also write the results as JSON here")
-    parser.add_argument("--keep", default=None, help="keep the run directories here (logs, events)")
     args = parser.parse_args()
     modes = [m for m in args.modes.split(",") if m]
     if set(modes) - set(MODES) or args.after < 3:

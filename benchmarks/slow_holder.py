@@ -41,14 +41,21 @@ unthrottled.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.repetitions import alternate, print_ratios, save  # noqa: E402
+from benchmarks.repetitions import (  # noqa: E402
+    alternate,
+    print_ratios,
+    repetition_parser,
+    run_config,
+    save,
+    spread,
+    summarize,
+)
 from benchmarks.sigterm import unwind_on_sigterm  # noqa: E402
 from swarm.local.local_swarm import LocalSwarm  # noqa: E402
 from swarm.local.throttle import Throttle  # noqa: E402
@@ -67,13 +74,10 @@ def window_figures(records: list[dict], start: float, seconds: float, slow: str)
 
 
 def run(args: argparse.Namespace, mode: str, index: int, root: Path) -> dict:
-    run_dir = root / f"{mode}-{index}"
-    run_dir.mkdir(parents=True, exist_ok=True)
+    run_dir = run_config(root, mode, index, "slow", args,
+                         f"holder_shares = {'false' if mode == 'fixed' else 'true'}\n"
+                         f"{'bench_seconds = 0' if mode == 'unbenched' else ''}")
     config = run_dir / "run.toml"
-    config.write_text(f"[run]\nrun_id = 'slow'\nstages = 3\nskip = 0.33\nmicrobatches = {args.microbatches}\n"
-                      f"iterations = 0\nmin_peers = {args.peers}\nseed = {index}\n"
-                      f"[swarm]\nholder_shares = {'false' if mode == 'fixed' else 'true'}\n"
-                      f"{'bench_seconds = 0' if mode == 'unbenched' else ''}\n")
     swarm = LocalSwarm(run_dir, args.peers, run_id="slow", coordinator_args=["--config", str(config)],
                        peer_args=["--iteration-deadline", "120",
                                   *(["--emulate-speed", str(args.emulate_speed)] if args.emulate_speed else [])])
@@ -114,38 +118,24 @@ def run(args: argparse.Namespace, mode: str, index: int, root: Path) -> dict:
             "others_benched": sum(e["peer"] != slow for e in benches)}
 
 
-def spread(values: list[float]) -> str:
-    return f"{min(values):.0f} / {statistics.median(values):.0f} / {max(values):.0f}"
-
-
 def main() -> None:
     unwind_on_sigterm()
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--peers", type=int, default=6)
-    parser.add_argument("--runs", type=int, default=3)
+    parser = repetition_parser(__doc__, MODES)
     parser.add_argument("--minutes", type=float, default=2.0, help="the window measured after the throttle starts")
     parser.add_argument("--running", type=float, default=0.05, help="seconds the slow holder runs per cycle")
     parser.add_argument("--stopped", type=float, default=0.95, help="seconds it is stopped per cycle")
     parser.add_argument("--emulate-speed", type=float, default=None,
                         help="pad every peer's operations to this many seconds per layer (default: real compute)")
     parser.add_argument("--microbatches", type=int, default=4, help="microbatches per holder (run.microbatches)")
-    parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--victim", choices=("holder", "relay"), default="holder",
                         help="throttle a data holder (default) or a peer of a later stage")
-    parser.add_argument("--out", default=None, help="also write the results as JSON here")
-    parser.add_argument("--keep", default=None, help="keep the run directories here (logs, events)")
     args = parser.parse_args()
     modes = [m for m in args.modes.split(",") if m]
     if set(modes) - set(MODES) or args.runs < 1 or args.minutes <= 0 or args.peers < 4:
         sys.exit(f"error: modes must be among {', '.join(MODES)}; --runs >= 1, --minutes > 0, --peers >= 4")
     results = alternate(args, modes, run)
-    median = {}
-    for mode in modes:
-        mine = [r for r in results if r["mode"] == mode]
-        median[mode] = statistics.median(r["tokens_per_s"] for r in mine)
-        print(f"{mode:>11}: tokens/s {spread([r['tokens_per_s'] for r in mine])} (min/median/max), iterations "
-              f"{spread([r['iterations'] for r in mine])}, the slow holder left out of "
-              f"{spread([r['slow_left_out'] for r in mine])}")
+    median = summarize(results, modes,
+                       lambda mine: f"the slow holder left out of {spread([r['slow_left_out'] for r in mine])}")
     print_ratios(median, [("shares", "fixed"), ("shares", "unbenched"), ("shares", "unthrottled"),
                           ("fixed", "unthrottled"), ("unbenched", "unthrottled")])
     save(args, results)
