@@ -313,7 +313,7 @@ class Replanner:
         cfg, old = self.config, history.latest
         cost = self.model_cost(peers)
         view = self.view(peers)
-        tables = self.tables(peers)
+        tables = CostTables.from_view(view, cost)
         rules = PathRules.from_skip_ratio(cfg.stages, cfg.skip)
         # the first placement is shared by every method (as in the paper); a full pipeline's runtime then places
         # joiners and movers where its own columns need them

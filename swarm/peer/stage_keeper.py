@@ -284,8 +284,8 @@ class StageKeeper:
     def _new_session(self, schedule: Schedule) -> StageSession:
         """A fresh session for this peer's stage in `schedule`, its worker from the run's seed."""
         o = self.options
-        emulated = o.emulate_seconds_per_layer and o.emulate_seconds_per_layer * o.emulate_drift
-        drift = o.emulate_drift if emulated else 1.0
+        drift = o.emulate_drift if o.emulate_seconds_per_layer else 1.0  # only an emulated device drifts
+        emulated = o.emulate_seconds_per_layer and o.emulate_seconds_per_layer * drift
         worker = new_worker(self.peer_id, self.stage, schedule, self.model_config, self.config, device=o.device,
                             precision=self.precision, emulate_seconds_per_layer=emulated,
                             loss_seconds=self.loss_seconds * drift)
