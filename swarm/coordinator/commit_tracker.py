@@ -79,13 +79,16 @@ class CommitTracker:
              ) -> tuple[list[str], float]:
         """The holders of `iteration` under `schedule` still awaited at `now` that are late against those that
         reported (see the module docstring), and by how many seconds past the others' median; ([], 0) while none
-        is. One awaited that the last commit left out for being late gets `LATE_AGAIN_PATIENCE` times the margin,
-        and one left out of the last `LATE_STREAK` commits is waited for. `started`: when the iteration began (its
-        clock is the caller's, as `add`'s `now`)."""
+        is. Only the reports of holders that inject microbatches are a yardstick (an idle one's comes at once: a
+        full pipeline's holder outside its columns). One awaited that the last commit left out for being late gets
+        `LATE_AGAIN_PATIENCE` times the margin, and one left out of the last `LATE_STREAK` commits is waited for.
+        `started`: when the iteration began (its clock is the caller's, as `add`'s `now`)."""
         out = self._excused.get((iteration, schedule.epoch), set()) | set(left_out)
         counted = [p for p in schedule.data_holders if p not in out]
-        arrived = {p: t for p, t in self._arrived.get((iteration, schedule.epoch), {}).items() if p in counted}
-        awaited = [p for p in counted if p not in arrived]
+        injecting = injectors(schedule)
+        arrived = {p: t for p, t in self._arrived.get((iteration, schedule.epoch), {}).items()
+                   if p in counted and p in injecting}
+        awaited = [p for p in counted if p not in self._arrived.get((iteration, schedule.epoch), {})]
         streak = max((self._late_streak.get(p, 0) for p in awaited), default=0)
         if streak >= LATE_STREAK:
             return [], 0.0
@@ -109,14 +112,15 @@ class CommitTracker:
     def try_commit(self, iteration: int, schedule: Schedule, left_out: Collection[str] = ()
                    ) -> tuple[Commit, list[Done]] | None:
         """The commit of `iteration` under `schedule` once each of its holders has reported it, with the reports
-        counted; None while one is missing, or when no holder is left to count. Holders in `left_out` (the epoch's
+        counted; None while one is missing, or when no holder that injects microbatches is left to count (a commit
+        without work would step on nothing and record a loss of 0). Holders in `left_out` (the epoch's
         peers declared gone or evicted) and those excused are neither waited for nor counted, and the commit names
         them (`Commit.left_out`): a holder among them that is alive puts its draws back. Reports of it and of
         earlier iterations are dropped once committed."""
         out = self._excused.get((iteration, schedule.epoch), set()) | set(left_out)
         counted = set(schedule.data_holders) - out
         reports = {p: r for p, r in self._reports.get((iteration, schedule.epoch), {}).items() if p in counted}
-        if not counted or not counted <= set(reports):
+        if not counted & injectors(schedule) or not counted <= set(reports):
             return None
         for r in reports.values():
             self.shard_positions.update(r.shards)
@@ -129,6 +133,12 @@ class CommitTracker:
         self._late = {k: v for k, v in self._late.items() if k[0] > iteration}
         return Commit(iteration=iteration, epoch=schedule.epoch, shards=dict(self.shard_positions),
                       left_out=tuple(sorted(p for p in out if p in schedule.placement))), list(reports.values())
+
+
+def injectors(schedule: Schedule) -> set[str]:
+    """The holders that inject microbatches under `schedule` (a full pipeline's holders outside its columns inject
+    none: their reports come at once and carry no work)."""
+    return {r.origin for r in schedule.routes}
 
 
 def iteration_metrics(iteration: int, reports: list[Done], *, epoch: int, peers_online: int,

@@ -46,7 +46,7 @@ from swarm.control.messages import (
     Unrecoverable,
 )
 from swarm.coordinator.actions import Action, Announce, PublishSchedule, RecordIteration
-from swarm.coordinator.commit_tracker import CommitTracker, iteration_metrics
+from swarm.coordinator.commit_tracker import CommitTracker, injectors, iteration_metrics
 from swarm.coordinator.cost_drift import CostDrift
 from swarm.coordinator.epochs import EpochHistory, successors
 from swarm.coordinator.first_plan import SETTLE_SECONDS, FirstPlan
@@ -181,11 +181,11 @@ class Scheduler:
         actions: list[Action] = [Announce(Gone(peers=tuple(gone), iteration=self.completed,
                                                           epoch=self.schedule.epoch))] if gone else []
         # a holder's draws of the iteration in progress are ledgered against the positions of the last commit: a
-        # gone holder's are left out of its commit (the others' go on); the iteration runs again when no holder is
-        # left or a holder is leaving (a draining holder is not announced gone: nothing is detoured)
+        # gone holder's are left out of its commit (the others' go on); the iteration runs again when no holder
+        # injecting microbatches is left or a holder is leaving (a draining holder is not announced gone)
         in_force = self.epochs.in_force(self.completed)
         holders = set(in_force.data_holders)
-        survivors = (holders & set(peers)) - {*gone, *draining}  # an excused holder is not in the newest epoch
+        survivors = (injectors(in_force) & set(peers)) - {*gone, *draining}  # an excused one is not in the newest
         # a peer reported the iteration in progress unable to finish, too early to believe alone; a peer of its epoch
         # now gone corroborates it (as in `_restart_iteration`): it runs again, rather than waiting for its deadline
         unfinishable = bool(gone) and self._restart_reports.reported(self.completed, in_force.epoch)

@@ -16,7 +16,7 @@ from collections import Counter
 
 import pytest
 
-from tests.swarm.test_late_holder import processed_once, run_throttled_until_benched
+from tests.swarm.test_late_holder import BENCH_SECONDS, processed_once, run_throttled_until_benched
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
@@ -56,8 +56,9 @@ def test_a_slow_relay_is_benched_from_its_pace_then_placed_again(tmp_path):
         assert epochs[1]["meta"]["handover"].get(mover) == victim
         handed = [e for e in swarm.events("state_sent", who=who) if e["why"] == "handover"]
         assert handed and handed[0]["to"] == [mover], handed
-    back = epochs[2]["meta"]["start_iteration"]
-    assert back - bench["iteration"] >= 5 and any(r["iteration"] > back for r in records)  # it waited out its bench
+    (rejoined,) = [e for e in swarm.events("replanned", who="coordinator") if e["joining"] == [victim]]
+    assert rejoined["time"] - bench["time"] >= BENCH_SECONDS  # it waited out its bench (iterations vary with load)
+    assert any(r["iteration"] > epochs[2]["meta"]["start_iteration"] for r in records)  # and served again
     placed = swarm.events("placed", who=who)
     assert len(placed) == 2 and placed[1]["epoch"] == epochs[2]["epoch"], placed
     assert not swarm.events("stage_mended"), "a stage copy went apart"

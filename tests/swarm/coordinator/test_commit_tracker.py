@@ -5,13 +5,23 @@ median report are found once half of the counted holders reported."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 
+from scheduler.path_rules import PathRules
+from scheduler.schedule import Route, Schedule
 from swarm.control.messages import Done
 from swarm.coordinator.commit_tracker import CommitTracker, iteration_metrics
 from swarm.wire import PeerRecord
+
+
+def holders(names: str, *, idle: str = "", epoch: int = 1) -> Schedule:
+    """A 2-stage schedule of epoch `epoch`: each peer of `names` holds data, each outside `idle` injects one
+    microbatch through the relay "r"."""
+    routes = tuple(Route(microbatch=i, origin=p, stages=(1,), peers=("r",))
+                   for i, p in enumerate(p for p in names if p not in idle))
+    placement = {**{p: 0 for p in names}, "r": 1}
+    return Schedule(epoch=epoch, rules=PathRules(num_stages=2, stages_per_path=2), placement=placement,
+                    memory={p: 2 for p in placement}, routes=routes)
 
 
 def done(peer: str, iteration: int = 3, epoch: int = 1, **kw) -> Done:
@@ -20,7 +30,7 @@ def done(peer: str, iteration: int = 3, epoch: int = 1, **kw) -> Done:
 
 
 def test_an_iteration_commits_when_every_holder_of_its_epoch_reported_it():
-    schedule = SimpleNamespace(epoch=1, data_holders=["a", "b"])
+    schedule = holders("ab")
     tracker = CommitTracker({"0": {"holder": 0, "num_holders": 2, "epoch": 0, "cursor": 4}})
     tracker.add("a", done("a", shards={"0": {"holder": 0, "num_holders": 2, "epoch": 0, "cursor": 8}}))
     tracker.add("b", done("b", epoch=0))  # under an epoch that no longer runs this iteration
@@ -45,7 +55,7 @@ def test_the_metrics_line_adds_the_holders_reports_up():
 
 
 def test_a_holder_left_out_is_neither_waited_for_nor_counted_and_the_commit_names_it():
-    schedule = SimpleNamespace(epoch=1, data_holders=["a", "b", "c"], placement={"a": 0, "b": 0, "c": 0, "r": 1})
+    schedule = holders("abc")
     start = {"holder": 1, "num_holders": 3, "epoch": 0, "cursor": 4}
     tracker = CommitTracker({"1": start})
     tracker.add("a", done("a"))
@@ -62,7 +72,7 @@ def test_a_holder_left_out_is_neither_waited_for_nor_counted_and_the_commit_name
 
 
 def test_a_report_moving_another_holders_shard_is_refused_and_own_documents_move_none():
-    schedule = SimpleNamespace(epoch=1, data_holders=["a", "b"], placement={"a": 0, "b": 0})
+    schedule = holders("ab")
     moved = {"holder": 1, "num_holders": 2, "epoch": 0, "cursor": 8}
     tracker = CommitTracker({"1": {**moved, "cursor": 4}})
     assert "not its own" in tracker.add("a", done("a", shards={"1": moved}), own=["0"])
@@ -73,8 +83,7 @@ def test_a_report_moving_another_holders_shard_is_refused_and_own_documents_move
 
 
 def test_the_late_holders_are_those_counted_and_awaited_and_get_more_patience_the_iteration_after():
-    schedule = SimpleNamespace(epoch=1, data_holders=["a", "b", "c", "d", "e"],
-                               placement={p: 0 for p in "abcde"})
+    schedule = holders("abcde")
     tracker = CommitTracker()
     tracker.add("a", done("a"), now=110.0)
     tracker.add("b", done("b"), now=110.5)
@@ -96,12 +105,12 @@ def test_the_late_holders_are_those_counted_and_awaited_and_get_more_patience_th
     # a report repeated later keeps its first arrival
     tracker.add("a", done("a", iteration=5), now=120.0)
     tracker.add("a", done("a", iteration=5), now=190.0)
-    assert tracker.late(5, SimpleNamespace(epoch=1, data_holders=["a", "b"]), left_out=[], started=110.0,
+    assert tracker.late(5, holders("ab"), left_out=[], started=110.0,
                         now=126.0) == (["b"], pytest.approx(6.0))
 
 
 def test_a_holder_left_out_late_twice_in_a_row_is_waited_for_the_third_time():
-    schedule = SimpleNamespace(epoch=1, data_holders=["a", "b"], placement={"a": 0, "b": 0})
+    schedule = holders("ab")
     tracker = CommitTracker()
     started = 0.0
     for iteration, patience in ((0, 1.0), (1, 3.0)):
@@ -118,3 +127,19 @@ def test_a_holder_left_out_late_twice_in_a_row_is_waited_for_the_third_time():
     assert tracker.try_commit(2, schedule)[0].left_out == ()
     tracker.add("a", done("a", iteration=3), now=started + 1001.0)  # counted: it starts afresh
     assert tracker.late(3, schedule, [], started + 1000.0, now=started + 1005.0)[0] == ["b"]
+
+
+def test_a_holder_that_injects_nothing_is_no_yardstick_and_never_commits_an_iteration_alone():
+    # a full pipeline of one column: holder a carries every microbatch, b none (its report comes at once)
+    schedule = holders("ab", idle="b")
+    tracker = CommitTracker()
+    tracker.add("b", done("b", losses=0, loss_sum=0.0, tokens=0), now=100.0)
+    assert tracker.late(3, schedule, left_out=[], started=100.0, now=1000.0) == ([], 0.0)
+    tracker.excuse(3, 1, ["a"])  # a declared gone: the idle holder's empty report commits nothing
+    assert tracker.try_commit(3, schedule) is None
+    # among injecting holders the rule is unchanged: c is late against a's report, b's does not count
+    schedule = holders("abc", idle="b")
+    tracker.add("a", done("a", iteration=4), now=110.0)
+    tracker.add("b", done("b", iteration=4), now=100.0)
+    assert tracker.late(4, schedule, left_out=[], started=100.0, now=113.0) == ([], 0.0)
+    assert tracker.late(4, schedule, left_out=[], started=100.0, now=115.1) == (["c"], pytest.approx(5.1))

@@ -193,6 +193,32 @@ def test_a_holder_late_against_the_others_is_left_out_of_the_commit_but_stays_in
     assert third.iteration == 3 and third.left_out == (late,)
 
 
+def test_a_full_pipeline_holder_outside_its_column_neither_excuses_the_one_injecting_nor_commits_alone(records):
+    """11 peers: the full pipeline's last stage has one peer, so one column, and one of the two holders injects
+    every microbatch. The idle one's empty report comes at once: it is no yardstick for lateness (the injecting
+    holder is waited for), and when the injecting holder dies the iteration runs again rather than committing no
+    work (a loss of 0 and a step on nothing)."""
+    s = make_scheduler("full-pipeline")
+    schedule = planned(s, {p: r for p, r in records.items() if p != "peer-11"})
+    (injecting,) = {r.origin for r in schedule.routes}
+    (idle,) = set(schedule.data_holders) - {injecting}
+    commit(s, 1, now=100.0)
+    assert s.handle(idle, Done(peer=idle, iteration=1, epoch=0, loss_sum=0.0, losses=0, tokens=0, started=100.0,
+                               finished=100.0), 100.0) == []
+    assert s.check_late_holders(200.0) == [] and s.completed == 1
+    (line,) = [a.record for a in s.handle(injecting, Done(peer=injecting, iteration=1, epoch=0, loss_sum=8.0,
+                                                          losses=4, tokens=256, started=100.0, finished=201.0),
+                                          201.0) if isinstance(a, RecordIteration)]
+    assert line["loss"] == 2.0 and line["left_out"] == [] and s.completed == 2
+    s.handle(idle, Done(peer=idle, iteration=2, epoch=0, loss_sum=0.0, losses=0, tokens=0, started=201.0,
+                        finished=201.0), 201.0)
+    live = {p: r for p, r in records.items() if p not in ("peer-11", injecting)}
+    actions = s.observe(fresh(live), 201.0 + LATER)
+    (new,) = published(actions)
+    assert new.meta["start_iteration"] == 2 and s.completed == 2  # iteration 2 runs again, under the new epoch
+    assert not [a for a in actions if isinstance(a, RecordIteration)]
+
+
 def test_an_epoch_that_only_started_at_the_iteration_in_progress_goes_along_with_the_one_replacing_it(records):
     """The DHT keeps one schedule per signer: epoch 1 starts at iteration 4, and a change during iteration 4 plans
     epoch 2 from 5. A peer that had not read epoch 1 yet would find only epoch 2 and run iteration 4 under epoch 0,
