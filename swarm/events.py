@@ -41,6 +41,8 @@ EVENTS: dict[str, tuple[str, ...]] = {
     # a peer's pipeline
     "detoured": ("microbatch", "gone", "to", "to_stage"),
     "microbatch_broken": ("microbatch", "attempt", "why"),
+    # its sends to `peer` ran far off the link's estimate: re-measured ([latency s, bytes/s] before and after)
+    "link_remeasured": ("peer", "was", "now"),
     # a relay reported this holder's microbatch broken at `accused`, which then served its next attempt
     "report_disproved": ("reporter", "accused", "microbatch"),
     # what a peer refused

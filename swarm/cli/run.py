@@ -212,7 +212,8 @@ def start(config_path, run_id, iterations, min_peers, stages, skip, seed, microb
               help="compute emulation: run this many times slower than the --emulate-speed announced (a machine "
                    "whose owner started a job after it measured itself)")
 @click.option("--emulate-latency", "latency_file", type=click.Path(exists=True, dir_okay=False), default=None,
-              help="link emulation: JSON file of one-way latencies to peers, added by the transport")
+              help="link emulation: JSON file of one-way latencies to peers, added by the transport (read again "
+                   "when it changes)")
 @click.option("--fault", type=click.Choice(FAULTS), default=None,
               help="misbehave on purpose, to test a swarm's defences (never on a run you care about)")
 def join(initial_peers, coordinator, run_id, token, device, precision, threads, stage, data_paths, identity, host,
@@ -255,10 +256,10 @@ def join(initial_peers, coordinator, run_id, token, device, precision, threads, 
             _fail("--device cuda, but CUDA is not available on this machine")
     latency = None
     if latency_file:
-        from swarm.local.emulated_network import read_latency_file
+        from swarm.local.emulated_network import LatencyFile
 
         try:
-            latency = read_latency_file(latency_file)
+            latency = LatencyFile(latency_file)
         except ValueError as e:
             _fail(str(e))
     identity = _claim_identity(identity)

@@ -22,12 +22,13 @@ LINK_FLOOR = 0.02
 
 
 def hops(schedule: Schedule) -> Iterator[tuple[str, str]]:
-    """Every (sender, receiver) of `schedule`'s forward paths, the last peer back to the origin included (a backward
-    crosses the same links the other way: links are planned symmetric)."""
+    """Every (sender, receiver) of `schedule`'s paths: each forward hop, the last peer's back to the origin included,
+    and the same links the other way, which the gradients cross (links are directed: an upload slows on its own)."""
     for route in schedule.routes:
         nodes = route.nodes
-        yield from zip(nodes, nodes[1:])
-        yield nodes[-1], nodes[0]
+        for a, b in (*zip(nodes, nodes[1:]), (nodes[-1], nodes[0])):
+            yield a, b
+            yield b, a
 
 
 class LinkDrift:

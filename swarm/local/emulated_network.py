@@ -16,7 +16,8 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Sequence
+import time
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -166,3 +167,46 @@ def read_latency_file(path: str | Path) -> dict[str, float]:
                              f"{seconds!r}")
         out[peer] = float(seconds)
     return out
+
+
+class LatencyFile(Mapping[str, float]):
+    """The one-way latencies of a file of `write_latency_file`, read again when its content changes (looked at once
+    a second at most: a few hundred bytes), so that a benchmark or test can slow a link mid-run by rewriting it. A
+    rewrite that does not read is logged and the table in force kept.
+
+    :raises ValueError: the file does not read at first (`read_latency_file`)
+    """
+
+    def __init__(self, path: str | Path, *, look_every: float = 1.0) -> None:
+        self.path, self.look_every = Path(path), look_every
+        self._table = read_latency_file(self.path)
+        self._content = self._read()
+        self._looked = time.monotonic()
+
+    def _read(self) -> bytes | None:
+        try:
+            return self.path.read_bytes()
+        except OSError:
+            return None
+
+    def _current(self) -> dict[str, float]:
+        now = time.monotonic()
+        if now - self._looked >= self.look_every:
+            self._looked, content = now, self._read()
+            if content is not None and content != self._content:
+                self._content = content
+                try:
+                    self._table = read_latency_file(self.path)
+                    logger.info("link latencies read again from %s", self.path)
+                except ValueError as e:
+                    logger.warning("%s; the latencies in force are kept", e)
+        return self._table
+
+    def __getitem__(self, peer: str) -> float:
+        return self._current()[peer]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._current())
+
+    def __len__(self) -> int:
+        return len(self._current())

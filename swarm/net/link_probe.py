@@ -114,6 +114,20 @@ class LinkProber:
                     self._failed.add(peer)          # this peer yet) or a timeout says nothing of the link
         return self.links()
 
+    def remeasure(self, peer_id: str) -> LinkEstimate:
+        """Measure the link to ``peer_id`` now and take the measurement as its estimate, unsmoothed: called where the
+        pipeline's own messages say the link changed (`swarm.peer.send_times`), a step the EWMA would follow over
+        several rounds. Raises TransportError if it cannot be reached (the old estimate stays)."""
+        self._round += 1
+        self._probed_at[peer_id] = self._round
+        self._estimates[peer_id] = self.measure(peer_id)
+        self._failed.discard(peer_id)
+        return self._estimates[peer_id]
+
+    def estimate(self, peer_id: str) -> LinkEstimate | None:
+        """The current estimate of the link to ``peer_id`` (None if never measured)."""
+        return self._estimates.get(peer_id)
+
     def probed(self) -> set[str]:
         """Peers probed at least once, whether or not they answered."""
         return set(self._probed_at)

@@ -12,8 +12,10 @@ import threading
 import time
 from collections.abc import Callable
 
+from swarm.events import event
 from swarm.net.link_probe import LinkProber
 from swarm.net.transport import TransportError
+from swarm.peer.send_times import SendTimes
 from swarm.wire import PeerRecord, WireError
 
 logger = logging.getLogger(__name__)
@@ -44,6 +46,38 @@ class LinkWatch:
         self.links: dict[str, tuple[float, float]] = {}
         self.unreachable: tuple[str, ...] = ()
         """Peers its probes could not reach at their last try."""
+        self.send_times = SendTimes()
+        self._due: set[str] = set()
+        self._due_lock = threading.Lock()
+
+    def sent(self, peer: str, seconds: float, nbytes: int) -> None:
+        """A pipeline message of `nbytes` reached `peer` in `seconds` (any sender thread): where the link's last
+        sends are far off its estimate (`SendTimes`), it is re-measured at the next look and published at once."""
+        if self.send_times.due(peer, seconds, nbytes, self.prober.estimate(peer)):
+            logger.info("sends to %s run far off its link's estimate: re-measuring it", peer)
+            with self._due_lock:
+                self._due.add(peer)
+
+    def remeasure_due(self) -> bool:
+        """Re-measure the links due for it (`sent`); True if an estimate changed."""
+        with self._due_lock:
+            due, self._due = self._due, set()
+        changed = False
+        for peer in sorted(due):
+            before = self.prober.estimate(peer)
+            try:
+                after = self.prober.remeasure(peer)
+            except (TransportError, ConnectionError, WireError, TimeoutError) as e:
+                logger.warning("re-measuring the link to %s failed: %s", peer, e)
+                continue
+            logger.info("link to %s re-measured: %s -> %s", peer, before, after,
+                        extra=event("link_remeasured", peer=peer,
+                                    was=[before.latency_s, before.bytes_per_s] if before else None,
+                                    now=[after.latency_s, after.bytes_per_s]))
+            changed = changed or after != before
+        if changed:
+            self.links = self.prober.links()
+        return changed
 
     def probe(self, *, only_unmeasured: bool = False, retry_unreached: bool = True) -> bool:
         """One round over a sample of the announced peers (with `only_unmeasured`, those never probed, and with
@@ -75,7 +109,8 @@ class LinkWatch:
             now = time.monotonic()
             refresh, retry = now - refreshed > LINK_REFRESH_PERIOD, now - retried >= LINK_PROBE_PERIOD
             refreshed, retried = (now if refresh else refreshed), (now if retry else retried)
-            if self.probe(only_unmeasured=not refresh, retry_unreached=retry):
+            remeasured = self.remeasure_due()
+            if self.probe(only_unmeasured=not refresh, retry_unreached=retry) or remeasured:
                 self._publish()
 
     def _publish(self) -> None:

@@ -241,6 +241,7 @@ class Outbox:
     :param wire_dtype: the run's compression of pipeline tensors (float32 = none)
     :param failed: called with (peer, unreachable) when a send fails, before the message comes back
     :param tamper: changes every message before it is sent (`swarm.peer.faults`: a peer misbehaving on purpose)
+    :param sent: called with (peer, seconds, bytes) of each pipeline message delivered (`LinkWatch.sent`)
     :param chunk_bytes: stage-group messages larger than this go as pieces (`swarm.peer.message_chunks`)
     """
 
@@ -248,8 +249,10 @@ class Outbox:
 
     def __init__(self, transport: Callable[[], Transport | None], inbox: Inbox, timeline: Timeline, *,
                  wire_dtype: str = "float32", failed: Callable[[str, bool], None] | None = None,
-                 tamper: Tamper | None = None, chunk_bytes: int = CHUNK_BYTES) -> None:
+                 tamper: Tamper | None = None, chunk_bytes: int = CHUNK_BYTES,
+                 sent: Callable[[str, float, int], None] | None = None) -> None:
         self._transport, self._inbox, self._timeline, self._tamper = transport, inbox, timeline, tamper
+        self._sent = sent
         self.chunk_bytes = chunk_bytes
         self.wire_dtype = wire_dtype
         self.padding: MessagePadding | None = None
@@ -293,9 +296,11 @@ class Outbox:
             start = time.time()
             padded = self.padding.pad(tensor) if self.padding and header.direction in PIPELINE else tensor
             transport.send(peer, header, padded, wire_dtype=wire)
-            self._timeline.record(f"send_{header.direction.name.lower()}", start, time.time(), to=peer,
-                                  microbatch=header.microbatch, iteration=header.iteration,
-                                  bytes=padded.numel() * padded.element_size())
+            end, nbytes = time.time(), padded.numel() * padded.element_size()
+            self._timeline.record(f"send_{header.direction.name.lower()}", start, end, to=peer,
+                                  microbatch=header.microbatch, iteration=header.iteration, bytes=nbytes)
+            if self._sent is not None and header.direction in PIPELINE:  # the bytes on the wire: 2 each if cast
+                self._sent(peer, end - start, padded.numel() * 2 if wire else nbytes)
             return True
         except (TransportError, ValueError) as e:
             logger.warning("could not send %s of microbatch %d to %s: %s", header.direction.name.lower(),

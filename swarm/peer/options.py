@@ -88,7 +88,8 @@ class PeerOptions:
     fault: str | None = None
     """Misbehave on purpose (`swarm.peer.faults`): for testing a swarm's defences only."""
     link_latency: Mapping[str, float] | None = None
-    """Link emulation: one-way seconds the transport waits before each message to that peer."""
+    """Link emulation: one-way seconds the transport waits before each message to that peer (a `LatencyFile` reads
+    its file again when it changes)."""
     threads: int | None = None
     """Torch threads (None: this machine's cores shared among the peers registered in `host_registry`)."""
     host_registry: str | None = None

@@ -37,20 +37,25 @@ def epoch(number: int, planned_on: CostTables, predicted: float = 10.0) -> Sched
 
 
 def test_a_hop_drifts_once_its_message_time_moved_both_far_and_by_a_share_of_the_iteration():
-    assert list(hops(epoch(0, tables({})))) == [("h", "a"), ("a", "b"), ("b", "h")]
+    # activations one way, gradients the other
+    assert list(hops(epoch(0, tables({})))) == [("h", "a"), ("a", "h"), ("a", "b"), ("b", "a"), ("b", "h"),
+                                                 ("h", "b")]
     links, first = LinkDrift(), epoch(0, tables({}))
     assert links.drifted(first, tables({})) == {}
     # 25x and 0.24 s more, past 2% of a 10-s iteration (0.2 s)
-    assert links.drifted(first, tables({("a", "b"): 0.25})) == {"a->b": (0.01, 0.25)}
+    assert links.drifted(first, tables({("a", "b"): 0.25})) == {"a->b": (0.01, 0.25), "b->a": (0.01, 0.25)}
     assert links.drifted(first, tables({("a", "b"): 0.15})) == {}  # 15x, but 0.14 s of a 10-s iteration
+    gradients = tables({})  # only the gradients' direction slowed (b's upload to a)
+    gradients.message[IDS.index("b"), IDS.index("a")] = 0.25
+    assert links.drifted(first, gradients) == {"b->a": (0.01, 0.25)}
     # weighed: the slow link is the baseline now; it drifts again only when it moves again, recovering included
     links.weighed(tables({("a", "b"): 0.5}))
     assert links.drifted(first, tables({("a", "b"): 0.6})) == {}
-    assert links.drifted(first, tables({})) == {"a->b": (0.5, 0.01)}
+    assert links.drifted(first, tables({})) == {"a->b": (0.5, 0.01), "b->a": (0.5, 0.01)}
     # a new epoch is measured from what it was planned on; one without costs has nothing to compare
     slow = tables({("b", "h"): 1.0})
     assert links.drifted(epoch(1, slow), slow) == {}
-    assert links.drifted(epoch(1, slow), tables({})) == {"b->h": (1.0, 0.01)}
+    assert links.drifted(epoch(1, slow), tables({})) == {"b->h": (1.0, 0.01), "h->b": (1.0, 0.01)}
     bare = dataclasses.replace(epoch(2, slow), meta={})
     assert links.drifted(bare, tables({})) == {}
 

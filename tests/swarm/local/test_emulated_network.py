@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from swarm.local.emulated_network import EmulatedNetwork, read_latency_file, unavailable_reason
+from swarm.local.emulated_network import EmulatedNetwork, LatencyFile, read_latency_file, unavailable_reason
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -83,6 +83,20 @@ def test_latency_files_round_trip_and_hostile_ones_are_refused(tmp_path):
     with pytest.raises(ValueError, match="bandwidths"):
         EmulatedNetwork(np.zeros((2, 2)), np.zeros((2, 2)))
     json.loads(path.read_text())
+
+
+def test_a_latency_file_rewritten_mid_run_is_read_again_and_a_bad_rewrite_keeps_the_table_in_force(tmp_path, caplog):
+    path = tmp_path / "lat.json"
+    path.write_text(json.dumps({"latency_s": {"A": 0.0, "B": 0.01}}))
+    table, lazy = LatencyFile(path, look_every=0.0), LatencyFile(path, look_every=3600.0)
+    assert dict(table) == {"A": 0.0, "B": 0.01} and table.get("C", 0.0) == 0.0
+    path.write_text(json.dumps({"latency_s": {"A": 1.5, "B": 0.01}}))  # the link to A slowed
+    assert table.get("A") == 1.5 and len(table) == 2
+    assert lazy.get("A") == 0.0  # it looks at the file once an hour
+    path.write_text('{"latency_s": {"A": -1}}')
+    assert table.get("A") == 1.5 and "the latencies in force are kept" in caplog.text
+    with pytest.raises(ValueError, match="0-10"):
+        LatencyFile(path)
 
 
 def test_each_tag_gets_its_own_subnet_and_bad_tags_are_refused():

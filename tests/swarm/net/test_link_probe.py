@@ -98,3 +98,15 @@ def test_a_pair_its_probes_could_not_reach_is_known_and_costed_as_the_worst_link
     assert lat[1, 2] == lat[2, 1] == pytest.approx(UNREACHABLE_PENALTY * 0.03)
     assert bw[1, 2] == bw[2, 1] == pytest.approx(1e8 / UNREACHABLE_PENALTY)
     assert PeerRecord.from_msgpack(records["a"].to_msgpack()).unreachable == ("b",)  # on the wire
+
+
+def test_a_link_re_measured_takes_the_new_measurement_whole_where_a_round_blends_it():
+    link = ModelledLink(0.005, 100e6)
+    prober = LinkProber(link, goodput_bytes=4 * 2**20, alpha=0.3)
+    prober.probe_round(["peer"])
+    link.latency = 0.5  # the link slowed
+    prober.probe_round(["peer"])
+    blended = prober.estimate("peer").latency_s
+    assert 0.1 < blended < 0.2  # 0.7 x 5 ms + 0.3 x 500 ms: a round follows a step over several rounds
+    assert prober.remeasure("peer").latency_s == pytest.approx(0.5, rel=1e-3) == prober.links()["peer"][0]
+    assert prober.estimate("other") is None

@@ -9,10 +9,16 @@ import threading
 import time
 
 import pytest
+import torch
 
+from swarm.events import EVENT_ATTR
 from swarm.net.link_probe import LinkProber
 from swarm.peer.link_watch import LINK_PROBE_PERIOD, LinkWatch
+from swarm.peer.mailbox import Inbox, Outbox
+from swarm.peer.send_times import SEND_WINDOW
+from swarm.peer.timeline import Timeline
 from swarm.wire import PeerRecord
+from tests.swarm.net.test_transport import header
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -52,3 +58,43 @@ def test_a_newly_announced_peer_is_measured_within_a_look_and_the_peer_told(loca
         stop.set()
     assert remote.id in watch.links
     assert took < LINK_PROBE_PERIOD - 1, took  # not left for the slower retry cadence
+
+
+def test_a_link_that_slows_under_the_pipelines_sends_is_re_measured_and_published(local, remote, caplog):
+    """The link to remote is measured on loopback; then it slows (the transport waits 0.4 s before each message and
+    probe reply: an emulated link's latency). The outbox's pipeline sends over it tell the watch, which re-measures
+    it at its next look (not at the five-minute refresh), takes the new measurement whole and publishes it; sends on
+    time do not."""
+    records = {remote.id: PeerRecord(peer_id=remote.id, stage=1, seconds_per_layer=0.01, memory_slots=2)}
+    published = threading.Event()
+    watch = LinkWatch(LinkProber(local, sample_size=4, goodput_bytes=2**16, rng=random.Random(0)), local.peer_id,
+                      lambda: records, measured=published.set)
+    watch.probe()
+    before = watch.links[remote.id]
+    outbox = Outbox(lambda: local, Inbox(), Timeline(None, peer=local.peer_id), sent=watch.sent)
+
+    def send_three() -> None:
+        for i in range(SEND_WINDOW):
+            assert outbox.send(remote.id, header(local, remote, microbatch=i), torch.zeros(64)).result(timeout=30)
+            remote.received()
+
+    try:
+        send_three()
+        assert not watch.remeasure_due()  # on time: nothing due
+        local.link_delay = lambda peer: 0.4 if peer == remote.id else 0.0
+        send_three()
+        stop, finished = threading.Event(), threading.Event()
+        with caplog.at_level("INFO"):
+            watch.start(stop, finished)
+            try:
+                assert published.wait(timeout=30)
+            finally:
+                stop.set()
+    finally:
+        local.link_delay = None
+        outbox.shutdown()
+    latency, _ = watch.links[remote.id]
+    assert before[0] < 0.1 and 0.4 <= latency < 0.6  # the new measurement whole, not a fraction of it by the EWMA
+    (remeasured,) = [getattr(r, EVENT_ATTR) for r in caplog.records if getattr(r, EVENT_ATTR, {}).get("event")
+                     == "link_remeasured"]
+    assert remeasured["peer"] == remote.id and remeasured["now"][0] == latency

@@ -1,0 +1,64 @@
+"""A link's pipeline sends against its estimate: due for a re-measurement once the median of its last sends is
+far off the prediction either way, by a ratio and by seconds; not again soon after; nothing from one slow send, an
+unmeasured link or a nonsensical time."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from swarm.net.link_probe import LinkEstimate
+from swarm.peer.send_times import OFF_RATIO, RECHECK_SECONDS, SEND_WINDOW, SendTimes, predicted_seconds
+
+LINK = LinkEstimate(latency_s=0.05, bytes_per_s=10e6)
+"""A 50 ms, 10 MB/s link: a 1 MB message is predicted 0.1 + 0.1 = 0.2 s."""
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_send_is_predicted_as_the_round_trip_and_the_bytes_at_the_goodput():
+    assert predicted_seconds(LINK, 1_000_000) == pytest.approx(0.2)
+
+
+def test_a_link_whose_sends_run_far_slower_is_due_once_its_window_says_so_then_not_again_soon():
+    clock = Clock()
+    times = SendTimes(clock=clock)
+    slow = OFF_RATIO * 0.2 + 0.01
+    assert [times.due("p", slow, 1_000_000, LINK) for _ in range(SEND_WINDOW)] == [False] * (SEND_WINDOW - 1) + [True]
+    # re-measured: its next sends are not enough before RECHECK_SECONDS, and are again after
+    assert not any(times.due("p", slow, 1_000_000, LINK) for _ in range(2 * SEND_WINDOW))
+    clock.now += RECHECK_SECONDS
+    assert times.due("p", slow, 1_000_000, LINK)
+    assert not times.due("q", slow, 1_000_000, LINK)  # each link on its own
+
+
+def test_a_link_whose_sends_run_far_quicker_than_its_estimate_is_due_too():
+    times = SendTimes(clock=Clock())
+    recovered = LinkEstimate(latency_s=0.05, bytes_per_s=1e6)  # estimated when slow: 1 MB is 1.1 s
+    assert [times.due("p", 0.2, 1_000_000, recovered) for _ in range(SEND_WINDOW)][-1]
+
+
+def test_one_slow_send_a_small_excess_or_a_mild_slowdown_is_not_enough():
+    times = SendTimes(clock=Clock())
+    for seconds in (0.2, 0.2, 5.0):  # the median of the window is on time
+        assert not times.due("p", seconds, 1_000_000, LINK)
+    fast = LinkEstimate(latency_s=0.001, bytes_per_s=1e9)  # 10x off, but by 20 ms: not worth a probe
+    assert not any(SendTimes(clock=Clock()).due("p", 0.02, 1000, fast) for _ in range(SEND_WINDOW))
+    mild = SendTimes(clock=Clock())  # 2.5x slower: within a loaded host's range
+    assert not any(mild.due("p", 0.5, 1_000_000, LINK) for _ in range(SEND_WINDOW))
+
+
+@pytest.mark.parametrize("seconds", [math.nan, math.inf, -1.0])
+def test_an_unmeasured_link_or_a_nonsensical_time_counts_for_nothing(seconds):
+    times = SendTimes(clock=Clock())
+    assert not any(times.due("p", 9.0, 1_000_000, None) for _ in range(SEND_WINDOW))
+    assert not any(times.due("q", seconds, 1_000_000, LINK) for _ in range(SEND_WINDOW))
+    assert not any(times.due("r", 9.0, 1_000_000, LinkEstimate(latency_s=0.0, bytes_per_s=math.inf))
+                   for _ in range(SEND_WINDOW))

@@ -1,0 +1,96 @@
+"""A link that slows mid-run: the paths are re-planned around it within a few iterations.
+
+A local swarm of 6 peers (3 stages, compute emulated at 0.05 s a layer), each given a link emulation file
+(`--emulate-latency`: the transport waits each link's one-way latency before a message and before its answer). After
+iteration 3 the link that the paths cross most often, between a data holder and a relay, slows to 1 s one way, both
+ways (the file is rewritten: a congested route, a volunteer's upload taken by another job). Its probes would not
+measure it again for minutes; the pipeline's own sends over it run far off its estimate, so the peers at its ends
+re-measure it at once and publish it (`link_remeasured`). The coordinator weighs the drift at the next commit
+(`costs_drifted`) and re-plans the paths on the same placement, crossing that link less. Nobody is taken for gone,
+and every sample is processed once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import Counter
+
+import pytest
+
+from swarm.local.local_swarm import LocalSwarm
+from swarm.net.identity import ensure_identity
+from tests.swarm.test_late_holder import PEERS, processed_once, run_config
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
+
+ITERATIONS = 16
+SLOWED_AFTER = 3
+SLOW_LATENCY = 1.0
+"""One-way seconds of the slowed link: each message over it takes two of them (the message, then its answer), against
+an iteration of ~1 s on time."""
+
+
+def write_latencies(path, table: dict[str, float]) -> None:
+    """The emulation file of one peer, replaced whole (its transport never reads a half-written one)."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"latency_s": table}))
+    os.replace(tmp, path)
+
+
+def busiest_hop(schedule: dict) -> tuple[str, str]:
+    """The holder-relay pair the paths cross most often (either way)."""
+    crossed: Counter = Counter()
+    for route in schedule["routes"]:
+        nodes = [route["origin"], *route["peers"]]
+        for a, b in (*zip(nodes, nodes[1:]), (nodes[-1], nodes[0])):
+            crossed[tuple(sorted((a, b)))] += 1
+    return crossed.most_common(1)[0][0]
+
+
+def crossings(schedule: dict, pair: tuple[str, str]) -> int:
+    nodes_of = ([r["origin"], *r["peers"]] for r in schedule["routes"])
+    return sum(tuple(sorted((a, b))) == pair for nodes in nodes_of for a, b in (*zip(nodes, nodes[1:]),
+                                                                               (nodes[-1], nodes[0])))
+
+
+def test_a_link_that_slows_mid_run_is_re_measured_from_the_pipelines_sends_and_planned_around(tmp_path):
+    config, args = run_config(tmp_path, "slowlink", ITERATIONS)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    ids = [ensure_identity(str(run_dir / f"peer-{i:02d}.key")) for i in range(PEERS)]
+    files = [tmp_path / f"latency-{i:02d}.json" for i in range(PEERS)]
+    for i, f in enumerate(files):
+        write_latencies(f, {p: 0.0 for p in ids if p != ids[i]})
+        args[i] += ["--emulate-latency", str(f)]
+    swarm = LocalSwarm(run_dir, PEERS, run_id="slowlink", coordinator_args=["--config", config], peer_args=args)
+    try:
+        swarm.start()
+        swarm.watch(SLOWED_AFTER, timeout=240)
+        first = swarm.schedule()
+        pair = busiest_hop(first)
+        for a, b in (pair, pair[::-1]):
+            i = ids.index(a)
+            write_latencies(files[i], {p: (SLOW_LATENCY if p == b else 0.0) for p in ids if p != a})
+        slowed_at = time.time()
+        records = swarm.watch(ITERATIONS, timeout=360)
+    finally:
+        swarm.stop()
+    assert [r["iteration"] for r in records] == list(range(1, ITERATIONS + 1))
+    # the ends of the link measured it again from the pipeline's sends, well before the periodic refresh (300 s)
+    remeasured = [e for i in (ids.index(pair[0]), ids.index(pair[1]))
+                  for e in swarm.events("link_remeasured", who=f"peer-{i:02d}") if e["peer"] in pair]
+    assert remeasured and all(e["now"][0] >= SLOW_LATENCY for e in remeasured), remeasured
+    assert min(e["time"] for e in remeasured) - slowed_at < 60
+    # the coordinator weighed the drift and re-planned the paths around the link, on the same placement
+    links = {f"{pair[0]}->{pair[1]}", f"{pair[1]}->{pair[0]}"}
+    (drift, *_) = [e for e in swarm.events("costs_drifted", who="coordinator") if links & set(e["links"])]
+    assert drift["replanned"] is True and drift["time"] - slowed_at < 90, drift
+    epochs = swarm.schedules()
+    (replanned,) = [e for e in epochs if e["meta"]["start_iteration"] == drift["start_iteration"]]
+    assert replanned["placement"] == first["placement"]
+    assert crossings(replanned, pair) < crossings(first, pair), (pair, replanned["routes"])
+    assert not swarm.events("declared_gone", who="coordinator"), "a live peer was taken for gone"
+    processed = processed_once(run_dir, records)
+    assert processed and set(processed) == {1}, f"samples processed {dict(processed)} times"
