@@ -38,6 +38,7 @@ planner = "skippipe"    # or skippipe-no-collision / full-pipeline / random-skip
 rebalance = true        # a survivor may move to a stage group a departure left the bottleneck
 holder_shares = true    # a data holder the commits show slow is given fewer microbatches, then benched
 measured_speeds = false # plan on the speeds the peers' passes run at, not those they announced
+link_drift = true       # re-plan the paths when a link they cross drifts from what they were planned on
 bench_seconds = 300     # how long a peer slow for good sits out (doubled each time; 0 = never)
 message_bytes = 0       # emulation: pad each activation and gradient to this many bytes (0 = their own size)
 chunk_bytes = 67108864  # stage gradients and state larger than this travel in pieces of this size (64 MiB)
@@ -128,6 +129,10 @@ class RunConfig:
     with real compute of a small model the passes' fixed costs, which the per-layer cost model leaves out, make the
     measured slowdowns 2-30x and noisy, and drift re-plans fire every few iterations (CI's local swarms, 2026-12-06);
     on at the emulated speeds of `benchmarks/drifted_speed.py`."""
+    link_drift: bool = True
+    """Re-plan the paths on the same placement when a link they cross measures 1.5x off what they were planned on,
+    where the new paths simulate 5% quicker (`swarm.coordinator.link_drift`); false: paths change with membership
+    only (a benchmark's baseline)."""
     bench_seconds: float = BENCH
     """How long a peer slow for good (a holder still late at its smallest share, a relay whose passes stay far slower
     than the other relays') sits out the first time (doubled each time it is benched again, up to `MAX_BENCH` or
@@ -208,7 +213,7 @@ class RunConfig:
             raise ValueError(f"run.skip {self.skip} with {self.stages} stages: no path can visit stage(s) "
                              f"{', '.join(map(str, never))}, whose peers would never train; lower run.skip or "
                              "run.stages")
-        for name in ("rebalance", "holder_shares", "measured_speeds"):
+        for name in ("rebalance", "holder_shares", "measured_speeds", "link_drift"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"swarm.{name} must be true or false, got {getattr(self, name)!r}")
         if isinstance(self.bench_seconds, bool) or not isinstance(self.bench_seconds, (int, float)) or \
@@ -357,6 +362,8 @@ class RunConfig:
             hyper["holder_shares"] = False
         if self.measured_speeds:  # likewise
             hyper["measured_speeds"] = True
+        if not self.link_drift:  # likewise
+            hyper["link_drift"] = False
         if self.bench_seconds != BENCH:  # likewise
             hyper["bench_seconds"] = float(self.bench_seconds)
         hyper["init_weights"] = list(self.init_weights)

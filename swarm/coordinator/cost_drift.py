@@ -48,11 +48,13 @@ class CostDrift:
 
     :param speeds: the peers' measured speeds (the scheduler's, which its plans take)
     :param tables: the cost tables of the given peers' current records (the replanner's)
+    :param links: whether links that drift count (the run's `swarm.link_drift`)
     """
 
-    def __init__(self, speeds: MeasuredSpeeds, tables: Callable[[Mapping[str, PeerRecord]], CostTables]) -> None:
+    def __init__(self, speeds: MeasuredSpeeds, tables: Callable[[Mapping[str, PeerRecord]], CostTables], *,
+                 links: bool = True) -> None:
         self.speeds = speeds
-        self.links = LinkDrift()
+        self.links = LinkDrift() if links else None
         self._tables = tables
         self._now: CostTables | None = None
 
@@ -60,8 +62,10 @@ class CostDrift:
         """What drifted from the newest epoch `schedule`'s plan, `peers` being its placed peers' current records:
         {"peers": peer -> (planned, measured slowdown), "links": hop -> (planned, current seconds)}, the kinds that
         drifted only (none: {})."""
-        self._now = self._tables(peers)
-        drift = {"peers": self.speeds.drifted(schedule.placement), "links": self.links.drifted(schedule, self._now)}
+        drift = {"peers": self.speeds.drifted(schedule.placement)}
+        if self.links is not None:
+            self._now = self._tables(peers)
+            drift["links"] = self.links.drifted(schedule, self._now)
         return {k: v for k, v in drift.items() if v}
 
     def pays(self, drift: Mapping[str, dict], epoch: Schedule, replanned: Schedule, start: int) -> bool:
@@ -70,7 +74,7 @@ class CostDrift:
         link times become the ones later drifts are measured from."""
         gain = replan_gain(epoch, replanned)
         pays = gain >= REPLAN_GAIN
-        if self._now is not None:
+        if self.links is not None and self._now is not None:
             self.links.weighed(self._now)
         peers, links = drift.get("peers", {}), drift.get("links", {})
         said = [f"{p} {a:.2f}x -> {b:.2f}x" for p, (a, b) in sorted(peers.items())] + \

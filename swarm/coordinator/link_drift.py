@@ -11,6 +11,7 @@ current times become the ones compared with (no re-plan until they drift again).
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
 
 from scheduler.costs import CostTables, tables_from_dict
@@ -29,6 +30,16 @@ def hops(schedule: Schedule) -> Iterator[tuple[str, str]]:
         for a, b in (*zip(nodes, nodes[1:]), (nodes[-1], nodes[0])):
             yield a, b
             yield b, a
+
+
+def crossings(schedule: Schedule) -> Counter[tuple[str, str]]:
+    """How often `schedule`'s paths cross each link, either way, by its pair of peers (sorted)."""
+    return Counter(tuple(sorted(hop)) for hop in hops(schedule))
+
+
+def busiest_link(schedule: Schedule) -> tuple[str, str]:
+    """The pair of peers (sorted) whose link `schedule`'s paths cross most often."""
+    return crossings(schedule).most_common(1)[0][0]
 
 
 class LinkDrift:

@@ -98,7 +98,7 @@ class Scheduler:
         self.slow = SlowPeers(config.microbatches, config.bench_seconds, self.replanner.layers_per_stage,
                               measured_speeds=config.measured_speeds)
         """Slow holders' shares, slow relays' verdicts, benches, and every peer's measured speed."""
-        self.drift = CostDrift(self.slow.speeds, self.replanner.tables)
+        self.drift = CostDrift(self.slow.speeds, self.replanner.tables, links=config.link_drift)
         self.completed = 0
         """Iterations committed; the one in progress is `completed`."""
         self.peers_online = 0

@@ -89,10 +89,13 @@ def checked_latency(latency: np.ndarray, n: int) -> np.ndarray:
 
 def write_latency_file(latency: np.ndarray, i: int, peer_ids: Sequence[str], path: str | Path) -> Path:
     """Host `i`'s one-way latency to each other host, keyed by the peer id that runs there
-    (`swarm.local.emulated_network.read_latency_file` reads it)."""
+    (`swarm.local.emulated_network.read_latency_file` reads it). The file is replaced whole: a peer reading it
+    again mid-run (`LatencyFile`) never sees it half written."""
     if len(peer_ids) != latency.shape[0]:
         raise ValueError(f"need one peer id per host ({latency.shape[0]}), got {len(peer_ids)}")
     table = {p: float(latency[i, j]) for j, p in enumerate(peer_ids) if j != i}
     path = Path(path)
-    path.write_text(json.dumps({"latency_s": table}, indent=1))
+    part = path.with_name(path.name + ".part")
+    part.write_text(json.dumps({"latency_s": table}, indent=1))
+    os.replace(part, path)
     return path

@@ -12,14 +12,15 @@ and every sample is processed once.
 
 from __future__ import annotations
 
-import json
-import os
 import time
-from collections import Counter
 
+import numpy as np
 import pytest
 
+from scheduler.schedule import Schedule
+from swarm.coordinator.link_drift import busiest_link, crossings
 from swarm.local.local_swarm import LocalSwarm
+from swarm.local.namespaces import write_latency_file
 from swarm.net.identity import ensure_identity
 from tests.swarm.test_late_holder import PEERS, processed_once, run_config
 
@@ -32,47 +33,26 @@ SLOW_LATENCY = 1.0
 an iteration of ~1 s on time."""
 
 
-def write_latencies(path, table: dict[str, float]) -> None:
-    """The emulation file of one peer, replaced whole (its transport never reads a half-written one)."""
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"latency_s": table}))
-    os.replace(tmp, path)
-
-
-def busiest_hop(schedule: dict) -> tuple[str, str]:
-    """The holder-relay pair the paths cross most often (either way)."""
-    crossed: Counter = Counter()
-    for route in schedule["routes"]:
-        nodes = [route["origin"], *route["peers"]]
-        for a, b in (*zip(nodes, nodes[1:]), (nodes[-1], nodes[0])):
-            crossed[tuple(sorted((a, b)))] += 1
-    return crossed.most_common(1)[0][0]
-
-
-def crossings(schedule: dict, pair: tuple[str, str]) -> int:
-    nodes_of = ([r["origin"], *r["peers"]] for r in schedule["routes"])
-    return sum(tuple(sorted((a, b))) == pair for nodes in nodes_of for a, b in (*zip(nodes, nodes[1:]),
-                                                                               (nodes[-1], nodes[0])))
-
-
 def test_a_link_that_slows_mid_run_is_re_measured_from_the_pipelines_sends_and_planned_around(tmp_path):
     config, args = run_config(tmp_path, "slowlink", ITERATIONS)
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     ids = [ensure_identity(str(run_dir / f"peer-{i:02d}.key")) for i in range(PEERS)]
+    latency = np.zeros((PEERS, PEERS))
     files = [tmp_path / f"latency-{i:02d}.json" for i in range(PEERS)]
     for i, f in enumerate(files):
-        write_latencies(f, {p: 0.0 for p in ids if p != ids[i]})
+        write_latency_file(latency, i, ids, f)
         args[i] += ["--emulate-latency", str(f)]
     swarm = LocalSwarm(run_dir, PEERS, run_id="slowlink", coordinator_args=["--config", config], peer_args=args)
     try:
         swarm.start()
         swarm.watch(SLOWED_AFTER, timeout=240)
         first = swarm.schedule()
-        pair = busiest_hop(first)
-        for a, b in (pair, pair[::-1]):
-            i = ids.index(a)
-            write_latencies(files[i], {p: (SLOW_LATENCY if p == b else 0.0) for p in ids if p != a})
+        pair = busiest_link(Schedule.from_dict(first))
+        a, b = ids.index(pair[0]), ids.index(pair[1])
+        latency[a, b] = latency[b, a] = SLOW_LATENCY
+        for i in (a, b):
+            write_latency_file(latency, i, ids, files[i])
         slowed_at = time.time()
         records = swarm.watch(ITERATIONS, timeout=360)
     finally:
@@ -90,7 +70,8 @@ def test_a_link_that_slows_mid_run_is_re_measured_from_the_pipelines_sends_and_p
     epochs = swarm.schedules()
     (replanned,) = [e for e in epochs if e["meta"]["start_iteration"] == drift["start_iteration"]]
     assert replanned["placement"] == first["placement"]
-    assert crossings(replanned, pair) < crossings(first, pair), (pair, replanned["routes"])
+    before, after = (crossings(Schedule.from_dict(e))[pair] for e in (first, replanned))
+    assert after < before, (pair, replanned["routes"])
     assert not swarm.events("declared_gone", who="coordinator"), "a live peer was taken for gone"
     processed = processed_once(run_dir, records)
     assert processed and set(processed) == {1}, f"samples processed {dict(processed)} times"

@@ -40,8 +40,8 @@ def make_replanner(planner: str = "skippipe", **kwargs) -> Replanner:
 
 
 def make_scheduler(planner: str = "skippipe", *, rebalance: bool = True, measured_speeds: bool = False,
-                   **kwargs) -> Scheduler:
-    config = make_config(planner, rebalance=rebalance, measured_speeds=measured_speeds)
+                   link_drift: bool = True, **kwargs) -> Scheduler:
+    config = make_config(planner, rebalance=rebalance, measured_speeds=measured_speeds, link_drift=link_drift)
     return Scheduler(config, model_of(config), "coordinator", **kwargs)
 
 

@@ -6,14 +6,16 @@ import dataclasses
 from collections import Counter
 
 import numpy as np
+import pytest
 
 from scheduler.costs import CostTables, tables_to_dict
 from scheduler.paths import PathRules
 from scheduler.schedule import Route, Schedule
-from swarm.coordinator.link_drift import LinkDrift, hops
+from swarm.coordinator.link_drift import LinkDrift, busiest_link, crossings, hops
 from swarm.events import EVENT_ATTR
+from swarm.run_config import RunConfig
 from swarm.wire import PeerRecord
-from tests.swarm.coordinator.conftest import make_records, make_scheduler
+from tests.swarm.coordinator.conftest import make_config, make_records, make_scheduler
 from tests.swarm.coordinator.test_measured_speeds import near
 from tests.swarm.coordinator.test_scheduler import commit, fresh, planned, published
 
@@ -40,6 +42,9 @@ def test_a_hop_drifts_once_its_message_time_moved_both_far_and_by_a_share_of_the
     # activations one way, gradients the other
     assert list(hops(epoch(0, tables({})))) == [("h", "a"), ("a", "h"), ("a", "b"), ("b", "a"), ("b", "h"),
                                                  ("h", "b")]
+    twice = dataclasses.replace(epoch(0, tables({})), routes=(Route(0, "h", (1, 2), ("a", "b")),
+                                                               Route(1, "h", (1,), ("a",))))
+    assert crossings(twice) == {("a", "h"): 6, ("a", "b"): 2, ("b", "h"): 2} and busiest_link(twice) == ("a", "h")
     links, first = LinkDrift(), epoch(0, tables({}))
     assert links.drifted(first, tables({})) == {}
     # 25x and 0.24 s more, past 2% of a 10-s iteration (0.2 s)
@@ -90,3 +95,18 @@ def test_a_link_that_slowed_under_the_paths_has_them_replanned_around_it_from_th
         s.observe(fresh(records), t)
         assert published(commit(s, 1, now=t + 1)) == []
     assert s.schedule is replanned
+
+
+def test_with_link_drift_off_a_slowed_link_replans_nothing_and_the_setting_travels_in_the_spec():
+    records = near(make_records())
+    s = make_scheduler("skippipe", link_drift=False)
+    first = planned(s, records)
+    (a, b), _ = Counter(h for h in hops(first) if first.placement[h[0]] and first.placement[h[1]]).most_common(1)[0]
+    commit(s, 1, now=100.0)
+    s.observe(fresh(slowed(records, a, b, latency=0.5, bandwidth=1e9)), 101.0)
+    assert published(commit(s, 1, now=102.0)) == [] and s.schedule is first
+    off = make_config("skippipe", link_drift=False)
+    assert RunConfig.from_spec(off.to_spec(coordinator="c", vocab_size=512))[0].link_drift is False
+    assert "link_drift" not in make_config().to_spec(coordinator="c", vocab_size=512).hyperparameters
+    with pytest.raises(ValueError, match="link_drift"):
+        make_config("skippipe", link_drift=1)
