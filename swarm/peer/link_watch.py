@@ -70,10 +70,11 @@ class LinkWatch:
             except (TransportError, ConnectionError, WireError, TimeoutError) as e:
                 logger.warning("re-measuring the link to %s failed: %s", peer, e)
                 continue
-            logger.info("link to %s re-measured: %s -> %s", peer, before, after,
-                        extra=event("link_remeasured", peer=peer,
-                                    was=[before.latency_s, before.bytes_per_s] if before else None,
-                                    now=[after.latency_s, after.bytes_per_s]))
+            was = [before.latency_s, before.bytes_per_s] if before else None
+            logger.info("link to %s re-measured: %s -> %.3f s, %.2f MB/s", peer,
+                        f"{was[0]:.3f} s, {was[1] / 1e6:.2f} MB/s" if was else "unmeasured", after.latency_s,
+                        after.bytes_per_s / 1e6,
+                        extra=event("link_remeasured", peer=peer, was=was, now=[after.latency_s, after.bytes_per_s]))
             changed = changed or after != before
         if changed:
             self.links = self.prober.links()
