@@ -15,7 +15,7 @@ from collections.abc import Callable
 from swarm.events import event
 from swarm.net.link_probe import LinkProber
 from swarm.net.transport import TransportError
-from swarm.peer.send_times import SendTimes
+from swarm.peer.send_times import SendTimes, moved
 from swarm.wire import PeerRecord, WireError
 
 logger = logging.getLogger(__name__)
@@ -75,6 +75,7 @@ class LinkWatch:
                         f"{was[0]:.3f} s, {was[1] / 1e6:.2f} MB/s" if was else "unmeasured", after.latency_s,
                         after.bytes_per_s / 1e6,
                         extra=event("link_remeasured", peer=peer, was=was, now=[after.latency_s, after.bytes_per_s]))
+            self.send_times.remeasured(peer, moved(before, after))
             changed = changed or after != before
         if changed:
             self.links = self.prober.links()

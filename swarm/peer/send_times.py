@@ -7,7 +7,7 @@ its link too: a send's seconds against the estimate's round trip plus its bytes 
 median of a link's last `SEND_WINDOW` sends is `OFF_RATIO` times off that prediction either way, and off by
 `OFF_FLOOR` seconds at least, the link is due for a re-measurement now (`LinkWatch.sent`); the probe decides, so a
 send slowed by something else (a receiver whose inbox is full) costs one probe and changes nothing. A link
-re-measured is not due again for `RECHECK_SECONDS`.
+re-measured is not due again for `RECHECK_SECONDS`, twice as long each time the probe found it unchanged.
 """
 
 from __future__ import annotations
@@ -29,7 +29,11 @@ time on a loaded 2-core host (BENCHMARKS.md, 2026-12-05), more in their tail."""
 OFF_FLOOR = 0.25
 """...and by this many seconds at least (a loopback link going from 2 to 20 ms is not worth a probe)."""
 RECHECK_SECONDS = 30.0
-"""A link re-measured for its sends is not due again before this."""
+"""A link re-measured for its sends is not due again before this..."""
+MAX_RECHECK_SECONDS = 300.0
+"""...doubled each time its re-measurement found it unchanged, up to this (the periodic refresh's period): sends
+slowed by their sender's own load (20 peers' transports on two cores) stay off while the probe finds the link as it
+was, and a probe every 30 s would add to that load for nothing."""
 
 
 def predicted_seconds(estimate: LinkEstimate, nbytes: int) -> float:
@@ -45,6 +49,7 @@ class SendTimes:
         self._clock = clock
         self._sends: dict[str, deque[tuple[float, float]]] = {}
         self._rechecked: dict[str, float] = {}
+        self._wait: dict[str, float] = {}
         self._lock = threading.Lock()
 
     def due(self, peer: str, seconds: float, nbytes: int, estimate: LinkEstimate | None) -> bool:
@@ -59,7 +64,8 @@ class SendTimes:
         with self._lock:
             window = self._sends.setdefault(peer, deque(maxlen=SEND_WINDOW))
             window.append((seconds, predicted))
-            if len(window) < SEND_WINDOW or self._clock() - self._rechecked.get(peer, -math.inf) < RECHECK_SECONDS:
+            waited = self._clock() - self._rechecked.get(peer, -math.inf)
+            if len(window) < SEND_WINDOW or waited < self._wait.get(peer, RECHECK_SECONDS):
                 return False
             took = statistics.median(s for s, _ in window)
             expected = statistics.median(p for _, p in window)
@@ -68,3 +74,18 @@ class SendTimes:
             self._rechecked[peer] = self._clock()
             window.clear()
             return True
+
+    def remeasured(self, peer: str, changed: bool) -> None:
+        """The link to `peer`, due, was re-measured: `changed` (the probe found it moved) keeps the next re-check
+        `RECHECK_SECONDS` away; unchanged doubles that wait, up to `MAX_RECHECK_SECONDS`."""
+        with self._lock:
+            wait = self._wait.get(peer, RECHECK_SECONDS)
+            self._wait[peer] = RECHECK_SECONDS if changed else min(MAX_RECHECK_SECONDS, 2 * wait)
+
+
+def moved(before: LinkEstimate | None, after: LinkEstimate, factor: float = 1.5) -> bool:
+    """Whether a link's estimate moved `factor` times or more, in latency or in goodput (or was never measured)."""
+    if before is None:
+        return True
+    pairs = ((before.latency_s, after.latency_s), (before.bytes_per_s, after.bytes_per_s))
+    return any(max(a, b) >= factor * max(min(a, b), 1e-9) for a, b in pairs)

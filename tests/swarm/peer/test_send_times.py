@@ -9,7 +9,15 @@ import math
 import pytest
 
 from swarm.net.link_probe import LinkEstimate
-from swarm.peer.send_times import OFF_RATIO, RECHECK_SECONDS, SEND_WINDOW, SendTimes, predicted_seconds
+from swarm.peer.send_times import (
+    MAX_RECHECK_SECONDS,
+    OFF_RATIO,
+    RECHECK_SECONDS,
+    SEND_WINDOW,
+    SendTimes,
+    moved,
+    predicted_seconds,
+)
 
 LINK = LinkEstimate(latency_s=0.05, bytes_per_s=10e6)
 """A 50 ms, 10 MB/s link: a 1 MB message is predicted 0.1 + 0.1 = 0.2 s."""
@@ -62,3 +70,30 @@ def test_an_unmeasured_link_or_a_nonsensical_time_counts_for_nothing(seconds):
     assert not any(times.due("q", seconds, 1_000_000, LINK) for _ in range(SEND_WINDOW))
     assert not any(times.due("r", 9.0, 1_000_000, LinkEstimate(latency_s=0.0, bytes_per_s=math.inf))
                    for _ in range(SEND_WINDOW))
+
+
+def test_a_link_the_probe_finds_unchanged_waits_twice_as_long_each_time_and_a_changed_one_does_not():
+    clock = Clock()
+    times = SendTimes(clock=clock)
+    slow = OFF_RATIO * 0.2 + 0.01
+
+    def due_after(seconds: float) -> bool:
+        clock.now += seconds
+        return any(times.due("p", slow, 1_000_000, LINK) for _ in range(SEND_WINDOW))
+
+    assert due_after(0.0)
+    waits = []
+    for _ in range(5):  # the sender's own load: the probe finds the link as it was, every time
+        times.remeasured("p", changed=False)
+        waits.append(min(RECHECK_SECONDS * 2 ** (len(waits) + 1), MAX_RECHECK_SECONDS))
+        assert not due_after(waits[-1] - 1.0) and due_after(1.0)
+    assert waits == [60.0, 120.0, 240.0, 300.0, 300.0]
+    times.remeasured("p", changed=True)
+    assert due_after(RECHECK_SECONDS)
+
+
+def test_an_estimate_moved_by_half_again_either_way_in_latency_or_goodput_has_moved():
+    assert moved(None, LINK) and not moved(LINK, LINK)
+    assert moved(LINK, LinkEstimate(latency_s=0.08, bytes_per_s=10e6))
+    assert moved(LINK, LinkEstimate(latency_s=0.05, bytes_per_s=6e6))
+    assert not moved(LINK, LinkEstimate(latency_s=0.07, bytes_per_s=7e6))
