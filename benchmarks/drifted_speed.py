@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.repetitions import (  # noqa: E402
     alternate,
+    hold_window,
     print_ratios,
     repetition_parser,
     run_config,
@@ -72,11 +73,7 @@ def run(args: argparse.Namespace, mode: str, index: int, root: Path) -> dict:
         ids = {i: ensure_identity(str(run_dir / f"peer-{i:02d}.key")) for i in range(args.peers)}
         victim = ids[args.peers - 1]
         start = time.time()
-        while time.time() < start + 60 * args.minutes:
-            time.sleep(1.0)
-            dead = [p for p in swarm.peers if p.poll() is not None]
-            if dead or (swarm.coordinator is not None and swarm.coordinator.poll() is not None):
-                raise RuntimeError(f"a process of the swarm exited; logs in {run_dir}")
+        hold_window(swarm, start, 60 * args.minutes)
         records = swarm.metrics()
         epochs = swarm.schedules()
         drifts = swarm.events("costs_drifted", who="coordinator")

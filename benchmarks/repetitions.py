@@ -10,6 +10,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from swarm.local.local_swarm import LocalSwarm
+
 
 def alternate(args: argparse.Namespace, modes: Sequence[str],
               run: Callable[[argparse.Namespace, str, int, Path], dict]) -> list[dict]:
@@ -80,3 +82,13 @@ def run_config(root: Path, mode: str, index: int, run_id: str, args: argparse.Na
                                       f"microbatches = {args.microbatches}\niterations = 0\nmin_peers = {args.peers}\n"
                                       f"seed = {index}\n[swarm]\n{swarm}\n")
     return run_dir
+
+
+def hold_window(swarm: LocalSwarm, start: float, seconds: float) -> None:
+    """Let `swarm` run until `seconds` after `start`; raises RuntimeError as soon as one of its processes exits (a run
+    with a dead peer or coordinator measures nothing of what it was set up for)."""
+    while time.time() < start + seconds:
+        time.sleep(1.0)
+        if any(p.poll() is not None for p in swarm.peers) or \
+                (swarm.coordinator is not None and swarm.coordinator.poll() is not None):
+            raise RuntimeError(f"a process of the swarm exited; logs in {swarm.run_dir}")

@@ -49,6 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.repetitions import (  # noqa: E402
     alternate,
+    hold_window,
     print_ratios,
     repetition_parser,
     run_config,
@@ -94,11 +95,7 @@ def run(args: argparse.Namespace, mode: str, index: int, root: Path) -> dict:
         start = time.time()
         if mode != "unthrottled":
             throttle = Throttle(swarm.peers[ids[slow]].pid, running=args.running, stopped=args.stopped).start()
-        while time.time() < start + 60 * args.minutes:
-            time.sleep(1.0)
-            dead = [p for p in swarm.peers if p.poll() is not None]
-            if dead or (swarm.coordinator is not None and swarm.coordinator.poll() is not None):
-                raise RuntimeError(f"a process of the swarm exited; logs in {run_dir}")
+        hold_window(swarm, start, 60 * args.minutes)
         records = swarm.metrics()
         microbatches = sum(r["origin"] == slow for r in swarm.schedule()["routes"]) if args.victim == "holder" \
             else None

@@ -37,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.repetitions import (  # noqa: E402
     alternate,
+    hold_window,
     print_ratios,
     repetition_parser,
     run_config,
@@ -75,11 +76,7 @@ def run(args: argparse.Namespace, mode: str, index: int, root: Path) -> dict:
             for i in (a, b):
                 write_latency_file(latency, i, ids, files[i])
         start = time.time()
-        while time.time() < start + 60 * args.minutes:
-            time.sleep(1.0)
-            dead = [p for p in swarm.peers if p.poll() is not None]
-            if dead or (swarm.coordinator is not None and swarm.coordinator.poll() is not None):
-                raise RuntimeError(f"a process of the swarm exited; logs in {run_dir}")
+        hold_window(swarm, start, 60 * args.minutes)
         records = swarm.metrics()
         last = Schedule.from_dict(swarm.schedules()[-1])
         drifts = [e for e in swarm.events("costs_drifted", who="coordinator") if e["time"] >= start]
