@@ -126,9 +126,10 @@ class RunConfig:
     """Plan on each peer's speed as its reported passes show it (its announced seconds per layer times its measured
     slowdown), and re-plan the paths when one drifts from what its epoch assumed where that pays
     (`swarm.coordinator.measured_speeds`); false: every plan takes the speeds the peers announced. Off by default:
-    with real compute of a small model the passes' fixed costs, which the per-layer cost model leaves out, make the
-    measured slowdowns 2-30x and noisy, and drift re-plans fire every few iterations (CI's local swarms, 2026-12-06);
-    on at the emulated speeds of `benchmarks/drifted_speed.py`."""
+    with real compute of a small model the passes' fixed costs, which the per-layer cost model leaves out, made the
+    absolute slowdowns 2-30x and drift re-plans fire every few iterations (CI's local swarms, 2026-12-06); each is now
+    taken relative to its kind's (holders', relays'), which removes what all share, but that has not been run at 20
+    peers under churn yet. On at the emulated speeds of `benchmarks/drifted_speed.py`."""
     link_drift: bool = True
     """Re-plan the paths on the same placement when a link they cross measures 1.5x off what they were planned on,
     where the new paths simulate 5% quicker (`swarm.coordinator.link_drift`); false: paths change with membership

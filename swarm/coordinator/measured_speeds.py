@@ -6,14 +6,20 @@ while the whole swarm was starting. Every `done` (a data holder) and `pace` (a r
 computed in an iteration and in how many seconds, so the scheduler knows each peer's slowdown: those seconds over what
 the cost model gives its announced speed for the same passes (forward = layers x speed, backward `BACKWARD_FACTOR` x
 forward, a holder's loss step at its announced `loss_seconds`). The median of a peer's last `REPORTS` reports is its
-measured slowdown; the planner plans on announced x measured (`applied`).
+measured slowdown (`measured`). The plans take it relative to its kind's (`slowdown`: over the lower median of the
+holders' or the relays' measured slowdowns, its own included): what every peer's passes share is no peer's slowdown. A
+loaded host slows the whole swarm alike, and a small model's passes carry fixed costs (kernel launches, the copy of
+the activations) that the per-layer cost model leaves out: with the tiny model's real compute in CI's local swarms the
+absolute slowdowns came out 2-34x, and each drifted with the host's load. The planner plans on announced x relative
+(`applied`).
 
 A placed peer whose measured slowdown is `DRIFT` times off the one its epoch was planned with has drifted
 (`drifted`): the scheduler weighs a re-plan of the paths for it (`CostDrift`), and every slowdown a plan took is the
 planned one from then on (hysteresis: no re-plan until it drifts again).
 
-Self-reported, so bounded: a slowdown below `FASTEST` (a peer claiming passes quicker than half its announcement, to
-draw paths to itself) counts as `FASTEST`; a peer that claims slow passes only draws fewer paths. Relays far slower
+Self-reported, so bounded: a slowdown below `FASTEST` (a peer claiming passes quicker than half its announcement, or
+than half its kind's, to draw paths to itself) counts as `FASTEST`; a peer that claims slow passes only draws fewer
+paths, and the median of its kind moves with a majority only. Relays far slower
 than the others are benched besides (`SlowPeers`); this is for the many merely slower.
 """
 
@@ -54,6 +60,8 @@ class MeasuredSpeeds:
         self.layers_per_stage = tuple(layers_per_stage)
         self.enabled = enabled
         self._seen: dict[str, deque[float]] = {}
+        self._kind: dict[str, str] = {}
+        """Peer -> "holder" or "relay": whose slowdowns its own is taken relative to."""
         self._restored: dict[str, float] = {}
         """Peer -> the slowdown a predecessor scheduler planned with, until this one has measured its own."""
         self._planned: dict[str, float] = {}
@@ -74,14 +82,27 @@ class MeasuredSpeeds:
         if stage == 0:
             per_microbatch += record.loss_seconds if record.loss_seconds > 0 else LOSS_FACTOR * forward
         slowdown = compute / (operations / 2 * per_microbatch)
+        if self._kind.get(peer) != ("holder" if stage == 0 else "relay"):  # moved between kinds: measured anew
+            self._seen.pop(peer, None)
+            self._kind[peer] = "holder" if stage == 0 else "relay"
         self._seen.setdefault(peer, deque(maxlen=REPORTS)).append(min(SLOWEST, max(FASTEST, slowdown)))
 
-    def slowdown(self, peer: str) -> float | None:
-        """`peer`'s measured slowdown (None: fewer than `MIN_REPORTS` reports, nor a predecessor's figure)."""
+    def measured(self, peer: str) -> float | None:
+        """`peer`'s passes over what its announced speed gives them, the median of its last `REPORTS` reports (None:
+        fewer than `MIN_REPORTS`)."""
         seen = self._seen.get(peer, ())
-        if len(seen) >= MIN_REPORTS:
-            return statistics.median(seen)
-        return self._restored.get(peer)
+        return statistics.median(seen) if len(seen) >= MIN_REPORTS else None
+
+    def slowdown(self, peer: str) -> float | None:
+        """`peer`'s slowdown for the plans: its measured one over the lower median of its kind's (the holders' or the
+        relays', its own included; see the module docstring), within [`FASTEST`, `SLOWEST`]. A predecessor's figure
+        until measured; None: neither."""
+        own = self.measured(peer)
+        if own is None:
+            return self._restored.get(peer)
+        kind = self._kind[peer]
+        mates = [m for p, k in self._kind.items() if k == kind and (m := self.measured(p)) is not None]
+        return min(SLOWEST, max(FASTEST, own / statistics.median_low(mates)))
 
     def applied(self, records: Mapping[str, PeerRecord]) -> dict[str, PeerRecord]:
         """`records` with each peer's announced speeds (seconds per layer, loss step) times its measured slowdown,
@@ -129,6 +150,7 @@ class MeasuredSpeeds:
         anew (the job that slowed it may be over)."""
         for p in peers:
             self._seen.pop(p, None)
+            self._kind.pop(p, None)
             self._restored.pop(p, None)
             self._planned.pop(p, None)
 

@@ -134,6 +134,7 @@ def run_throttled_until_benched(tmp_path, run_id: str, iterations: int, benched_
     return ThrottledRun(swarm, records, ids, victim, throttled_at)
 
 
+@pytest.mark.timeout(600)  # 36 iterations, a throttled holder among them: past 420 s on a loaded 2-core host
 def test_a_slow_holder_is_left_out_when_late_then_given_less_work_then_benched_then_placed_again(tmp_path):
     swarm, records, ids, victim, _ = run_throttled_until_benched(
         tmp_path, "slow", SLOW_ITERATIONS, "holder_benched",

@@ -42,35 +42,63 @@ def test_a_peers_slowdown_is_its_passes_over_what_its_announced_speed_gives_them
     speeds, schedule = MeasuredSpeeds((2, 3, 3)), schedule_of({"h": 0, "a": 1, "b": 2})
     a = record("a")
     speeds.note("a", schedule, 8, relay_seconds(3, 4), a)
-    assert speeds.slowdown("a") is None  # one report is not a measurement
+    assert speeds.measured("a") is None  # one report is not a measurement
     speeds.note("a", schedule, 8, relay_seconds(3, 4, 3.0), a)
-    assert speeds.slowdown("a") == pytest.approx(2.0)  # the median of its reports so far
+    assert speeds.measured("a") == pytest.approx(2.0)  # the median of its reports so far
     speeds.note("a", schedule, 8, relay_seconds(3, 4), a)
     speeds.note("a", schedule, 8, relay_seconds(3, 4, 1.2), a)
-    assert speeds.slowdown("a") == pytest.approx(1.2)  # of its last three: 3.0, 1.0, 1.2
+    assert speeds.measured("a") == pytest.approx(1.2)  # of its last three: 3.0, 1.0, 1.2
     # a holder's passes carry its loss step: at its measured time, or LOSS_FACTOR x its forward where it said none
     for loss in (0.03, 0.0):
         h = record("h", loss_seconds=loss)
         step = loss or LOSS_FACTOR * 2 * SPEED
         for _ in range(2):
             speeds.note("h", schedule, 6, 3 * (relay_seconds(2, 1) + step) * 1.5, h)
-        assert speeds.slowdown("h") == pytest.approx(1.5)
+        assert speeds.measured("h") == pytest.approx(1.5)
         speeds.forget(["h"])
     # a claim of passes that took no time counts as twice its announced speed, no quicker
     for _ in range(2):
         speeds.note("b", schedule, 8, 0.0, record("b"))
-    assert speeds.slowdown("b") == FASTEST
+    assert speeds.measured("b") == FASTEST
     # nothing to measure: no passes, no time, an epoch or a placement that does not know it, no record to compare
     for args in (("x", schedule, 8, 1.0, record("x")), ("h", None, 8, 1.0, record("h")),
                  ("h", schedule, 0, 1.0, record("h")), ("h", schedule, 8, math.nan, record("h")),
                  ("h", schedule, 8, 1.0, None)):
         speeds.note(*args)
         speeds.note(*args)
-    assert speeds.slowdown("x") is None and speeds.slowdown("h") is None
+    assert speeds.measured("x") is None and speeds.measured("h") is None
     off = MeasuredSpeeds((2, 3, 3), enabled=False)
     for _ in range(3):
         off.note("a", schedule, 8, relay_seconds(3, 4, 3.0), a)
-    assert off.slowdown("a") is None and off.applied({"a": a}) == {"a": a}
+    assert off.measured("a") is None and off.slowdown("a") is None and off.applied({"a": a}) == {"a": a}
+
+
+def test_the_plans_take_a_slowdown_relative_to_its_kinds_so_what_every_peer_shares_is_none():
+    """A loaded host, or a pass's fixed costs the per-layer model leaves out, make every peer's passes 3x what it
+    announced: that is no peer's slowdown. One relay at 5.4x is 1.8x its kind's; holders are compared with holders
+    (their passes carry the loss step and the embedding: fixed costs of their own)."""
+    speeds = MeasuredSpeeds((2, 3, 3))
+    schedule = schedule_of({"h": 0, "g": 0, "a": 1, "b": 1, "c": 2})
+    for _ in range(2):
+        for relay, slowdown in (("a", 3.0), ("b", 3.0), ("c", 5.4)):
+            speeds.note(relay, schedule, 8, relay_seconds(3, 4, slowdown), record(relay))
+        for holder in ("h", "g"):
+            speeds.note(holder, schedule, 6, 3 * (relay_seconds(2, 1) + LOSS_FACTOR * 2 * SPEED) * 6.0,
+                        record(holder))
+    assert speeds.measured("c") == pytest.approx(5.4) and speeds.slowdown("c") == pytest.approx(1.8)
+    assert speeds.slowdown("a") == pytest.approx(1.0) and speeds.slowdown("h") == pytest.approx(1.0)
+    planned = speeds.applied({p: record(p) for p in "hgabc"})
+    assert planned["c"].seconds_per_layer == pytest.approx(1.8 * SPEED) and planned["a"].seconds_per_layer == SPEED
+    # of two relays the quicker is the reference (the lower median)
+    pair = MeasuredSpeeds((2, 3, 3))
+    for _ in range(2):
+        pair.note("a", schedule, 8, relay_seconds(3, 4, 3.0), record("a"))
+        pair.note("b", schedule, 8, relay_seconds(3, 4, 5.4), record("b"))
+    assert pair.slowdown("b") == pytest.approx(1.8) and pair.slowdown("a") == pytest.approx(1.0)
+    # one relay of three claiming passes that took no time neither moves the reference nor counts under half of it
+    for _ in range(3):
+        speeds.note("a", schedule, 8, 0.0, record("a"))
+    assert speeds.slowdown("a") == FASTEST and speeds.slowdown("c") == pytest.approx(1.8)
 
 
 def test_plans_take_the_measured_speeds_and_a_drift_is_one_past_the_planned_slowdown():
@@ -78,9 +106,10 @@ def test_plans_take_the_measured_speeds_and_a_drift_is_one_past_the_planned_slow
     a, b = record("a", loss_seconds=0.02), record("b")
     for _ in range(2):
         speeds.note("a", schedule, 8, relay_seconds(2, 4, 1.6), a)
+        speeds.note("b", schedule, 8, relay_seconds(2, 4), b)  # the other relay runs as announced
     assert speeds.drifted(["a", "b"]) == {"a": (1.0, pytest.approx(1.6))}
     planned = speeds.applied({"a": a, "b": b})
-    assert planned["b"] is b and planned["a"].seconds_per_layer == pytest.approx(1.6 * SPEED)
+    assert planned["b"] == b and planned["a"].seconds_per_layer == pytest.approx(1.6 * SPEED)
     assert planned["a"].loss_seconds == pytest.approx(1.6 * 0.02)
     assert speeds.drifted(["a", "b"]) == {}  # planned at what it measures: no drift until it changes again
     for _ in range(2):
