@@ -157,14 +157,20 @@ def test_a_slow_holder_is_left_out_when_late_then_given_less_work_then_benched_t
     replans = swarm.events("replanned", who="coordinator")
     assert [(e["gone"], e["joining"]) for e in replans] == [([victim], []), ([], [victim])], replans
     assert replans[1]["time"] - bench["time"] >= BENCH_SECONDS  # not before its bench was over
-    epochs = swarm.schedules()
-    assert [victim in e["placement"] for e in epochs] == [True, True, False, True]  # its place until benched
-    without = [r for r in records if bench["iteration"] + 1 < r["iteration"] <= epochs[3]["meta"]["start_iteration"]]
-    assert without and all(r["epoch"] == 2 for r in without)
-    back = [r for r in records if r["iteration"] > epochs[3]["meta"]["start_iteration"]]
-    assert back and all(r["epoch"] == 3 and victim not in r["left_out"] for r in back), back  # counted again
+    # its place until benched, through its share's re-plan and any re-plan of the paths around its links (throttled,
+    # it sends and answers slowly, so they measure slow: `costs_drifted`, on the same placement)
+    epochs = {e["epoch"]: e for e in swarm.schedules()}
+    benched_at = min(n for n, e in epochs.items() if victim not in e["placement"])
+    back_at = min(n for n, e in epochs.items() if n > benched_at and victim in e["placement"])
+    assert all((victim in e["placement"]) == (not benched_at <= n < back_at) for n, e in epochs.items())
+    assert len(epochs) == 4 + sum(e["replanned"] for e in swarm.events("costs_drifted", who="coordinator"))
+    returns = epochs[back_at]["meta"]["start_iteration"]
+    without = [r for r in records if bench["iteration"] + 1 < r["iteration"] <= returns]
+    assert without and all(benched_at <= r["epoch"] < back_at for r in without)
+    back = [r for r in records if r["iteration"] > returns]
+    assert back and all(r["epoch"] >= back_at and victim not in r["left_out"] for r in back), back  # counted again
     placed = swarm.events("placed", who=who)
-    assert len(placed) == 2 and placed[1]["epoch"] == 3, placed  # it waited out its bench, then was placed again
+    assert len(placed) == 2 and placed[1]["epoch"] == back_at, placed  # it waited out its bench, then was placed again
     assert not swarm.events("stage_mended"), "a stage copy went apart"
     processed = processed_once(run_dir, records)
     assert processed and set(processed) == {1}, f"samples processed {dict(processed)} times"

@@ -49,18 +49,25 @@ def test_a_slow_relay_is_benched_from_its_pace_then_placed_again(tmp_path):
     replans = [(e["gone"], e["leaving"], e["joining"]) for e in swarm.events("replanned", who="coordinator")]
     out = ([], [victim], []) if alone else ([victim], [], [])
     assert replans[:1] == [out] and ([], [], [victim]) in replans[1:], replans
-    assert [victim in e["placement"] for e in epochs][:3] == [True, False, True], [e["placement"] for e in epochs]
+    # before its bench the paths may be re-planned around it on the same placement: throttled, it sends and answers
+    # slowly, so the links to and from it measure slow (`costs_drifted`)
+    out_at = next(i for i, e in enumerate(epochs) if victim not in e["placement"])
+    drifts = [e for e in swarm.events("costs_drifted", who="coordinator")
+              if e["replanned"] and e["time"] < bench["time"]]
+    assert out_at == 1 + len(drifts) and all(e["placement"] == placement for e in epochs[:out_at]), drifts
+    without, back = epochs[out_at], epochs[out_at + 1]
+    assert victim in back["placement"], [e["placement"] for e in epochs]
     if alone:  # a peer moved to its stage and took the stage's state over from it
         stage = placement[victim]
-        (mover,) = [p for p, st in epochs[1]["placement"].items() if st == stage]
-        assert epochs[1]["meta"]["handover"].get(mover) == victim
+        (mover,) = [p for p, st in without["placement"].items() if st == stage]
+        assert without["meta"]["handover"].get(mover) == victim
         handed = [e for e in swarm.events("state_sent", who=who) if e["why"] == "handover"]
         assert handed and handed[0]["to"] == [mover], handed
     (rejoined,) = [e for e in swarm.events("replanned", who="coordinator") if e["joining"] == [victim]]
     assert rejoined["time"] - bench["time"] >= BENCH_SECONDS  # it waited out its bench (iterations vary with load)
-    assert any(r["iteration"] > epochs[2]["meta"]["start_iteration"] for r in records)  # and served again
+    assert any(r["iteration"] > back["meta"]["start_iteration"] for r in records)  # and served again
     placed = swarm.events("placed", who=who)
-    assert len(placed) == 2 and placed[1]["epoch"] == epochs[2]["epoch"], placed
+    assert len(placed) == 2 and placed[1]["epoch"] == back["epoch"], placed
     assert not swarm.events("stage_mended"), "a stage copy went apart"
     processed = processed_once(tmp_path / "run", records)
     assert processed and set(processed) == {1}, f"samples processed {dict(processed)} times"
