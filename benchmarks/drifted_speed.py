@@ -37,10 +37,11 @@ from benchmarks.repetitions import (  # noqa: E402
     alternate,
     hold_window,
     print_ratios,
-    repetition_parser,
     run_config,
     save,
     summarize,
+    window_modes,
+    window_parser,
 )
 from benchmarks.sigterm import unwind_on_sigterm  # noqa: E402
 from benchmarks.slow_holder import window_figures  # noqa: E402
@@ -90,16 +91,11 @@ def run(args: argparse.Namespace, mode: str, index: int, root: Path) -> dict:
 
 def main() -> None:
     unwind_on_sigterm()
-    parser = repetition_parser(__doc__, MODES)
-    parser.add_argument("--minutes", type=float, default=2.5, help="the window measured from iteration 3 on")
+    parser = window_parser(__doc__, MODES, minutes=2.5, minutes_help="the window measured from iteration 3 on",
+                           emulate_speed=0.11, emulate_help="every peer's emulated seconds per layer")
     parser.add_argument("--drift", type=float, default=1.8, help="times slower than announced the victim runs")
-    parser.add_argument("--emulate-speed", type=float, default=0.11, help="every peer's emulated seconds per layer")
-    parser.add_argument("--microbatches", type=int, default=4, help="microbatches per holder (run.microbatches)")
     args = parser.parse_args()
-    modes = [m for m in args.modes.split(",") if m]
-    if set(modes) - set(MODES) or args.runs < 1 or args.minutes <= 0 or args.peers < 5 or not 1 < args.drift <= 100:
-        sys.exit(f"error: modes must be among {', '.join(MODES)}; --runs >= 1, --minutes > 0, --peers >= 5, "
-                 "1 < --drift <= 100")
+    modes = window_modes(args, MODES, min_peers=5, more_ok=1 < args.drift <= 100, more="1 < --drift <= 100")
     results = alternate(args, modes, run)
     median = summarize(results, modes, lambda mine: "victim's hops first/last epoch "
                        f"{[(r['victim_hops_first'], r['victim_hops_last']) for r in mine]}")

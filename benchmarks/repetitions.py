@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -53,6 +54,29 @@ def repetition_parser(doc: str | None, modes: Sequence[str]) -> argparse.Argumen
     parser.add_argument("--out", default=None, help="also write the results as JSON here")
     parser.add_argument("--keep", default=None, help="keep the run directories here (logs, events)")
     return parser
+
+
+def window_parser(doc: str | None, modes: Sequence[str], *, minutes: float, minutes_help: str,
+                  emulate_speed: float | None, emulate_help: str) -> argparse.ArgumentParser:
+    """`repetition_parser` with the options of a benchmark that measures a window of a local swarm started by
+    `run_config`: `--minutes` (the window), `--emulate-speed` (every peer's seconds per layer; None: real compute) and
+    `--microbatches` (per holder)."""
+    parser = repetition_parser(doc, modes)
+    parser.add_argument("--minutes", type=float, default=minutes, help=minutes_help)
+    parser.add_argument("--emulate-speed", type=float, default=emulate_speed, help=emulate_help)
+    parser.add_argument("--microbatches", type=int, default=4, help="microbatches per holder (run.microbatches)")
+    return parser
+
+
+def window_modes(args: argparse.Namespace, modes: Sequence[str], *, min_peers: int, more_ok: bool = True,
+                 more: str = "") -> list[str]:
+    """The modes `args.modes` asks for, once `window_parser`'s options are checked (and the benchmark's own:
+    `more_ok`, said as `more`); exits with the rules otherwise."""
+    chosen = [m for m in args.modes.split(",") if m]
+    if set(chosen) - set(modes) or args.runs < 1 or args.minutes <= 0 or args.peers < min_peers or not more_ok:
+        sys.exit(f"error: modes must be among {', '.join(modes)}; --runs >= 1, --minutes > 0, --peers >= {min_peers}"
+                 + (f", {more}" if more else ""))
+    return chosen
 
 
 def spread(values: list[float]) -> str:

@@ -51,11 +51,12 @@ from benchmarks.repetitions import (  # noqa: E402
     alternate,
     hold_window,
     print_ratios,
-    repetition_parser,
     run_config,
     save,
     spread,
     summarize,
+    window_modes,
+    window_parser,
 )
 from benchmarks.sigterm import unwind_on_sigterm  # noqa: E402
 from swarm.local.local_swarm import LocalSwarm  # noqa: E402
@@ -117,19 +118,16 @@ def run(args: argparse.Namespace, mode: str, index: int, root: Path) -> dict:
 
 def main() -> None:
     unwind_on_sigterm()
-    parser = repetition_parser(__doc__, MODES)
-    parser.add_argument("--minutes", type=float, default=2.0, help="the window measured after the throttle starts")
+    parser = window_parser(__doc__, MODES, minutes=2.0, minutes_help="the window measured after the throttle starts",
+                           emulate_speed=None,
+                           emulate_help="pad every peer's operations to this many seconds per layer (default: real "
+                                        "compute)")
     parser.add_argument("--running", type=float, default=0.05, help="seconds the slow holder runs per cycle")
     parser.add_argument("--stopped", type=float, default=0.95, help="seconds it is stopped per cycle")
-    parser.add_argument("--emulate-speed", type=float, default=None,
-                        help="pad every peer's operations to this many seconds per layer (default: real compute)")
-    parser.add_argument("--microbatches", type=int, default=4, help="microbatches per holder (run.microbatches)")
     parser.add_argument("--victim", choices=("holder", "relay"), default="holder",
                         help="throttle a data holder (default) or a peer of a later stage")
     args = parser.parse_args()
-    modes = [m for m in args.modes.split(",") if m]
-    if set(modes) - set(MODES) or args.runs < 1 or args.minutes <= 0 or args.peers < 4:
-        sys.exit(f"error: modes must be among {', '.join(MODES)}; --runs >= 1, --minutes > 0, --peers >= 4")
+    modes = window_modes(args, MODES, min_peers=4)
     results = alternate(args, modes, run)
     median = summarize(results, modes,
                        lambda mine: f"the slow holder left out of {spread([r['slow_left_out'] for r in mine])}")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from swarm.constants import LOOPBACK_HOST, MAX_ID_CHARS, PROBE_SAMPLE_SIZE
@@ -94,3 +94,10 @@ class PeerOptions:
     """Torch threads (None: this machine's cores shared among the peers registered in `host_registry`)."""
     host_registry: str | None = None
     """Directory of the host's live peers (`swarm.peer.host_share`); None: count this peer as alone."""
+
+    def link_delay(self) -> Callable[[str], float] | None:
+        """The transport's link emulation (`Transport(link_delay=...)`) from `link_latency`: a peer's one-way seconds,
+        0 for one it does not list; None without emulation. Looked up per message, so a `LatencyFile` rewritten
+        mid-run slows or speeds its links from the next one."""
+        table = self.link_latency
+        return None if table is None else (lambda peer: table.get(peer, 0.0))

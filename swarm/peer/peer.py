@@ -223,7 +223,6 @@ class Peer:
         self.members = Members(self.peer_id, o.run_id, o.token, self._issuers)
         if node.reachability == "public":  # it can be dialled: it relays members' streams too, as the coordinator
             node.start_forwarder(self.members.admits)
-        latency = o.link_latency if o.link_latency is not None else {}  # a `LatencyFile` follows its file
         data = self.config.data
         wire_shape = self.config.wire_activation_shape(self.model_config.dim)  # padded where emulation says so
         if wire_shape[0] > data.batch_size:
@@ -233,7 +232,7 @@ class Peer:
         self._transport = Transport(node.dht, {"hop": self.hops, "average": self.inbox.consumer("average"),
                                                 "state": self.inbox.consumer("state")}, run_id=o.run_id,
                                     expects=checks.expects, state_gate=checks.state_gate, admitted=self.members.admits,
-                                    link_delay=(lambda p: latency.get(p, 0.0)) if o.link_latency is not None else None,
+                                    link_delay=o.link_delay(),
                                     addresses=announced_addresses(lambda: getattr(self.succession, "announced", None),
                                                                   records.fetch_peers))
         node.watch_helpers()  # the transport's p2p client socket: the reaper removes it should this process be killed

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from swarm.local.emulated_network import EmulatedNetwork, LatencyFile, read_latency_file, unavailable_reason
+from swarm.peer.options import PeerOptions
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -97,6 +98,10 @@ def test_a_latency_file_rewritten_mid_run_is_read_again_and_a_bad_rewrite_keeps_
     assert table.get("A") == 1.5 and "the latencies in force are kept" in caplog.text
     with pytest.raises(ValueError, match="0-10"):
         LatencyFile(path)
+    # what a peer's transport waits: looked up per message, so a rewrite takes effect from the next one
+    delay = PeerOptions(initial_peers=(), identity_path="", run_id="r", link_latency=table).link_delay()
+    assert delay("A") == 1.5 and delay("C") == 0.0
+    assert PeerOptions(initial_peers=(), identity_path="", run_id="r").link_delay() is None
 
 
 def test_each_tag_gets_its_own_subnet_and_bad_tags_are_refused():
