@@ -87,7 +87,16 @@ def test_a_faulty_member_and_a_corrupting_relay_are_taken_out_and_the_run_comple
         assert [e["peer"] for e in gone_faulty] == [faulty], gone  # the faulty peer, once
         assert gone_faulty[0]["why"].startswith(
             "evicted: its stage 1 averaging input was refused as faulty by 2 members")
-        assert faulty not in swarm.schedule()["placement"]  # the last epoch plans without it
+        # every commit after the eviction leaves it out: its epoch plans without it, or the commit names it left out
+        # (an eviction in the same look as the last commit is followed by no new epoch: the run is over; seen in CI)
+        evicted_at = gone_faulty[0]["time"]
+        placements = {s["epoch"]: s["placement"] for s in swarm.schedules()}
+        after = [r for r in records if r["time"] > evicted_at]
+        assert all(faulty not in placements[r["epoch"]] or faulty in r["left_out"] for r in after), after
+        replanned = any(e["time"] >= evicted_at for e in swarm.events("replanned", who="coordinator"))
+        assert replanned or len(after) <= 1, after  # an iteration that starts after it is planned without it
+        if replanned:
+            assert faulty not in swarm.schedule()["placement"]
     else:  # the plan routed no microbatch through it: whatever it sent weighed nothing, and nobody was evicted
         assert cuts["peer-02"] and not gone_faulty, (cuts, gone)
     digests: dict[tuple[int, str], str] = {}
