@@ -3,7 +3,8 @@
 An event rides on a log record: ``logger.warning("...", ..., extra=event("stage_loaded", stage=2, source="peer"))``
 writes the human line as before and, where the process installed an `EventLog` (`--events FILE`), one JSON line
 ``{"time": ..., "node": ..., "event": "stage_loaded", "stage": 2, "source": "peer"}``. Event names are the
-`EVENTS` below, each with the fields it carries; `event` refuses any other, so a test can rely on them.
+`EVENTS` below, each with the fields it may carry (not every occasion has each); `event` refuses any other name or
+field, so a test can rely on them.
 """
 
 from __future__ import annotations
@@ -19,13 +20,14 @@ EVENTS: dict[str, tuple[str, ...]] = {
     # a peer's stage
     "placed": ("stage", "epoch", "iteration"),
     # source: "peer" (a same-stage peer's state), "handover" (the peer it replaces), "checkpoint" (its own),
-    # "blocks" (a neighbouring stage's decoder blocks, from_stage) or "own_blocks" (its old stage's, after a move)
-    "stage_loaded": ("stage", "source", "peer", "steps"),
+    # "blocks" (a neighbouring stage's decoder blocks, from_stage) or "own_blocks" (its old stage's, after a move);
+    # iteration: the checkpoint's
+    "stage_loaded": ("stage", "source", "peer", "steps", "from_stage", "iteration"),
     "moved": ("from_stage", "to_stage", "source", "restart"),
     # a joiner could not take its placement up: its stage's state did not come (it leaves the placement and asks
     # to be placed again), or a newer epoch placed it otherwise (`revised`: it starts on that one)
     "join_abandoned": ("stage", "epoch", "why", "revised"),
-    "state_sent": ("stage", "to", "why"),
+    "state_sent": ("stage", "to", "why", "delivered"),
     "left": ("epoch", "iteration"),
     "stopped": ("iteration", "why"),  # why: run finished, scheduler silent, asked to stop, iterations done
     "param_digest": ("iteration", "stage", "digest"),
@@ -56,7 +58,7 @@ EVENTS: dict[str, tuple[str, ...]] = {
     # averaging by parts: the two owners' means of a part differ (it goes to the fallback)
     "part_disputed": ("stage", "iteration", "part", "owners"),
     "state_refused": ("stage", "sender", "why"),
-    # the scheduler
+    # the scheduler; epoch: the newest one when it re-planned (the plan, once published, is the next)
     "replanned": ("epoch", "start_iteration", "gone", "leaving", "joining"),
     "joiner_placed": ("peer", "stage"),
     "shard_moved": ("shard", "source", "to"),
@@ -101,9 +103,12 @@ EVENT_ATTR = "skippipe_event"
 
 def event(name: str, **fields: Any) -> dict[str, Any]:
     """The `extra` of a log call that also records event `name` with `fields`; raises ValueError for an unknown
-    name (a typo would make the event invisible to whoever waits for it)."""
+    name or a field its `EVENTS` entry does not list (a typo would make the event, or the field, invisible to
+    whoever waits for it)."""
     if name not in EVENTS:
         raise ValueError(f"unknown event {name!r}; add it to swarm.events.EVENTS")
+    if unknown := set(fields) - set(EVENTS[name]):
+        raise ValueError(f"event {name!r} has no field {', '.join(sorted(unknown))}; add it to swarm.events.EVENTS")
     return {EVENT_ATTR: {"event": name, **fields}}
 
 

@@ -198,7 +198,8 @@ class Scheduler:
             self._restart_reports.progress(now)
         logger.warning("membership changed (gone: %s, leaving: %s, joining: %s): re-planning from iteration %d",
                        gone, draining, joining, start,
-                       extra=event("replanned", start_iteration=start, gone=gone, leaving=draining, joining=joining))
+                       extra=event("replanned", epoch=self.schedule.epoch, start_iteration=start, gone=gone,
+                                   leaving=draining, joining=joining))
         live = {p: r for p, r in peers.items() if (p in placement or p in joining) and p not in draining}
         published = self._replan(live, start=start, now=now, handing_over=draining)
         self._failed_replan = None if published else (change, now)
@@ -218,7 +219,8 @@ class Scheduler:
         start = self.completed + 1
         logger.info("SWARM-style planner: epoch %d has run %d iterations: rebalancing and rewiring from iteration %d",
                     latest.epoch, self.completed - int(latest.meta.get("start_iteration", 0)), start,
-                    extra=event("replanned", start_iteration=start, gone=[], leaving=[], joining=[]))
+                    extra=event("replanned", epoch=latest.epoch, start_iteration=start, gone=[], leaving=[],
+                                   joining=[]))
         return self._replan({p: r for p, r in peers.items() if p in latest.placement}, start=start, now=now)
 
     def _replan(self, peers: dict[str, PeerRecord], *, start: int, now: float,

@@ -1,13 +1,16 @@
 """Typed events ride on log records: an installed EventLog writes them as JSON lines, nothing else; unknown event
-names are refused at the call site; a torn last line is skipped when reading."""
+names and fields are refused at the call site (and every call site of the package is read for them); a torn last
+line is skipped when reading."""
 
 from __future__ import annotations
 
+import ast
 import logging
+from pathlib import Path
 
 import pytest
 
-from swarm.events import EventLog, event, read_events
+from swarm.events import EVENTS, EventLog, event, read_events
 
 
 def test_events_of_log_records_are_written_as_json_lines_and_read_back(tmp_path):
@@ -35,6 +38,29 @@ def test_events_of_log_records_are_written_as_json_lines_and_read_back(tmp_path)
 def test_an_unknown_event_name_is_refused():
     with pytest.raises(ValueError, match="unknown event 'stage_lodaed'"):
         event("stage_lodaed", stage=1)
+
+
+def test_a_field_the_event_does_not_list_is_refused_and_a_missing_one_is_not():
+    with pytest.raises(ValueError, match="event 'left' has no field iteraton"):
+        event("left", epoch=1, iteraton=2)
+    assert event("left", epoch=1)  # not every occasion has every field
+
+
+def test_every_event_the_code_records_uses_only_its_listed_fields():
+    """A static read of every `event("name", field=...)` call of the package: the refusal above happens only when
+    the call runs, and some run only on rare paths (a stage restored from a checkpoint)."""
+    root = Path(__file__).resolve().parents[2]
+    calls = []
+    for path in [*(root / "swarm").rglob("*.py"), *(root / "peers").rglob("*.py")]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "event" and node.args and \
+                    isinstance(node.args[0], ast.Constant):
+                calls.append((f"{path.relative_to(root)}:{node.lineno}", node.args[0].value,
+                              {k.arg for k in node.keywords if k.arg}))
+    assert len(calls) > 50
+    wrong = [(where, name, fields - set(EVENTS.get(name, ()))) for where, name, fields in calls
+             if name not in EVENTS or fields - set(EVENTS[name])]
+    assert not wrong, wrong
 
 
 def test_without_an_event_log_nothing_is_written(tmp_path):
