@@ -8,6 +8,13 @@ median of a link's last `SEND_WINDOW` sends is `OFF_RATIO` times off that predic
 `OFF_FLOOR` seconds at least, the link is due for a re-measurement now (`LinkWatch.sent`); the probe decides, so a
 send slowed by something else (a receiver whose inbox is full) costs one probe and changes nothing. A link
 re-measured is not due again for `RECHECK_SECONDS`, twice as long each time the probe found it unchanged.
+
+Where this peer sent recently on `MIN_OTHER_LINKS` other links or more, the link must also be `OFF_RATIO` times off
+what they ran at (the median of their sends over their predictions): a slowdown every link of the sender shares is
+the sender's own (its CPU, its uplink, a loaded host), which re-measuring its links one by one would turn into a
+table where the links probed lately look slower than the others, and re-plans chasing that (seen at 20 peers on 2
+cores: links probed at 10 ms and 10-35 MB/s re-measured at 30-65 ms and 3-13 MB/s, two re-plans in a run without
+churn).
 """
 
 from __future__ import annotations
@@ -30,10 +37,19 @@ OFF_FLOOR = 0.25
 """...and by this many seconds at least (a loopback link going from 2 to 20 ms is not worth a probe)."""
 RECHECK_SECONDS = 30.0
 """A link re-measured for its sends is not due again before this..."""
+MIN_OTHER_LINKS = 2
+"""Other links with a recent full window of sends that make the sender's usual pace (fewer: the prediction alone)."""
+RECENT_SECONDS = 60.0
+"""A link's last full window counts towards the sender's usual pace for this long."""
 MAX_RECHECK_SECONDS = 300.0
 """...doubled each time its re-measurement found it unchanged, up to this (the periodic refresh's period): sends
 slowed by their sender's own load (20 peers' transports on two cores) stay off while the probe finds the link as it
 was, and a probe every 30 s would add to that load for nothing."""
+
+
+def off(a: float, b: float) -> bool:
+    """Whether `a` and `b` (positive) are `OFF_RATIO` times apart, either way."""
+    return max(a, b) >= OFF_RATIO * min(a, b)
 
 
 def predicted_seconds(estimate: LinkEstimate, nbytes: int) -> float:
@@ -48,6 +64,9 @@ class SendTimes:
     def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self._sends: dict[str, deque[tuple[float, float]]] = {}
+        """Per link, its last sends since it was last due: (seconds taken, seconds predicted)."""
+        self._pace: dict[str, tuple[float, float]] = {}
+        """Per link, its last full window's sends over their predictions (the median), and when."""
         self._rechecked: dict[str, float] = {}
         self._wait: dict[str, float] = {}
         self._lock = threading.Lock()
@@ -62,18 +81,30 @@ class SendTimes:
         if not math.isfinite(predicted) or predicted <= 0:
             return False
         with self._lock:
+            now = self._clock()
             window = self._sends.setdefault(peer, deque(maxlen=SEND_WINDOW))
             window.append((seconds, predicted))
-            waited = self._clock() - self._rechecked.get(peer, -math.inf)
-            if len(window) < SEND_WINDOW or waited < self._wait.get(peer, RECHECK_SECONDS):
+            if len(window) < SEND_WINDOW:
+                return False
+            self._pace[peer] = (statistics.median(s / p for s, p in window), now)
+            if now - self._rechecked.get(peer, -math.inf) < self._wait.get(peer, RECHECK_SECONDS):
                 return False
             took = statistics.median(s for s, _ in window)
             expected = statistics.median(p for _, p in window)
-            if abs(took - expected) < OFF_FLOOR or max(took, expected) < OFF_RATIO * min(took, expected):
+            if abs(took - expected) < OFF_FLOOR or not off(took, expected):
                 return False
-            self._rechecked[peer] = self._clock()
+            usual = self._usual_pace(peer, now)
+            if usual is not None and not off(took, usual * expected):
+                return False  # as off as the sender's other links: its own load, not this link
+            self._rechecked[peer] = now
             window.clear()
             return True
+
+    def _usual_pace(self, peer: str, now: float) -> float | None:
+        """The median, over this sender's other links whose last full window of sends is recent, of those sends'
+        seconds over their predictions; None with fewer than `MIN_OTHER_LINKS` of them."""
+        paces = [pace for other, (pace, when) in self._pace.items() if other != peer and now - when <= RECENT_SECONDS]
+        return statistics.median(paces) if len(paces) >= MIN_OTHER_LINKS else None
 
     def remeasured(self, peer: str, changed: bool) -> None:
         """The link to `peer`, due, was re-measured: `changed` (the probe found it moved) keeps the next re-check

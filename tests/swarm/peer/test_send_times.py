@@ -1,6 +1,7 @@
 """A link's pipeline sends against its estimate: due for a re-measurement once the median of its last sends is
-far off the prediction either way, by a ratio and by seconds; not again soon after; nothing from one slow send, an
-unmeasured link or a nonsensical time."""
+far off the prediction either way, by a ratio and by seconds, and far off the sender's other links' pace; not again
+soon after; nothing from one slow send, an unmeasured link, a nonsensical time, or a slowdown all of the sender's
+links share."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from swarm.net.link_probe import LinkEstimate
 from swarm.peer.send_times import (
     MAX_RECHECK_SECONDS,
     OFF_RATIO,
+    RECENT_SECONDS,
     RECHECK_SECONDS,
     SEND_WINDOW,
     SendTimes,
@@ -97,3 +99,42 @@ def test_an_estimate_moved_by_half_again_either_way_in_latency_or_goodput_has_mo
     assert moved(LINK, LinkEstimate(latency_s=0.08, bytes_per_s=10e6))
     assert moved(LINK, LinkEstimate(latency_s=0.05, bytes_per_s=6e6))
     assert not moved(LINK, LinkEstimate(latency_s=0.07, bytes_per_s=7e6))
+
+
+def test_a_slowdown_every_link_of_the_sender_shares_is_its_own_and_makes_no_link_due():
+    times = SendTimes(clock=Clock())
+    loaded = 4 * 0.2  # every link 4x its prediction: the sender's host is loaded, not a link
+    for peer in ("a", "b"):
+        for _ in range(SEND_WINDOW):
+            times.due(peer, loaded, 1_000_000, LINK)  # (each due on its own: no other link had sends yet)
+    assert not any(times.due("c", loaded, 1_000_000, LINK) for _ in range(SEND_WINDOW))
+
+
+def test_a_link_slow_against_the_senders_other_links_is_due():
+    times = SendTimes(clock=Clock())
+    for peer in ("a", "b"):
+        assert not any(times.due(peer, 0.2, 1_000_000, LINK) for _ in range(SEND_WINDOW))
+    slow = OFF_RATIO * 0.2 + 0.01
+    assert [times.due("c", slow, 1_000_000, LINK) for _ in range(SEND_WINDOW)][-1]
+    # on a loaded sender (its other links 2x their predictions), the same link must be 3x their pace
+    loaded = SendTimes(clock=Clock())
+    for peer in ("a", "b"):
+        for _ in range(SEND_WINDOW):
+            loaded.due(peer, 0.4, 1_000_000, LINK)
+    assert not any(loaded.due("c", slow, 1_000_000, LINK) for _ in range(SEND_WINDOW))
+    assert [loaded.due("d", 3 * 0.4 + 0.01, 1_000_000, LINK) for _ in range(SEND_WINDOW)][-1]
+
+
+def test_with_one_other_link_or_stale_ones_the_prediction_alone_decides():
+    clock = Clock()
+    times = SendTimes(clock=clock)
+    loaded = 4 * 0.2
+    for _ in range(SEND_WINDOW):
+        times.due("a", loaded, 1_000_000, LINK)
+    assert [times.due("b", loaded, 1_000_000, LINK) for _ in range(SEND_WINDOW)][-1]  # one other link: not a pace
+    stale = SendTimes(clock=clock)
+    for peer in ("a", "b"):
+        for _ in range(SEND_WINDOW):
+            stale.due(peer, loaded, 1_000_000, LINK)
+    clock.now += RECENT_SECONDS + 1  # their sends are old: they say nothing of the sender's load now
+    assert [stale.due("c", loaded, 1_000_000, LINK) for _ in range(SEND_WINDOW)][-1]
