@@ -2,7 +2,8 @@
 
 Each peer gets a host of its own: a network namespace joined to one bridge by a veth pair. Bandwidth is shaped
 in the kernel: on every host's outgoing interface, an HTB class per destination host limits that directed link
-to the profile's bandwidth (traffic to the bridge itself, where the coordinator listens, is not shaped). This
+to the profile's bandwidth (traffic to the bridge itself, where the coordinator listens, is not shaped), and
+`set_bandwidth` reshapes one mid-run. This
 kernel has no `netem`, so latency is added by the peers' transport instead: each peer reads the one-way latency
 of its links from a file written here (`--emulate-latency`); the transport waits that long before each message
 (see `Transport(link_delay=...)`). Both only exist while an emulation runs; nothing is shaped otherwise.
@@ -55,7 +56,8 @@ class EmulatedNetwork:
     """
 
     def __init__(self, latency: np.ndarray, bandwidth: np.ndarray, *, tag: str | None = None) -> None:
-        latency, bandwidth = np.asarray(latency, dtype=float), np.asarray(bandwidth, dtype=float)
+        # bandwidth is copied: `set_bandwidth` changes it
+        latency, bandwidth = np.asarray(latency, dtype=float), np.array(bandwidth, dtype=float)
         n = latency.shape[0]
         if not 1 <= n <= 250 or latency.shape != (n, n) or bandwidth.shape != (n, n):
             raise ValueError(f"latency and bandwidth must be [n, n] with 1 <= n <= 250, got {latency.shape} and "
@@ -122,12 +124,28 @@ class EmulatedNetwork:
         for j in range(self.num_hosts):
             if j == i:
                 continue
-            rate = f"{max(8000, math.floor(self.bandwidth[i, j] * 8))}bit"
-            classid = f"1:{j + 10:x}"
-            run(*tc, "class", "add", "dev", "eth0", "parent", "1:", "classid", classid, "htb", "rate", rate,
-                 "ceil", rate, "quantum", "1514")
+            self._shape(i, j, "add")
             run(*tc, "filter", "add", "dev", "eth0", "parent", "1:", "protocol", "ip", "prio", "1", "u32",
-                 "match", "ip", "dst", f"{self.host(j)}/32", "flowid", classid)
+                 "match", "ip", "dst", f"{self.host(j)}/32", "flowid", f"1:{j + 10:x}")
+
+    def _shape(self, i: int, j: int, verb: str) -> None:
+        """`tc class add` or `change` of the directed link i -> j's class to `bandwidth[i, j]`."""
+        rate = f"{max(8000, math.floor(self.bandwidth[i, j] * 8))}bit"
+        run(*self.exec_prefix(i), "tc", "class", verb, "dev", "eth0", "parent", "1:", "classid", f"1:{j + 10:x}",
+            "htb", "rate", rate, "ceil", rate, "quantum", "1514")
+
+    def set_bandwidth(self, src: int, dst: int, bytes_per_second: float) -> None:
+        """Shape the directed link src -> dst to `bytes_per_second` from now on, connections open or not (a route
+        congested mid-run, a volunteer's upload taken by another job). The peers are not told: they find out from
+        their own sends, as on a real network."""
+        if not (0 <= src < self.num_hosts and 0 <= dst < self.num_hosts and src != dst):
+            raise ValueError(f"no link {src} -> {dst} among {self.num_hosts} hosts")
+        if not math.isfinite(bytes_per_second) or bytes_per_second < 1000:
+            raise ValueError(f"bandwidth must be finite and at least 1000 bytes/s, got {bytes_per_second}")
+        if self.namespace(src) not in self._namespaces:
+            raise RuntimeError("the network is not started")
+        self.bandwidth[src, dst] = bytes_per_second
+        self._shape(src, dst, "change")
 
     def stop(self) -> None:
         """Delete every namespace (with its interfaces and qdiscs) and the bridge (a Ctrl+C waits for it)."""

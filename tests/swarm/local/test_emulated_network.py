@@ -68,6 +68,25 @@ def test_links_are_shaped_per_direction_and_everything_is_removed():
     assert net.namespace(0) not in left and net.bridge not in left
 
 
+@pytest.mark.skipif(unavailable_reason() is not None, reason=str(unavailable_reason()))
+def test_a_link_reshaped_mid_run_takes_its_new_bandwidth_and_only_that_link():
+    mb = 1 << 20
+    net = EmulatedNetwork(np.zeros((2, 2)), np.full((2, 2), 40.0 * mb), tag="r" + str(int(time.time()) % 10000))
+    with pytest.raises(RuntimeError, match="not started"):
+        net.set_bandwidth(0, 1, 4 * mb)
+    with net:
+        before = goodput(net, 0, 1, 40)
+        net.set_bandwidth(0, 1, 4 * mb)
+        after, other = goodput(net, 0, 1, 8), goodput(net, 1, 0, 40)
+        for src, dst, rate in ((0, 0, 4 * mb), (0, 2, 4 * mb), (0, 1, 999), (0, 1, float("nan"))):
+            with pytest.raises(ValueError):
+                net.set_bandwidth(src, dst, rate)
+    assert before > 25 * mb
+    assert 0.7 * 4 * mb < after < 1.2 * 4 * mb
+    assert other > 25 * mb  # the way back keeps its class
+    assert net.bandwidth[0, 1] == 4 * mb
+
+
 def test_latency_files_round_trip_and_hostile_ones_are_refused(tmp_path):
     latency = np.array([[0, 0.05, 0.2], [0.05, 0, 0.1], [0.2, 0.1, 0]])
     net = EmulatedNetwork(latency, np.full((3, 3), 1e6))
