@@ -81,15 +81,17 @@ class LinkProber:
         self._probed_at: dict[str, int] = {}
         self._failed: set[str] = set()
 
-    def measure(self, peer_id: str) -> LinkEstimate:
-        """One raw measurement of the link to ``peer_id``; raises TransportError if it cannot be reached."""
-        pings = [self.transport.probe(peer_id, self.ping_bytes, timeout=self.timeout) for _ in range(_PINGS)]
+    def measure(self, peer_id: str, timeout: float | None = None) -> LinkEstimate:
+        """One raw measurement of the link to ``peer_id``, each probe waiting `timeout` (default: the prober's);
+        raises TransportError if it cannot be reached."""
+        timeout = self.timeout if timeout is None else timeout
+        pings = [self.transport.probe(peer_id, self.ping_bytes, timeout=timeout) for _ in range(_PINGS)]
         rtt = statistics.median(pings)
         if self.jitter is not None:
             self.jitter.observe(f"{peer_id}/probe", [p / 2 for p in pings])
 
         def goodput(size: int) -> float:
-            return size / max(self.transport.probe(peer_id, size, timeout=self.timeout) - rtt, 1e-6)
+            return size / max(self.transport.probe(peer_id, size, timeout=timeout) - rtt, 1e-6)
 
         first = min(PROBE_FIRST_BYTES, self.goodput_bytes)
         estimate = goodput(first)
@@ -114,13 +116,13 @@ class LinkProber:
                     self._failed.add(peer)          # this peer yet) or a timeout says nothing of the link
         return self.links()
 
-    def remeasure(self, peer_id: str) -> LinkEstimate:
+    def remeasure(self, peer_id: str, timeout: float | None = None) -> LinkEstimate:
         """Measure the link to ``peer_id`` now and take the measurement as its estimate, unsmoothed: called where the
         pipeline's own messages say the link changed (`swarm.peer.send_times`), a step the EWMA would follow over
         several rounds. Raises TransportError if it cannot be reached (the old estimate stays)."""
         self._round += 1
         self._probed_at[peer_id] = self._round
-        self._estimates[peer_id] = self.measure(peer_id)
+        self._estimates[peer_id] = self.measure(peer_id, timeout)
         self._failed.discard(peer_id)
         return self._estimates[peer_id]
 

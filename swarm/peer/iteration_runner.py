@@ -76,19 +76,23 @@ class IterationRunner:
     :param stopping: whether the run is stopping while this peer is asked to stop (no commit will come)
     :param threads: sizes torch's threads before each iteration (None: left as they are)
     :param checks: the transport's inbound checks (told whom a stray of its stage group takes state from)
+    :param unanswered: told of each peer a probe of this runner's found silent (`LinkWatch.suspect`)
     """
 
     def __init__(self, peer_id: str, run_id: str, config: RunConfig, *, inbox: Inbox, outbox: Outbox,
                  follower: ScheduleFollower, reports: Reports, clock: IterationClock, timeline: Timeline,
                  transport: Callable[[], Transport | None], stopping: Callable[[], bool],
                  averaging_deadline: float, checkpoint_dir: str | None = None, log_param_digest: bool = False,
-                 threads: ThreadShare | None = None, checks: InboundChecks | None = None) -> None:
+                 threads: ThreadShare | None = None, checks: InboundChecks | None = None,
+                 unanswered: Callable[[str], None] | None = None) -> None:
         self.peer_id, self.run_id, self.config = peer_id, run_id, config
         self.inbox, self.outbox, self.follower, self.reports = inbox, outbox, follower, reports
         self.clock, self.timeline = clock, timeline
         self._transport, self._stopping = transport, stopping
         self.averaging_deadline, self.checkpoint_dir = averaging_deadline, checkpoint_dir
         self.log_param_digest, self.threads, self.checks = log_param_digest, threads, checks
+        self._unanswered = unanswered
+        """Told of a peer that did not answer a probe (`LinkWatch.suspect`: dead, or its link congested)."""
         self.disproved: frozenset[str] = frozenset()
         """Relays whose report against another peer this peer found false in this epoch: gone around, so that one
         whose lie costs a stall limit costs it once per epoch, not every iteration (replaced, never mutated)."""
@@ -336,6 +340,8 @@ class IterationRunner:
         except TransportError as e:
             logger.warning("%s, which does not answer (%s): taking it for gone", why, e)
             self.note_unreachable(peer)
+            if self._unanswered is not None:
+                self._unanswered(peer)
             cut = transport.abandon(peer)
             if cut:
                 logger.warning("gave up on %d sends to %s", cut, peer)

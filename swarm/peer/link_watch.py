@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from swarm.events import event
 from swarm.net.link_probe import LinkProber
@@ -28,6 +28,11 @@ LINK_PROBE_PERIOD = 5.0
 NAT): each try may wait out a connection timeout."""
 LINK_REFRESH_PERIOD = 300.0
 """Seconds between two re-measurements of the stalest links."""
+SUSPECT_DELAY = 5.0
+"""Seconds a link whose peer did not answer a probe mid-hop waits before it is re-measured: a dead peer is declared
+gone by then (`gone`), and its re-measurement, which would wait out `SUSPECT_TIMEOUT`, is skipped."""
+SUSPECT_TIMEOUT = 10.0
+"""Seconds each probe of a suspect link's re-measurement waits (the background thread's other work waits on it)."""
 
 
 class LinkWatch:
@@ -37,17 +42,21 @@ class LinkWatch:
     :param skip: peers never probed (the coordinator runs no pipeline)
     :param measured: called from the background thread after a round measured a link it had not (the peer publishes
       its record at once rather than at its next heartbeat)
+    :param gone: the peers the scheduler declared gone (their suspect links are not re-measured)
     """
 
     def __init__(self, prober: LinkProber, peer_id: str, announced: Callable[[], dict[str, PeerRecord]], *,
-                 skip: frozenset[str] = frozenset(), measured: Callable[[], None] | None = None) -> None:
+                 skip: frozenset[str] = frozenset(), measured: Callable[[], None] | None = None,
+                 gone: Callable[[], Collection[str]] = frozenset) -> None:
         self.prober, self.peer_id, self._announced, self.skip = prober, peer_id, announced, skip
-        self._measured = measured
+        self._measured, self._gone = measured, gone
         self.links: dict[str, tuple[float, float]] = {}
         self.unreachable: tuple[str, ...] = ()
         """Peers its probes could not reach at their last try."""
         self.send_times = SendTimes()
         self._due: set[str] = set()
+        self._suspects: dict[str, float] = {}
+        """Peers that did not answer a probe mid-hop, by when (`suspect`)."""
         self._due_lock = threading.Lock()
 
     def sent(self, peer: str, seconds: float, nbytes: int) -> None:
@@ -58,15 +67,30 @@ class LinkWatch:
             with self._due_lock:
                 self._due.add(peer)
 
+    def suspect(self, peer: str) -> None:
+        """`peer` did not answer a probe while it held a microbatch (any thread): it is dead, or the link to it is so
+        congested that a byte waits behind what is queued on it, and this peer's pipeline now goes around it, so its
+        sends no longer tell which. Unless it is declared gone meanwhile, the link is re-measured `SUSPECT_DELAY` later
+        (at most once per `SendTimes` recheck wait) and published: a congested link then costs what it does, and the
+        paths are re-planned around it (the detour lasts only until the next epoch)."""
+        with self._due_lock:
+            self._suspects.setdefault(peer, time.monotonic())
+
     def remeasure_due(self) -> bool:
-        """Re-measure the links due for it (`sent`); True if an estimate changed."""
+        """Re-measure the links due for it (`sent`, `suspect`); True if an estimate changed."""
+        now, gone = time.monotonic(), set(self._gone())
         with self._due_lock:
             due, self._due = self._due, set()
+            ripe = {p for p, since in self._suspects.items() if now - since >= SUSPECT_DELAY}
+            self._suspects = {p: since for p, since in self._suspects.items() if p not in ripe}
+        suspects = {p for p in ripe - due - gone if self.send_times.claim(p)}
+        for peer in sorted(suspects):
+            logger.info("%s did not answer a probe mid-hop and is not declared gone: re-measuring the link", peer)
         changed = False
-        for peer in sorted(due):
+        for peer in sorted(due | suspects):
             before = self.prober.estimate(peer)
             try:
-                after = self.prober.remeasure(peer)
+                after = self.prober.remeasure(peer, SUSPECT_TIMEOUT if peer in suspects else None)
             except (TransportError, ConnectionError, WireError, TimeoutError) as e:
                 logger.warning("re-measuring the link to %s failed: %s", peer, e)
                 continue

@@ -248,7 +248,8 @@ class Peer:
                                       stopping=lambda: bool(self.departure and self.departure.no_commit_coming()),
                                       averaging_deadline=o.averaging_deadline, checks=checks,
                                       checkpoint_dir=o.checkpoint_dir, log_param_digest=o.log_param_digest,
-                                      threads=ThreadShare(o.threads, o.host_registry))
+                                      threads=ThreadShare(o.threads, o.host_registry),
+                                      unanswered=lambda p: self.links.suspect(p) if self.links is not None else None)
         node.start_gossip(bootstrap=spec.control_addrs, log_path=o.log_gossip)
         self.data = DataHolder.load(self.config.data, self.model_config.vocab_size, self.peer_id,
                                     data_paths=o.data_paths, ledger_path=o.ledger_path)
@@ -278,7 +279,7 @@ class Peer:
         self.links = LinkWatch(LinkProber(self._transport, sample_size=o.probe_sample, jitter=self.jitter,
                                           goodput_bytes=probe_bytes),
                                self.peer_id, announced, skip=frozenset({spec.coordinator}),
-                               measured=node.heartbeat.beat_now)
+                               measured=node.heartbeat.beat_now, gone=lambda: self.follower.gone)
         self.links.start(self._halt, self.follower.finished)
         self.succession.connect_control_plane(records.fetch_peers())
         self.succession.start(self._halt, dict(config=self.config, spec=spec, peer_id=self.peer_id, records=records,

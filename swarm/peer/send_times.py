@@ -100,6 +100,17 @@ class SendTimes:
             window.clear()
             return True
 
+    def claim(self, peer: str) -> bool:
+        """Whether the link to `peer` may be re-measured now for another sign than its sends (a probe of the peer
+        went unanswered while it was in the middle of a hop): not within its recheck wait; claimed, it waits again."""
+        with self._lock:
+            now = self._clock()
+            if now - self._rechecked.get(peer, -math.inf) < self._wait.get(peer, RECHECK_SECONDS):
+                return False
+            self._rechecked[peer] = now
+            self._sends.pop(peer, None)
+            return True
+
     def _usual_pace(self, peer: str, now: float) -> float | None:
         """The median, over this sender's other links whose last full window of sends is recent, of those sends'
         seconds over their predictions; None with fewer than `MIN_OTHER_LINKS` of them."""

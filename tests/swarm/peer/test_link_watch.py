@@ -1,6 +1,7 @@
 """A peer's link watch over a real transport: it measures the announced peers, says which it could not reach, and
 tries those again now and then (a peer still starting up is not written off); a newly announced peer is measured
-within a second or two, and the peer told so that it can publish its record at once."""
+within a second or two, and the peer told so that it can publish its record at once; a link whose sends run far off
+its estimate, or whose peer did not answer a probe mid-hop and is not declared gone, is re-measured."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import torch
 
 from swarm.events import EVENT_ATTR
 from swarm.net.link_probe import LinkProber
+from swarm.peer import link_watch
 from swarm.peer.link_watch import LINK_PROBE_PERIOD, LinkWatch
 from swarm.peer.mailbox import Inbox, Outbox
 from swarm.peer.send_times import SEND_WINDOW
@@ -98,3 +100,37 @@ def test_a_link_that_slows_under_the_pipelines_sends_is_re_measured_and_publishe
     (remeasured,) = [getattr(r, EVENT_ATTR) for r in caplog.records if getattr(r, EVENT_ATTR, {}).get("event")
                      == "link_remeasured"]
     assert remeasured["peer"] == remote.id and remeasured["now"][0] == latency
+
+
+def test_a_peer_silent_to_a_probe_mid_hop_has_its_link_re_measured_unless_declared_gone(local, remote, monkeypatch):
+    """A congested link: a byte waits behind what is queued on it, the probe mid-hop times out, the pipeline detours
+    around the peer and its sends no longer measure the link. Suspected, it is re-measured once the suspicion is
+    `SUSPECT_DELAY` old, and not again within the recheck wait; a suspect the scheduler declared gone meanwhile is
+    not probed at all (it would wait out a timeout)."""
+    monkeypatch.setattr(link_watch, "SUSPECT_DELAY", 0.3)
+    records = {remote.id: PeerRecord(peer_id=remote.id, stage=1, seconds_per_layer=0.01, memory_slots=2)}
+    gone: set[str] = set()
+    watch = LinkWatch(LinkProber(local, sample_size=4, goodput_bytes=2**16, rng=random.Random(0)), local.peer_id,
+                      lambda: records, gone=lambda: gone)
+    watch.probe()
+    before = watch.links[remote.id]
+    local.link_delay = lambda peer: 0.4 if peer == remote.id else 0.0
+    try:
+        watch.suspect(remote.id)
+        assert not watch.remeasure_due()  # not yet: a dead peer would be declared gone first
+        time.sleep(0.4)
+        assert watch.remeasure_due()
+        assert before[0] < 0.1 and 0.4 <= watch.links[remote.id][0] < 0.6
+        watch.suspect(remote.id)
+        time.sleep(0.4)
+        assert not watch.remeasure_due()  # re-measured a moment ago
+    finally:
+        local.link_delay = None
+    fresh = LinkWatch(LinkProber(local, sample_size=4, goodput_bytes=2**16, rng=random.Random(0)), local.peer_id,
+                      lambda: records, gone=lambda: gone)
+    fresh.probe()
+    measured = fresh.links[remote.id]
+    fresh.suspect(remote.id)
+    gone.add(remote.id)
+    time.sleep(0.4)
+    assert not fresh.remeasure_due() and fresh.links[remote.id] == measured

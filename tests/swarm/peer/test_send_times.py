@@ -138,3 +138,13 @@ def test_with_one_other_link_or_stale_ones_the_prediction_alone_decides():
             stale.due(peer, loaded, 1_000_000, LINK)
     clock.now += RECENT_SECONDS + 1  # their sends are old: they say nothing of the sender's load now
     assert [stale.due("c", loaded, 1_000_000, LINK) for _ in range(SEND_WINDOW)][-1]
+
+
+def test_a_claim_for_another_sign_respects_and_restarts_the_recheck_wait():
+    clock = Clock()
+    times = SendTimes(clock=clock)
+    assert times.claim("p") and not times.claim("p")  # claimed: it waits like a link due for its sends
+    slow = OFF_RATIO * 0.2 + 0.01
+    assert not any(times.due("p", slow, 1_000_000, LINK) for _ in range(SEND_WINDOW))
+    clock.now += RECHECK_SECONDS
+    assert times.claim("p")
