@@ -29,7 +29,7 @@ NAT): each try may wait out a connection timeout."""
 LINK_REFRESH_PERIOD = 300.0
 """Seconds between two re-measurements of the stalest links."""
 SUSPECT_DELAY = 5.0
-"""Seconds a link whose peer did not answer a probe mid-hop waits before it is re-measured: a dead peer is declared
+"""Seconds a link whose peer did not answer a probe waits before it is re-measured: a dead peer is declared
 gone by then (`gone`), and its re-measurement, which would wait out `SUSPECT_TIMEOUT`, is skipped."""
 SUSPECT_TIMEOUT = 10.0
 """Seconds each probe of a suspect link's re-measurement waits (the background thread's other work waits on it)."""
@@ -56,7 +56,7 @@ class LinkWatch:
         self.send_times = SendTimes()
         self._due: set[str] = set()
         self._suspects: dict[str, float] = {}
-        """Peers that did not answer a probe mid-hop, by when (`suspect`)."""
+        """Peers that did not answer a probe, by when (`suspect`)."""
         self._due_lock = threading.Lock()
 
     def sent(self, peer: str, seconds: float, nbytes: int) -> None:
@@ -68,11 +68,12 @@ class LinkWatch:
                 self._due.add(peer)
 
     def suspect(self, peer: str) -> None:
-        """`peer` did not answer a probe while it held a microbatch (any thread): it is dead, or the link to it is so
-        congested that a byte waits behind what is queued on it, and this peer's pipeline now goes around it, so its
-        sends no longer tell which. Unless it is declared gone meanwhile, the link is re-measured `SUSPECT_DELAY` later
-        (at most once per `SendTimes` recheck wait) and published: a congested link then costs what it does, and the
-        paths are re-planned around it (the detour lasts only until the next epoch)."""
+        """`peer` did not answer a probe (any thread; a microbatch or its averaging contribution was overdue): it is
+        dead, or the link to it is so congested that a byte waits behind what is queued on it, and this peer's
+        pipeline now goes around it, so its sends no longer tell which. Unless it is declared gone meanwhile, the link
+        is re-measured `SUSPECT_DELAY` later (at most once per `SendTimes` recheck wait) and published: a congested
+        link then costs what it does, and the paths are re-planned around it (the detour lasts only until the next
+        epoch)."""
         with self._due_lock:
             self._suspects.setdefault(peer, time.monotonic())
 
@@ -85,7 +86,7 @@ class LinkWatch:
             self._suspects = {p: since for p, since in self._suspects.items() if p not in ripe}
         suspects = {p for p in ripe - due - gone if self.send_times.claim(p)}
         for peer in sorted(suspects):
-            logger.info("%s did not answer a probe mid-hop and is not declared gone: re-measuring the link", peer)
+            logger.info("%s did not answer a probe and is not declared gone: re-measuring the link", peer)
         changed = False
         for peer in sorted(due | suspects):
             before = self.prober.estimate(peer)
