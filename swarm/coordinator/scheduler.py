@@ -213,14 +213,13 @@ class Scheduler:
         """The SWARM-style planner's periodic re-plan of a stable swarm, from the next iteration (as for a joiner):
         once the epoch in force has run `SWARM_REPLAN_ITERATIONS` iterations and no newer one is waiting."""
         latest = self.schedule
-        if self.config.planner != "swarm" or \
-                self.completed - int(latest.meta.get("start_iteration", 0)) < SWARM_REPLAN_ITERATIONS:
+        ran = self.completed - int(latest.meta.get("start_iteration", 0))
+        if self.config.planner != "swarm" or ran < SWARM_REPLAN_ITERATIONS:
             return []
         start = self.completed + 1
         logger.info("SWARM-style planner: epoch %d has run %d iterations: rebalancing and rewiring from iteration %d",
-                    latest.epoch, self.completed - int(latest.meta.get("start_iteration", 0)), start,
-                    extra=event("replanned", epoch=latest.epoch, start_iteration=start, gone=[], leaving=[],
-                                   joining=[]))
+                    latest.epoch, ran, start, extra=event("replanned", epoch=latest.epoch, start_iteration=start,
+                                                          gone=[], leaving=[], joining=[]))
         return self._replan({p: r for p, r in peers.items() if p in latest.placement}, start=start, now=now)
 
     def _replan(self, peers: dict[str, PeerRecord], *, start: int, now: float,
@@ -335,9 +334,8 @@ class Scheduler:
         if not self.epochs.ever_held(sender):
             logger.warning("ignored a progress report from %s: not a data holder of the schedule", sender)
             return []
-        # how quick its passes were, even in an iteration committed without it
-        self.slow.done(report, self.epochs.get(report.epoch), self.liveness.records.get(sender))
         holder = self.liveness.records.get(sender)
+        self.slow.done(report, self.epochs.get(report.epoch), holder)  # its passes' pace, even if committed without it
         why = self.commits.add(sender, report, own=self.epochs.shards_of(sender, report.epoch),
                                own_data=holder is not None and holder.data_holder, now=now)
         if why is not None:

@@ -79,12 +79,14 @@ class LinkWatch:
 
     def remeasure_due(self) -> bool:
         """Re-measure the links due for it (`sent`, `suspect`); True if an estimate changed."""
-        now, gone = time.monotonic(), set(self._gone())
+        now = time.monotonic()
         with self._due_lock:
             due, self._due = self._due, set()
             ripe = {p for p, since in self._suspects.items() if now - since >= SUSPECT_DELAY}
             self._suspects = {p: since for p, since in self._suspects.items() if p not in ripe}
-        suspects = {p for p in ripe - due - gone if self.send_times.claim(p)}
+        if ripe:  # (the declared gone are read only then: this runs every look)
+            ripe -= due | set(self._gone())
+        suspects = {p for p in ripe if self.send_times.claim(p)}
         for peer in sorted(suspects):
             logger.info("%s did not answer a probe and is not declared gone: re-measuring the link", peer)
         changed = False

@@ -258,8 +258,7 @@ class Peer:
             emulate_seconds_per_layer=o.emulate_seconds_per_layer)
         self.keeper = StageKeeper(self.peer_id, o, self.config, self.model_config, inbox=self.inbox,
                                   outbox=self.outbox, dht=lambda: node.dht, loss_seconds=self.loss_seconds,
-                                  checks=checks, state_timeout=o.state_timeout,
-                                  gone=lambda: self.follower.gone)
+                                  checks=checks, state_timeout=o.state_timeout, gone=lambda: self.follower.gone)
         node.start_heartbeat(self._record, period=self.config.heartbeat)  # with its proof of the join token
         self.succession = Succession(self.peer_id, records, node.gossip, self.follower, make_role=self._make_role,
                                      iteration=lambda: self.iteration, on_records=self.members.observe)
