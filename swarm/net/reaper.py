@@ -15,6 +15,9 @@ Contract:
   its parent, nor anything that was not the parent's descendant when it looked.
 - Helpers that clean up after their clients and then exit by themselves (``SELF_EXITING``: the multiprocessing
   resource tracker, torch's shared-memory manager) get that chance first, and are left alone on a clean stop.
+- The node's multiprocessing temporary directory (where its resource sharer listens, created whenever a descriptor is
+  first passed, maybe after the last scan) is made before the watchdog starts and named to it: after the node's death
+  the watchdog removes the dead sockets in it, and the directory once empty.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import multiprocessing.util
 import os
 import select
 import signal
@@ -143,11 +147,13 @@ class Reaper:
         self._stopped = False
 
     @classmethod
-    def start(cls, timeout: float = ACK_TIMEOUT) -> Reaper:
+    def start(cls, timeout: float = ACK_TIMEOUT, scan_interval: float = SCAN_INTERVAL) -> Reaper:
         """Spawn the watchdog for this process and return once it has listed this process's descendants (or after
-        ``timeout`` seconds, with a warning)."""
+        ``timeout`` seconds, with a warning); it scans again every ``scan_interval`` seconds and when asked."""
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [_ROOT, os.environ.get("PYTHONPATH")])))
-        proc = subprocess.Popen([sys.executable, "-m", "swarm.net.reaper", "--parent", str(os.getpid())],
+        temp_dir = multiprocessing.util.get_temp_dir()  # made now (removed at exit), so the watchdog knows it
+        proc = subprocess.Popen([sys.executable, "-m", "swarm.net.reaper", "--parent", str(os.getpid()),
+                                 "--mp-temp-dir", temp_dir, "--scan-interval", str(scan_interval)],
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None, bufsize=0, env=env,
                                 start_new_session=True)
         reaper = cls(proc)
@@ -296,8 +302,10 @@ def _terminate(procs: list[psutil.Process], grace: float) -> list[psutil.Process
 
 
 class _Watchdog:
-    def __init__(self, parent: int, scan_interval: float, grace: float) -> None:
+    def __init__(self, parent: int, scan_interval: float, grace: float, mp_temp_dir: str | None = None) -> None:
         self.parent_pid = parent
+        self.mp_temp_dir = mp_temp_dir
+        """The parent's multiprocessing temporary directory: its sockets may postdate the last scan."""
         self.parent = psutil.Process(parent)
         self.me = os.getpid()
         self.scan_interval = scan_interval
@@ -378,8 +386,7 @@ class _Watchdog:
         if not victims:
             logger.debug("%s: no helpers left", why)
             if not clean:
-                for path in sorted(self.parent_sockets):
-                    unlink_if_dead(path)
+                self.remove_parent_leftovers(set())
             return
         names = {pid: _cmdline(p) for pid, p in victims.items()}
         self_exiting = [p for pid, p in victims.items() if any(h in names[pid] for h in SELF_EXITING)]
@@ -387,7 +394,7 @@ class _Watchdog:
         if clean:  # those leave with their client, the parent
             victims = {p.pid: p for p in others}
             self_exiting = []
-        sockets = set().union(*(unix_socket_paths(pid) for pid in victims), set() if clean else self.parent_sockets)
+        sockets = set().union(*(unix_socket_paths(pid) for pid in victims))
         if others:
             log = logger.info if clean else logger.warning
             log("%s: stopping %s", why, ", ".join(f"{p.pid} ({names[p.pid][:60]})" for p in others))
@@ -396,8 +403,24 @@ class _Watchdog:
             stuck += _terminate(_wait_gone(self_exiting, self.grace), self.grace)
         if stuck:
             logger.error("could not stop %s", [p.pid for p in stuck])
+        if clean:
+            for path in sorted(sockets):
+                unlink_if_dead(path)
+        else:
+            self.remove_parent_leftovers(sockets)
+
+    def remove_parent_leftovers(self, sockets: set[str]) -> None:
+        """After the parent's death: unlink ``sockets``, the parent's own sockets of the last scan and those in its
+        multiprocessing temporary directory when nobody listens on them, then that directory if it is empty."""
+        sockets = sockets | self.parent_sockets
+        if self.mp_temp_dir is not None:
+            with contextlib.suppress(OSError):
+                sockets |= {str(p) for p in Path(self.mp_temp_dir).iterdir()}
         for path in sorted(sockets):
             unlink_if_dead(path)
+        if self.mp_temp_dir is not None:
+            with contextlib.suppress(OSError):  # gone already, or something else is still in it
+                os.rmdir(self.mp_temp_dir)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -405,6 +428,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parent", type=int, required=True, help="the node: must be this process's parent")
     parser.add_argument("--scan-interval", type=float, default=SCAN_INTERVAL, help="seconds")
     parser.add_argument("--grace", type=float, default=TERM_GRACE, help="seconds between SIGTERM and SIGKILL")
+    parser.add_argument("--mp-temp-dir", help="the parent's multiprocessing temporary directory, cleared on its death")
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
@@ -417,8 +441,11 @@ def main(argv: list[str] | None = None) -> int:
     if os.getppid() != args.parent:
         logger.error("parent %d is not this process's parent: exiting", args.parent)
         return 2
+    if args.mp_temp_dir is not None and not os.path.basename(args.mp_temp_dir).startswith(MP_TEMP_DIR_PREFIX):
+        logger.error("--mp-temp-dir %r is not a multiprocessing temporary directory: exiting", args.mp_temp_dir)
+        return 2
     try:
-        watchdog = _Watchdog(args.parent, args.scan_interval, args.grace)
+        watchdog = _Watchdog(args.parent, args.scan_interval, args.grace, args.mp_temp_dir)
     except psutil.Error as e:
         logger.error("cannot watch parent %d: %s", args.parent, e)
         return 2

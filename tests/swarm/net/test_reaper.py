@@ -67,6 +67,16 @@ print("stopped", reaper._proc.returncode, flush=True)
 time.sleep(600)
 """
 
+SHARER_NODE = """
+import socket, time
+from multiprocessing import resource_sharer, util
+from swarm.net.reaper import Reaper
+reaper = Reaper.start(scan_interval=600)  # no scan after this one: the listener below is never seen
+sock = socket.socket()
+shared = resource_sharer.DupFd(sock.fileno())  # multiprocessing's resource sharer listens in its temp dir now
+print("ready", reaper.pid, util.get_temp_dir(), flush=True)
+time.sleep(600)
+"""
 
 # ---- helpers ---------------------------------------------------------------------------------------------------
 def _start(code: str, tmp_path: Path, *args: str) -> subprocess.Popen:
@@ -150,6 +160,24 @@ def test_a_killed_owner_takes_its_dht_and_p2pd_along(tmp_path, order):
 
 
 @pytest.mark.timeout(60)
+def test_a_killed_owner_leaves_no_multiprocessing_directory_though_its_socket_came_after_the_last_scan(tmp_path):
+    node = _start(SHARER_NODE, tmp_path)
+    started = _tree(node.pid)
+    try:
+        _, watchdog_pid, temp_dir = _line(node, tmp_path, "ready")
+        started = _tree(node.pid)
+        sockets = [s for s in unix_socket_paths(node.pid) if Path(s).parent == Path(temp_dir)]
+        assert sockets, "the resource sharer did not listen in the temporary directory"
+        node.send_signal(signal.SIGKILL)
+        node.wait(10)
+        assert not _wait_gone([psutil.Process(int(watchdog_pid))], 15)
+        assert not os.path.exists(temp_dir), os.listdir(temp_dir)
+    finally:
+        _stop(started)
+        node.wait(10)
+
+
+@pytest.mark.timeout(60)
 def test_a_clean_stop_kills_nothing_else(tmp_path):
     sibling = subprocess.Popen(SLEEPER)  # not the node's descendant: must survive
     node = _start(HELPER_NODE, tmp_path)
@@ -218,3 +246,12 @@ def test_the_watchdog_refuses_a_parent_that_is_not_its_own():
     finally:
         _stop([psutil.Process(stranger.pid)])
         stranger.wait(10)
+
+
+@pytest.mark.timeout(30)
+def test_the_watchdog_refuses_a_directory_that_is_not_multiprocessings(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "swarm.net.reaper", "--parent", str(os.getpid()),
+                           "--mp-temp-dir", str(tmp_path)], stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                          timeout=20)
+    assert done.returncode == 2 and "not a multiprocessing temporary directory" in done.stderr
+    assert tmp_path.exists()
