@@ -259,10 +259,12 @@ class LocalSwarm:
         return [json.loads(f.read_text()) for f in files]
 
     def watch(self, iterations: int, *, metrics_path: str | Path | None = None, timeout: float = 600.0,
-              on_record: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
-        """Wait until `iterations` iterations are reported, or the coordinator exits, or every process of the swarm
-        has (fewer records then: the caller sees which are missing), calling `on_record` for each new one; raises if
-        a process fails or the run stalls past `timeout`."""
+              on_record: Callable[[dict[str, Any]], None] | None = None,
+              until: Callable[[list[dict[str, Any]]], bool] | None = None) -> list[dict[str, Any]]:
+        """Wait until `iterations` iterations are reported (or, sooner, `until` holds of the records after a new one
+        came), or the coordinator exits, or every process of the swarm has (fewer records then: the caller sees which
+        are missing), calling `on_record` for each new one; raises if a process fails or the run stalls past
+        `timeout`."""
         reported: list[dict[str, Any]] = []
         deadline = time.monotonic() + timeout
         while True:
@@ -273,8 +275,8 @@ class LocalSwarm:
                 if on_record:
                     on_record(r)
                 deadline = time.monotonic() + timeout
-            reported = records
-            if len(records) >= iterations:
+            came, reported = records[same:], records
+            if len(records) >= iterations or (came and until is not None and until(records)):
                 return records
             dead = [p for p in self.peers if p.poll() not in (None, 0) and p.returncode != -9]
             if dead:

@@ -19,7 +19,7 @@ from swarm.local.local_swarm import LocalSwarm
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
-ITERATIONS = 48  # the scenario's last step (the takeover) comes at ~25 here; the rest shows the run finish
+ITERATIONS = 36  # the scenario's last step (the takeover) comes at ~21-25 here; the rest shows the run finish
 PEERS = 8
 
 

@@ -21,8 +21,8 @@ from tests.swarm.test_late_holder import BENCH_SECONDS, processed_once, run_thro
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
 ITERATIONS = 30
-"""Enough for the relay's verdict (two slow reports), its bench (~1 s an iteration without it) and a few iterations
-after it is placed again."""
+"""The run's length: enough for the relay's verdict (two slow reports) and its bench (~10 iterations in all); the
+swarm is stopped a few iterations after it is placed again (`run_throttled_until_benched`)."""
 
 
 def last_of_its_stage_if_any(schedule: dict) -> str:
@@ -38,9 +38,11 @@ def test_a_slow_relay_is_benched_from_its_pace_then_placed_again(tmp_path):
     epochs = swarm.schedules()
     placement = epochs[0]["placement"]
     alone = Counter(placement.values())[placement[victim]] == 1
-    assert [r["iteration"] for r in records] == list(range(1, ITERATIONS + 1))
+    assert [r["iteration"] for r in records] == list(range(1, len(records) + 1))
     (bench,) = swarm.events("relay_benched", who="coordinator")
-    assert bench["peer"] == victim and bench["time"] - throttled_at < 60, bench
+    # within ~10 iterations: sooner where its paths are not re-planned first (a drift re-plan that routes around
+    # its slow links leaves it fewer passes to report, and on a loaded host delays the verdict past 60 s)
+    assert bench["peer"] == victim and bench["time"] - throttled_at < 90, bench
     assert not swarm.events("holder_share", who="coordinator"), "a holder was shared down for the relay's slowness"
     assert not swarm.events("holder_benched", who="coordinator")
     assert not swarm.events("declared_gone", who="coordinator"), "a live peer was taken for gone"
