@@ -176,7 +176,8 @@ class IterationRunner:
         self._averaging = (time.monotonic(), self.clock.averaging_overdue(schedule))
         round_ = None
         if self.config.averaging == "hivemind":
-            visits, heard = session.average_with_hivemind(len(group), self.averaging_deadline)
+            visits, heard = session.average_with_hivemind(len(group), self.averaging_deadline,
+                                                          left_out=self.peer_id in self.follower.left_out(iteration))
         else:
             average = average_by_parts if self.config.averaging == "parts" else average_stage_group
             round_ = average(me=self.peer_id, worker=worker, group=group, run_id=self.run_id, iteration=iteration,

@@ -66,26 +66,31 @@ class StageSession:
         """All-gather: the rounds this copy stepped with, chained (`swarm.stage_group.lineage`); empty until its
         first round (a new session takes its group's)."""
 
-    def average_with_hivemind(self, group_size: int, timeout: float) -> tuple[int, int]:
+    def average_with_hivemind(self, group_size: int, timeout: float, *, left_out: bool = False) -> tuple[int, int]:
         """The stage group's visit-weighted mean through hivemind's DecentralizedAverager: (visits, members heard).
 
         Its butterfly all-reduce hands each peer `local + (mean - local)`, so peers agree only up to float
         rounding (while every round is whole: `swarm.stage_group.hivemind_averager`); averaging in float64 keeps
-        that far below float32 resolution.
+        that far below float32 resolution. A member the commit left out (`left_out`: a holder whose draws went back,
+        to be drawn again) contributes nothing, weight 0 and zeros, and installs its group's mean, as in the
+        all-gather: its copy of the stage stays its group's, and its uncounted microbatches are not learnt twice.
         """
         from swarm.stage_group.hivemind_averager import StageAverager
 
         worker = self.worker
         sums = worker.gradient_sums()
         own, _ = mean_by_visits([flatten(sums).double()], [worker.visits])
+        weight = worker.visits
+        if left_out:
+            own, weight = torch.zeros_like(own), 0
         if group_size < 2:
-            worker.set_mean_gradients(unflatten(own, sums), worker.visits)
-            return worker.visits, 1
+            worker.set_mean_gradients(unflatten(own, sums), weight)
+            return weight, 1
         if self._averager is None:
             self._averager = StageAverager(self._dht(), run_id=self.run_id, stage=self.stage, tensors=[own],
                                            target_group_size=group_size, min_matchmaking_time=1.0,
                                            round_timeout=timeout)
-        result = self._averager.average([own], worker.visits, timeout=timeout, drifted=self.drifted)
+        result = self._averager.average([own], weight, timeout=timeout, drifted=self.drifted)
         worker.set_mean_gradients(unflatten(own, sums), round(result.total_weight))
         self.drifted = self.drifted or not result.averaged or result.received < 1.0
         self._resync_with = result.group_size if result.resync else 0

@@ -232,3 +232,36 @@ def session_peer(idx: int, initial_peers: list[str], barrier: Any, res_q: mp.Que
     finally:
         session.close()
         stop_dht(dht)
+
+
+def left_out_session_peer(idx: int, initial_peers: list[str], res_q: mp.Queue, left_out: bool) -> None:
+    """A member of stage 1's group (`StageSession` over a real worker, hivemind averaging) that runs `idx + 1`
+    microbatches of its own, then averages with its mate, `left_out` or not. Answers (its own mean gradient, the
+    gradient it installed, both as lists, and what the round returned: (visits, members heard))."""
+    mp.set_start_method("fork", force=True)  # hivemind's averager is an mp.Process that cannot be pickled
+    import hivemind
+    import torch
+
+    from peers.optim import OptimConfig
+    from peers.worker import StageWorker
+    from swarm.net.dht_shutdown import stop_dht
+    from swarm.peer.stage_session import StageSession
+    from tests.peers.peers_util import MICRO
+
+    dht = hivemind.DHT(initial_peers=initial_peers, host_maddrs=["/ip4/127.0.0.1/tcp/0"], start=True)
+    worker = StageWorker(f"p{idx}", 1, MICRO, (2, 2), OptimConfig(), seed=1)
+    session = StageSession(1, worker, run_id="run-left-out", dht=lambda: dht)
+    gen = torch.Generator().manual_seed(idx)
+    try:
+        for mb in range(idx + 1):
+            y = worker.forward(mb, torch.randn(2, 8, MICRO.dim, generator=gen))
+            worker.backward(mb, torch.randn(y.shape, generator=gen))
+        sums = worker.gradient_sums()
+        own = torch.cat([sums[name].flatten() for name in sorted(sums)]) / worker.visits
+        result = session.average_with_hivemind(2, timeout=30, left_out=left_out)
+        params = dict(worker.module.named_parameters())
+        installed = torch.cat([params[name].grad.flatten() for name in sorted(sums)])
+        res_q.put((idx, (own.tolist(), installed.tolist(), result)))
+    finally:
+        session.close()
+        stop_dht(dht)

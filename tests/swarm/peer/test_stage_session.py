@@ -1,5 +1,6 @@
 """StageSession with hivemind averaging: a member that stepped without a whole round says so at its next round, and
-the group then averages its whole state, so the copies of the stage agree again (two real processes)."""
+the group then averages its whole state, so the copies of the stage agree again; a member the commit left out
+contributes nothing and installs its group's mean (two real processes each)."""
 
 from __future__ import annotations
 
@@ -36,3 +37,25 @@ def test_a_member_that_stepped_alone_is_resynced_with_its_group_at_the_next_roun
     assert alone_resynced and mate_resynced, results  # its flag in the next round asked both for their whole state
     assert alone_after == mate_after  # weights and AdamW moments agree again, bit for bit
     assert not alone_drifted_after and not mate_drifted_after
+
+
+def test_a_member_the_commit_left_out_contributes_nothing_and_installs_its_groups_mean():
+    from tests.utils.swarm_workers import left_out_session_peer
+
+    dht = hivemind.DHT(host_maddrs=["/ip4/127.0.0.1/tcp/0"], start=True)
+    try:
+        res_q = mp.get_context("spawn").Queue()
+        maddrs = [str(m) for m in dht.get_visible_maddrs()]
+        procs = [spawn(left_out_session_peer, i, maddrs, res_q, i == 1) for i in range(2)]
+        try:
+            results = dict(res_q.get(timeout=100) for _ in range(2))
+        finally:
+            for p in procs:
+                join_or_stop(p, timeout=20)
+    finally:
+        stop_dht(dht)
+    (counted_own, counted_installed, counted_round), (_, left_installed, left_round) = results[0], results[1]
+    # the round weighs the counted member's one microbatch only, and both members install its mean gradient
+    assert counted_round == left_round == (1, 2), results
+    assert counted_installed == pytest.approx(counted_own, rel=1e-5, abs=1e-7)
+    assert left_installed == pytest.approx(counted_own, rel=1e-5, abs=1e-7)
