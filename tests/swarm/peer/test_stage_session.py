@@ -5,31 +5,39 @@ contributes nothing and installs its group's mean (two real processes each)."""
 from __future__ import annotations
 
 import multiprocessing as mp
+from collections.abc import Callable
+from typing import Any
 
 import hivemind
 import pytest
 
 from swarm.net.dht_shutdown import stop_dht
 from tests.utils.processes import join_or_stop, spawn
-from tests.utils.swarm_workers import session_peer
+from tests.utils.swarm_workers import left_out_session_peer, session_peer
 
 pytestmark = pytest.mark.timeout(120)
 
 
-def test_a_member_that_stepped_alone_is_resynced_with_its_group_at_the_next_round():
+def run_two_members(target: Callable[..., None], args: Callable[[int, list[str], Any], tuple]) -> dict[int, Any]:
+    """`target(*args(i, DHT addresses, answer queue))` for members 0 and 1 in processes of their own, over a fresh
+    hivemind DHT; their answers by index."""
     dht = hivemind.DHT(host_maddrs=["/ip4/127.0.0.1/tcp/0"], start=True)
     try:
-        ctx = mp.get_context("spawn")
-        barrier, res_q = ctx.Barrier(2), ctx.Queue()
+        res_q = mp.get_context("spawn").Queue()
         maddrs = [str(m) for m in dht.get_visible_maddrs()]
-        procs = [spawn(session_peer, i, maddrs, barrier, res_q, i == 0) for i in range(2)]
+        procs = [spawn(target, *args(i, maddrs, res_q)) for i in range(2)]
         try:
-            results = dict(res_q.get(timeout=100) for _ in range(2))
+            return dict(res_q.get(timeout=100) for _ in range(2))
         finally:
             for p in procs:
                 join_or_stop(p, timeout=20)
     finally:
         stop_dht(dht)
+
+
+def test_a_member_that_stepped_alone_is_resynced_with_its_group_at_the_next_round():
+    barrier = mp.get_context("spawn").Barrier(2)
+    results = run_two_members(session_peer, lambda i, maddrs, res_q: (i, maddrs, barrier, res_q, i == 0))
     (alone_digest, alone_drifted, _), (alone_after, alone_drifted_after, alone_resynced) = results[0]
     (mate_digest, mate_drifted, _), (mate_after, mate_drifted_after, mate_resynced) = results[1]
     assert alone_drifted and not mate_drifted, results  # it looked for its group and stepped on its own gradient
@@ -40,20 +48,7 @@ def test_a_member_that_stepped_alone_is_resynced_with_its_group_at_the_next_roun
 
 
 def test_a_member_the_commit_left_out_contributes_nothing_and_installs_its_groups_mean():
-    from tests.utils.swarm_workers import left_out_session_peer
-
-    dht = hivemind.DHT(host_maddrs=["/ip4/127.0.0.1/tcp/0"], start=True)
-    try:
-        res_q = mp.get_context("spawn").Queue()
-        maddrs = [str(m) for m in dht.get_visible_maddrs()]
-        procs = [spawn(left_out_session_peer, i, maddrs, res_q, i == 1) for i in range(2)]
-        try:
-            results = dict(res_q.get(timeout=100) for _ in range(2))
-        finally:
-            for p in procs:
-                join_or_stop(p, timeout=20)
-    finally:
-        stop_dht(dht)
+    results = run_two_members(left_out_session_peer, lambda i, maddrs, res_q: (i, maddrs, res_q, i == 1))
     (counted_own, counted_installed, counted_round), (_, left_installed, left_round) = results[0], results[1]
     # the round weighs the counted member's one microbatch only, and both members install its mean gradient
     assert counted_round == left_round == (1, 2), results
