@@ -79,10 +79,9 @@ class StageSession:
 
         worker = self.worker
         sums = worker.gradient_sums()
-        own, _ = mean_by_visits([flatten(sums).double()], [worker.visits])
-        weight = worker.visits
-        if left_out:
-            own, weight = torch.zeros_like(own), 0
+        flat = flatten(sums).double()
+        weight = 0 if left_out else worker.visits
+        own = torch.zeros_like(flat) if left_out else mean_by_visits([flat], [weight])[0]
         if group_size < 2:
             worker.set_mean_gradients(unflatten(own, sums), weight)
             return weight, 1

@@ -246,6 +246,7 @@ def left_out_session_peer(idx: int, initial_peers: list[str], res_q: mp.Queue, l
     from peers.worker import StageWorker
     from swarm.net.dht_shutdown import stop_dht
     from swarm.peer.stage_session import StageSession
+    from swarm.stage_group.allgather import flatten
     from tests.peers.peers_util import MICRO
 
     dht = hivemind.DHT(initial_peers=initial_peers, host_maddrs=["/ip4/127.0.0.1/tcp/0"], start=True)
@@ -257,10 +258,9 @@ def left_out_session_peer(idx: int, initial_peers: list[str], res_q: mp.Queue, l
             y = worker.forward(mb, torch.randn(2, 8, MICRO.dim, generator=gen))
             worker.backward(mb, torch.randn(y.shape, generator=gen))
         sums = worker.gradient_sums()
-        own = torch.cat([sums[name].flatten() for name in sorted(sums)]) / worker.visits
+        own = flatten(sums) / worker.visits
         result = session.average_with_hivemind(2, timeout=30, left_out=left_out)
-        params = dict(worker.module.named_parameters())
-        installed = torch.cat([params[name].grad.flatten() for name in sorted(sums)])
+        installed = flatten({name: p.grad for name, p in worker.module.named_parameters()})
         res_q.put((idx, (own.tolist(), installed.tolist(), result)))
     finally:
         session.close()
