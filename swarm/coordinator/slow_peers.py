@@ -89,7 +89,7 @@ class SlowPeers:
             stage = schedule.placement.get(p)
             if stage is None or p not in serving:
                 continue
-            why = "late at its smallest share" if stage == 0 else self.relays.why(p, schedule)
+            why = "late at its smallest share" if stage == 0 else self.relays.why(p)
             per_stage = Counter(st for q, st in schedule.placement.items() if q in serving)
             if per_stage[stage] < 2 and not (stage > 0 and any(n >= 2 for st, n in per_stage.items() if st > 0)):
                 logger.warning("%s is %s, but its stage %d has no other peer, nor can one be spared: it stays", p,

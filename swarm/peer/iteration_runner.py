@@ -153,12 +153,12 @@ class IterationRunner:
             forwards, backwards, seconds = self.timeline.compute_so_far()  # a holder computes in its pipeline only
             self.reports.done(iteration, schedule.epoch, result, data.shards.positions(),  # else: left out, late
                               operations=forwards + backwards, compute=seconds)
-        elif stage > 0:  # a relay: how quick its passes were, which no holder's report tells (`SlowRelays`)
-            forwards, backwards, seconds = self.timeline.compute_so_far()
-            self.reports.pace(iteration, schedule.epoch, forwards + backwards, seconds)
         waited = time.time()
         self._wait_for_commit(executor, schedule, iteration)
         self.timeline.record("commit", waited, time.time(), iteration=iteration)
+        if stage > 0:  # a relay: how quick its passes were, which no holder's report tells (`SlowRelays`); only a
+            forwards, backwards, seconds = self.timeline.compute_so_far()  # committed iteration's pace counts
+            self.reports.pace(iteration, schedule.epoch, forwards + backwards, seconds)
         for mb in worker.stashed:  # committed: every holder's microbatches finished, so these went another way
             logger.info("microbatch %d's stashed forward is dropped: it was re-queued around this peer", mb)
             worker.drop(mb)

@@ -26,52 +26,83 @@ def pace(peer: str, seconds_per_pass: float, iteration: int = 0, epoch: int = 0,
                 compute=seconds_per_pass * operations)
 
 
+def iteration_of(relays: SlowRelays, schedule: Schedule, iteration: int, seconds: dict[str, float],
+                 announced: float | dict[str, float] = 0.05) -> list[str]:
+    """Each relay of `seconds` reports its seconds per pass of `iteration`, in that order: the relays found slow."""
+    slow: list[str] = []
+    for p, s in seconds.items():
+        slow += relays.note(pace(p, s, iteration), schedule,
+                            announced=announced[p] if isinstance(announced, dict) else announced)
+    return slow
+
+
 def test_a_relay_slow_in_two_of_its_last_three_reports_is_slow_for_good_and_judged_afresh_after():
     relays, schedule = SlowRelays((2, 2, 2)), schedule_of(PLACEMENT)
-    for p in "bcd":
-        assert relays.note(pace(p, 0.2), schedule, announced=0.05) == []
-    assert relays.note(pace("a", 0.9), schedule, announced=0.05) == []  # one slow iteration is a hiccup
-    assert relays.note(pace("a", 0.2), schedule, announced=0.05) == []
-    assert relays.note(pace("a", 0.9), schedule, announced=0.05) == ["a"]
-    assert round(relays.slowdown("a", schedule), 2) == 4.5
-    assert relays.note(pace("a", 0.9), schedule, announced=0.05) == []  # its verdicts start over
-    assert relays.note(pace("a", 0.9), schedule, announced=0.05) == ["a"]
+    quick = {"b": 0.2, "c": 0.2, "d": 0.2}
+    assert iteration_of(relays, schedule, 0, {**quick, "a": 0.9}) == []  # one slow iteration is a hiccup
+    assert iteration_of(relays, schedule, 1, {**quick, "a": 0.2}) == []
+    assert iteration_of(relays, schedule, 2, {**quick, "a": 0.9}) == ["a"]
+    assert round(relays.slowdown("a"), 2) == 4.5 and "4.5x" in relays.why("a")
+    assert iteration_of(relays, schedule, 3, {**quick, "a": 0.9}) == []  # its verdicts start over
+    assert iteration_of(relays, schedule, 4, {**quick, "a": 0.9}) == ["a"]
     relays.forget(["a"])
-    assert relays.slowdown("a", schedule) == 0.0 and relays.note(pace("a", 0.9), schedule, announced=0.05) == []
+    assert relays.slowdown("a") == 0.0 and iteration_of(relays, schedule, 5, {**quick, "a": 0.9}) == []
+
+
+def test_a_relay_is_judged_against_the_others_reports_of_its_own_iteration():
+    """A burst of load slows every relay of the iterations it hits: a relay that reports first is not held against
+    the others' reports of a quieter iteration, and each waits for two others of its iteration."""
+    relays, schedule = SlowRelays((2, 2, 2)), schedule_of(PLACEMENT)
+    assert iteration_of(relays, schedule, 0, {"a": 0.2, "b": 0.2, "c": 0.2, "d": 0.2}) == []
+    for it in (1, 2, 3):  # loaded: all four 4x slower; c and d report first
+        assert iteration_of(relays, schedule, it, {"c": 0.8, "d": 0.8, "a": 0.8, "b": 0.8}) == []
+    # slow in its own iteration, it is judged once two others of it came, whichever order they come in
+    assert relays.note(pace("c", 0.9, 4), schedule, announced=0.05) == []
+    assert relays.note(pace("c", 0.9, 5), schedule, announced=0.05) == []
+    assert relays.note(pace("a", 0.2, 4), schedule, announced=0.05) == []
+    assert relays.note(pace("a", 0.2, 5), schedule, announced=0.05) == []
+    assert relays.note(pace("b", 0.2, 4), schedule, announced=0.05) == []  # c's first slow report
+    assert relays.note(pace("b", 0.2, 5), schedule, announced=0.05) == ["c"]
+    # a report too old to meet its iteration's others is not judged, nor kept
+    assert iteration_of(relays, schedule, 20, {"a": 0.2, "b": 0.2, "d": 0.2}) == []
+    assert iteration_of(relays, schedule, 6, {"a": 0.2, "b": 0.2, "d": 0.9}) == []
+    assert iteration_of(relays, schedule, 7, {"a": 0.2, "b": 0.2, "d": 0.9}) == []
 
 
 def test_a_relay_is_judged_slow_only_against_its_measured_and_its_announced_speed_both():
     relays, schedule = SlowRelays((2, 2, 2)), schedule_of(PLACEMENT)
-    for p in "bcd":
-        relays.note(pace(p, 0.2), schedule, announced=0.05)
+    quick = {"b": 0.2, "c": 0.2, "d": 0.2}
     # it announced a machine four times slower: the plan gave it its due, it is not slow for that
-    assert [relays.note(pace("a", 0.8), schedule, announced=0.2) for _ in range(3)] == [[], [], []]
+    announced = {"a": 0.2, "b": 0.05, "c": 0.05, "d": 0.05}
+    assert [iteration_of(relays, schedule, it, {**quick, "a": 0.8}, announced) for it in range(3)] == [[], [], []]
     # its announcement was measured on a quiet host: three times quicker than it runs now, as quick as the others
-    assert [relays.note(pace("a", 0.2), schedule, announced=0.015) for _ in range(3)] == [[], [], []]
+    announced = {**announced, "a": 0.015}
+    assert [iteration_of(relays, schedule, it, {**quick, "a": 0.2}, announced) for it in range(3, 6)] == [[]] * 3
     # the others run three times quicker than they announced; it runs as slow as it said it would (a slower machine)
-    quick = SlowRelays((2, 2, 2))
-    for p in "bcd":
-        quick.note(pace(p, 0.2), schedule, announced=0.3)
-    assert [quick.note(pace("a", 0.8), schedule, announced=0.4) for _ in range(3)] == [[], [], []]
+    quick_relays, announced = SlowRelays((2, 2, 2)), {"a": 0.4, "b": 0.3, "c": 0.3, "d": 0.3}
+    assert [iteration_of(quick_relays, schedule, it, {**quick, "a": 0.8}, announced) for it in range(3)] == [[]] * 3
     # three times slower than it said: slow
-    assert [quick.note(pace("a", 2.4), schedule, announced=0.4) for _ in range(2)] == [[], ["a"]]
+    assert [iteration_of(quick_relays, schedule, it, {**quick, "a": 2.4}, announced) for it in (3, 4)] == [[], ["a"]]
 
 
 def test_only_relays_of_the_reports_epoch_are_judged_and_against_two_others_at_least():
     relays = SlowRelays((2, 2, 2))
     lonely = schedule_of({"h0": 0, "a": 1, "b": 2})
-    relays.note(pace("b", 0.2), lonely, announced=0.05)
-    assert [relays.note(pace("a", 9.0), lonely, announced=0.05) for _ in range(3)] == [[], [], []]
+    assert [iteration_of(relays, lonely, it, {"b": 0.2, "a": 9.0}) for it in range(3)] == [[]] * 3
     schedule = schedule_of(PLACEMENT)
-    for p in "bcd":
-        relays.note(pace(p, 0.2), schedule, announced=0.05)
     # a data holder's passes carry the embedding and the loss; a peer the epoch does not place is nobody's relay
-    assert [relays.note(pace(p, 9.0), schedule, announced=0.05) for p in ("h0", "h0", "x", "x")] == [[]] * 4
+    assert [iteration_of(relays, schedule, it, {"b": 0.2, "c": 0.2, "d": 0.2, "h0": 9.0, "x": 9.0})
+            for it in range(10, 13)] == [[]] * 3
+    # an epoch's relays are not held against another epoch's of the same iteration
+    other = Schedule(epoch=1, rules=PathRules(3, 3), placement=PLACEMENT, memory=dict.fromkeys(PLACEMENT, 2),
+                     routes=())
+    for it in (13, 14):
+        iteration_of(relays, schedule, it, {"b": 0.2, "c": 0.2})
+        assert iteration_of(relays, other, it, {"a": 0.9, "d": 0.9}) == []
     # per layer: a pass of stage 2's three layers takes half as long again as one of stage 1's two
     uneven = SlowRelays((2, 2, 3))
-    for p in "abd":
-        uneven.note(pace(p, 0.2), schedule, announced=0.05)
-    assert [uneven.note(pace("c", 0.45), schedule, announced=0.05) for _ in range(3)] == [[], [], []]
+    assert [iteration_of(uneven, schedule, it, {"a": 0.2, "b": 0.2, "d": 0.2, "c": 0.45}) for it in range(3)] == \
+        [[]] * 3
 
 
 def report_paces(s: Scheduler, records: dict[str, PeerRecord], slow: set[str], t: float) -> list:
