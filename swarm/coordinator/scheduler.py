@@ -275,7 +275,7 @@ class Scheduler:
         elif isinstance(message, (Stuck, Unrecoverable)):
             return self._restart_iteration(sender, message, now)
         elif isinstance(message, Broken):
-            return self.suspicions.broken(sender, message, self.schedule, self.completed, now)
+            return self.suspicions.broken(sender, message, self.epochs, self.completed, now)
         elif isinstance(message, Pong):
             self.suspicions.pong(sender, message.nonce, now)
         elif isinstance(message, Unreachable):

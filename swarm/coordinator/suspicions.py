@@ -101,15 +101,20 @@ class Suspicions:
             return ping + self._estrange(sender, target, stage, now, bench=target)
         return ping
 
-    def broken(self, sender: str, report: Broken, schedule: Schedule | None, iteration: int,
-               now: float) -> list[Announce]:
-        """A microbatch of `iteration`, the one in progress, broke at a peer of the newest epoch `schedule` (its
-        holder re-queues it). The reporter's word is one report that the peer is unreachable: the peer is taken for
-        gone once that is corroborated (`UnreachableReports`: a second reporter, the scheduler's ping unanswered, or
-        its own heartbeat overdue), never on one word."""
-        suspect = report.gone
-        if schedule is None or sender not in schedule.placement or suspect not in schedule.placement or \
-                suspect in self.liveness.declared_gone or report.iteration != iteration:
+    def broken(self, sender: str, report: Broken, epochs: EpochHistory, iteration: int, now: float) -> list[Announce]:
+        """A microbatch of `iteration`, the one in progress, broke at a peer (its holder re-queues it). The reporter's
+        word is one report that the peer is unreachable: the peer is taken for gone once that is corroborated
+        (`UnreachableReports`: a second reporter, the scheduler's ping unanswered, or its own heartbeat overdue),
+        never on one word. The reporter is judged by the epoch its report names, the one running the iteration or
+        the newest (a re-plan published meanwhile may leave the reporter out; what broke on its paths is still
+        news), and the suspect must be placed in that epoch and in the newest (one the newest no longer places, a
+        peer told to sit out say, is planned around already: its mates' microbatches in flight through it say
+        nothing of its death)."""
+        suspect, newest, named = report.gone, epochs.latest, epochs.get(report.epoch)
+        if newest is None or named is None or named not in (newest, epochs.in_force(iteration)) or \
+                sender not in named.placement or suspect not in named.placement or \
+                suspect not in newest.placement or suspect in self.liveness.declared_gone or \
+                report.iteration != iteration:
             return []
         self.liveness.report_unreachable(sender, suspect, now)
         # the same iteration's microbatches broken at `suspect` by two peers, whatever the time between (its reruns
