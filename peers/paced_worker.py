@@ -70,3 +70,10 @@ class PacedWorker(StageWorker):
         out = super().backward(microbatch, grad, stage=stage, accumulate=accumulate)
         self._pad(start, BACKWARD_FACTOR * self.forward_seconds)
         return out
+
+    def unlearn(self, microbatch: int) -> bool:
+        start = time.perf_counter()
+        out = super().unlearn(microbatch)
+        if out:  # a forward recomputed and a backward
+            self._pad(start, (1 + BACKWARD_FACTOR) * self.forward_seconds)
+        return out

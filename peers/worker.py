@@ -115,6 +115,9 @@ class StageWorker:
         self.visits = 0
         """Microbatches whose backward completed here since the last step."""
         self._stash: dict[int, _Stash] = {}
+        self._learnt: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        """Stages 1..S-1: microbatch whose gradient is in the sum -> (its input, the gradient it brought back), kept
+        until the step so that it can be taken out again (`unlearn`)."""
         self._mean_installed: int | None = None
         self._unscaled = False
 
@@ -127,6 +130,11 @@ class StageWorker:
     def stashed(self) -> list[int]:
         """Microbatches awaiting their backward here."""
         return list(self._stash)
+
+    @property
+    def learnt(self) -> list[int]:
+        """Stages 1..S-1: microbatches whose gradient is in the sum since the last step (`unlearn` takes one out)."""
+        return list(self._learnt)
 
     def __repr__(self) -> str:
         return f"StageWorker(peer={self.peer_id}, stage={self.stage}, layers={self.module.layer_ids})"
@@ -201,7 +209,27 @@ class StageWorker:
         self._require(not self._unscaled, "gradients were already read for averaging; step() first")
         stash.output.backward(g.to(stash.output.dtype))
         self.visits += 1
-        return None if self.is_data_holder else stash.inputs.grad.detach()
+        if self.is_data_holder:
+            return None
+        self._learnt[microbatch] = (stash.inputs.detach(), g)
+        return stash.inputs.grad.detach()
+
+    def unlearn(self, microbatch: int) -> bool:
+        """Stages 1..S-1: take a microbatch's gradient back out of the sum, and its visit (its holder was left out
+        of the commit: the iteration counts none of its microbatches, and their samples are drawn and learnt again).
+        Its forward is recomputed from the input it came with and the gradient it brought is backpropagated negated,
+        so the sum is what it would be without it (up to rounding). True if it was in the sum."""
+        learnt = self._learnt.pop(microbatch, None)
+        if learnt is None:
+            return False
+        self._require(not self._unscaled and self._mean_installed is None,
+                      "gradients were already read or replaced for averaging; step() first")
+        x, g = learnt[0].requires_grad_(True), learnt[1]
+        with self._autocast():
+            out = self.module.run_layers(x)
+        out.backward(-g.to(out.dtype))
+        self.visits -= 1
+        return True
 
     def drop(self, microbatch: int) -> bool:
         """Forget a microbatch that will never come back (failed hop); True if it was stashed.
@@ -214,6 +242,7 @@ class StageWorker:
     def reset(self) -> None:
         """Abandon the iteration: forget every stashed microbatch and every accumulated gradient."""
         self._stash.clear()
+        self._learnt.clear()
         self.optimizer.zero_grad(set_to_none=True)
         self.visits, self._mean_installed, self._unscaled = 0, None, False
 
@@ -264,6 +293,7 @@ class StageWorker:
                 torch.nn.utils.clip_grad_norm_(params, self.optim_config.grad_clip)
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        self._learnt.clear()
         self.steps += 1
         self.visits, self._mean_installed, self._unscaled = 0, None, False
         return StepStats(step=self.steps, lr=lr, grad_norm=float(norm), visits=visits, skipped=skipped)

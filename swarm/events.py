@@ -43,6 +43,8 @@ EVENTS: dict[str, tuple[str, ...]] = {
     # a peer's pipeline
     "detoured": ("microbatch", "gone", "to", "to_stage"),
     "microbatch_broken": ("microbatch", "attempt", "why"),
+    # a relay took these microbatches of holders the commit left out back out of its gradient
+    "unlearnt": ("iteration", "microbatches"),
     # its sends to `peer` ran far off the link's estimate: re-measured ([latency s, bytes/s] before and after)
     "link_remeasured": ("peer", "was", "now"),
     # a relay reported this holder's microbatch broken at `accused`, which then served its next attempt

@@ -170,6 +170,7 @@ class IterationRunner:
                            "averaging or stepping", iteration)
             worker.reset()  # its gradients of the iteration go (its draws went back with the commit)
             return
+        self._unlearn_left_out(session, schedule, iteration)
         t1 = time.perf_counter()
         group = schedule.stage_peers(stage)
         self._probe_left_out(group, iteration)
@@ -310,6 +311,18 @@ class IterationRunner:
             if peer in group and peer not in self._probed:
                 self._probed.add(peer)
                 self._probe(peer, f"{peer} was left out of iteration {iteration}'s commit for being late")
+
+    def _unlearn_left_out(self, session: StageSession, schedule: Schedule, iteration: int) -> None:
+        """Take the microbatches of the holders the commit of `iteration` left out back out of this relay's gradient:
+        the iteration counts none of them, and their samples are drawn and learnt again (twice, otherwise, at this
+        stage). A left-out holder's own stage 0 takes nothing from it (it averages with weight 0)."""
+        left_out = self.follower.left_out(iteration)
+        origin = {r.microbatch: r.origin for r in schedule.routes}
+        taken = [mb for mb in session.worker.learnt if origin.get(mb) in left_out and session.worker.unlearn(mb)]
+        if taken:
+            logger.info("iteration %d: microbatches %s of holders the commit left out taken back out of stage %d's "
+                        "gradient", iteration, taken, session.stage,
+                        extra=event("unlearnt", iteration=iteration, microbatches=taken))
 
     def _late_mate(self, peer: str, seconds: float) -> None:
         """A stage mate's averaging contribution is late against its mates': probe it now, not an iteration in."""

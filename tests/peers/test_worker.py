@@ -169,3 +169,30 @@ def test_autocast_precisions_keep_fp32_activations_and_step(precision):
     assert loss > 0
     stats = head.step()
     assert not stats.skipped and stats.grad_norm > 0
+
+
+def test_an_unlearnt_microbatch_leaves_the_sum_and_the_visits_as_without_it():
+    """A relay takes a microbatch of a holder the commit left out back out: the sum is the other microbatches'
+    alone, up to rounding, and the step is theirs; one not in the sum, or asked twice, changes nothing."""
+    kept, xs, gs = worker(1), [act() for _ in range(3)], [torch.randn(2, 8, MICRO.dim) for _ in range(3)]
+    w = worker(1)
+    for i in (0, 2):
+        kept.forward(i, xs[i])
+        kept.backward(i, gs[i])
+    for i in range(3):
+        w.forward(i, xs[i])
+        w.backward(i, gs[i])
+    assert w.learnt == [0, 1, 2] and w.visits == 3
+    assert w.unlearn(1) and not w.unlearn(1) and not w.unlearn(7)
+    assert w.learnt == [0, 2] and w.visits == 2
+    expected, sums = kept.gradient_sums(), w.gradient_sums()
+    for name, value in sums.items():
+        assert torch.allclose(value, expected[name], atol=1e-5), name
+    w.set_mean_gradients(sums, 2)
+    with pytest.raises(WorkerError, match="replaced for averaging"):
+        w.unlearn(0)  # the group's mean is in: too late
+    assert w.step().visits == 2 and w.learnt == []
+    holder = worker(0)
+    back = holder.inject(0, torch.randint(0, MICRO.vocab_size, (2, 9)))
+    holder.loss(0, back)
+    assert holder.learnt == [] and not holder.unlearn(0)  # a holder's own microbatches end where they start

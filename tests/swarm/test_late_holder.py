@@ -184,5 +184,10 @@ def test_a_slow_holder_is_left_out_when_late_then_given_less_work_then_benched_t
     placed = swarm.events("placed", who=who)
     assert len(placed) == 2 and placed[1]["epoch"] == back_at, placed  # it waited out its bench, then was placed again
     assert not swarm.events("stage_mended"), "a stage copy went apart"
+    # what relays took back out of their gradients was the left-out holders' only (iterations: 0-based)
+    for e in [e for e in swarm.events("unlearnt") if e["iteration"] < len(records)]:
+        record = records[e["iteration"]]
+        origin = {r["microbatch"]: r["origin"] for r in epochs[record["epoch"]]["routes"]}
+        assert e["microbatches"] and {origin[mb] for mb in e["microbatches"]} <= set(record["left_out"]), e
     processed = processed_once(run_dir, records)
     assert processed and set(processed) == {1}, f"samples processed {dict(processed)} times"
