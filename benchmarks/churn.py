@@ -35,7 +35,8 @@ module per document) instead of the bundled corpus, which the tiny model memoris
 validation loss then climbs again, and "time to target" measures who memorises first).
 
 `--averaging parts` and `--average-dtype bfloat16` set the stage-group averaging (`swarm.averaging`,
-`swarm.average_dtype`) of every method alike; the defaults are the all-gather in float32.
+`swarm.average_dtype`) of every method alike; the defaults are the all-gather in float32. `--measured-speeds` has
+every method's plans take the speeds the peers' passes run at (`swarm.measured_speeds`, off by default).
 
 `--runs N` repeats the whole comparison N times (repetition r uses seed `--seed` + r: a new trace, the same for
 every method within it) and prints min / median / max over the repetitions. `--lock FILE` holds an flock on FILE
@@ -245,6 +246,7 @@ planner = "{method}"
 heartbeat = {args.heartbeat}
 average_dtype = "{args.average_dtype}"
 averaging = "{args.averaging}"
+measured_speeds = {str(args.measured_speeds).lower()}
 {data}"""
 
 
@@ -358,6 +360,8 @@ def main() -> None:
                         help="stage-group averaging (swarm.averaging), for every method alike")
     parser.add_argument("--average-dtype", choices=("float32", "bfloat16"), default="float32",
                         help="stage gradients on the wire (swarm.average_dtype), for every method alike")
+    parser.add_argument("--measured-speeds", action="store_true",
+                        help="plans take the speeds the peers' passes run at (swarm.measured_speeds), every method")
     parser.add_argument("--minutes", type=float, default=3.0, help="length of the measured window")
     parser.add_argument("--rate", type=float, default=0.1, help="failures per peer per minute")
     parser.add_argument("--rejoin", type=float, default=20.0, help="seconds until a dead peer is replaced")
@@ -435,7 +439,7 @@ def main() -> None:
 
 SETTING = ("peers", "stages", "minutes", "rate", "rejoin", "deaths", "corpus", "checkpoint_every", "val_batches")
 """The arguments that make two results files one benchmark (the seeds aside), with `LATER`."""
-LATER = {"heartbeat": 1.0, "averaging": "allgather", "average_dtype": "float32"}
+LATER = {"heartbeat": 1.0, "averaging": "allgather", "average_dtype": "float32", "measured_speeds": False}
 """Arguments that do too, by their value in files written before they were options."""
 
 
