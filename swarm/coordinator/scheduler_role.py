@@ -7,7 +7,10 @@ heartbeat it gossips that it is alive (`Alive`). Control messages reach it throu
 callback), into a bounded inbox that its `tick` drains; a full inbox drops the newest message with a warning, so
 a flood cannot grow memory.
 Both owners build it with the same constructor: the coordinator ticks it from the start (it plans the first
-epoch), a successor peer first calls `resume` with the epochs it knew.
+epoch), a successor peer first calls `resume` with the epochs it knew. The coordinator's role, finding the run gone
+on under a successor while it was away (`Overtaking`), stands down: it plans, commits and beats no more (it still
+admits joiners, as the run's certificate issuer), and is done once it hears the run is over (a successor's role
+gives itself back through its peer's follower instead, `Succession`).
 """
 
 from __future__ import annotations
@@ -23,13 +26,24 @@ from pathlib import Path
 from hivemind.utils import get_dht_time
 
 from scheduler.schedule import Schedule
-from swarm.constants import record_lifetime
+from swarm.constants import record_lifetime, silent_after
 from swarm.control.gossip import GossipClient, GossipMessage
 from swarm.control.membership import AdmissionPolicy
-from swarm.control.messages import Alive, ControlMessage, Join, ScheduleNotice, as_gossip, publish, received
+from swarm.control.messages import (
+    Alive,
+    ControlMessage,
+    Done,
+    Finished,
+    Join,
+    ScheduleNotice,
+    as_gossip,
+    publish,
+    received,
+)
 from swarm.control.records import SwarmRecords
 from swarm.coordinator.actions import Action, Announce, PublishSchedule, RecordIteration
 from swarm.coordinator.admission_desk import AdmissionDesk
+from swarm.coordinator.overtaking import Overtaking
 from swarm.coordinator.records_poller import Records, RecordsPoller
 from swarm.coordinator.scheduler import Scheduler
 from swarm.events import event
@@ -91,10 +105,19 @@ class SchedulerRole:
         self.poller = RecordsPoller(self._fetch, period=records_read_period(config.heartbeat))
         """Reads the records for `tick` (started by the first tick, stopped by `close`)."""
         self._next_beat = 0.0
+        self.overtaking = Overtaking()
+        self._last_tick: float | None = None
+        self._listen_until = 0.0
+        self._held: list[tuple[str, ControlMessage]] = []
+        """Control messages that came while the coordinator listened (`tick`), taken once it has."""
+        self.stood_down = False
+        """Whether the run went on under another scheduler while this one was away (`Overtaking`)."""
+        self._run_over = False
+        """Once stood down: whether the run's end was heard (`Finished`), or every peer's record is gone."""
 
     @property
     def done(self) -> bool:
-        return self.scheduler.done
+        return self.scheduler.done or self._run_over
 
     def deliver(self, msg: GossipMessage) -> None:
         """Hand the role a gossip message (any thread); a full inbox drops it."""
@@ -114,13 +137,37 @@ class SchedulerRole:
         the control messages that came meanwhile, then the pings whose answer is overdue (and the deaths declared
         meanwhile), then the data holders late against the others. It never waits on the DHT:
         a read that fails (it times out on a loaded host) or is slow (a silent node) skips a look, and no read is not
-        an empty swarm."""
+        an empty swarm. Back from longer away than a record lives (its host frozen or cut off), the coordinator
+        only listens for as long again (the messages that come wait) before it judges the records it missed, the
+        reports or the iteration it left: the run may have gone on under a successor (`Overtaking`)."""
+        now = time.monotonic()
+        away = self._last_tick is not None and now - self._last_tick > silent_after(self.config.heartbeat)
+        if away and self.peer_id == self.spec.coordinator:
+            self._listen_until = now + silent_after(self.config.heartbeat)
+            logger.warning("this coordinator was away for %.0f s: it listens for %.0f s before it decides anything "
+                           "(a successor may have taken over)", now - self._last_tick,
+                           silent_after(self.config.heartbeat))
+        self._last_tick = now
+        listening = now < self._listen_until
         records = self.poller.start().take()
-        if records is not None:
+        if self.stood_down:  # it plans, commits and beats no more; it still admits joiners (the run's issuer)
+            if records is not None:
+                self._members(records)
+                self._run_over = self._run_over or not set(records) - {self.peer_id}  # every peer left
+            self._drain(TICK_WAIT)
+            return
+        if records is not None and not listening:
             self._carry_out(self.scheduler.observe(self._members(records), time.monotonic()))
+        if not listening and self._held:  # it listened, and nothing said the run went on without it
+            held, self._held = self._held, []
+            for sender, message in held:
+                self._take(sender, message)
         self._drain(TICK_WAIT)
-        self._carry_out(self.scheduler.check_pings(time.monotonic()))
-        self._carry_out(self.scheduler.check_late_holders(time.monotonic()))
+        if self.stood_down:
+            return
+        if not listening:
+            self._carry_out(self.scheduler.check_pings(time.monotonic()))
+            self._carry_out(self.scheduler.check_late_holders(time.monotonic()))
         self._beat(time.monotonic())
 
     def _beat(self, now: float) -> None:
@@ -140,7 +187,7 @@ class SchedulerRole:
     def finish(self, stop: threading.Event) -> None:
         """Tell the peers the run is over, if it is (see `Scheduler.closing`); after its last iteration, stay on
         the control plane until the peers have taken the last commit and left."""
-        message = self.scheduler.closing(stop.is_set())
+        message = None if self.stood_down else self.scheduler.closing(stop.is_set())
         if message is None:
             return
         logger.info("run %s %s after %d iterations", self.config.run_id,
@@ -193,19 +240,43 @@ class SchedulerRole:
                 logger.warning("ignored a control message from %s: %s", msg.sender, e,
                                extra=event("ignored_control", sender=msg.sender, kind="malformed", why=str(e)))
             else:
-                if isinstance(message, Join) and message.peer == msg.sender:
-                    refusal = self.desk.answer_join(message, get_dht_time())
-                    if refusal is not None:
-                        self._announce(refusal)
-                try:
-                    self._carry_out(self.scheduler.handle(msg.sender, message, time.monotonic()))
-                except Exception:  # one message must never take the scheduler down: logged and dropped
-                    logger.exception("dropped a %s from %s: handling it failed", type(message).__name__,
-                                     msg.sender)
+                self._take(msg.sender, message)
             try:
                 msg = self._inbox.get_nowait()
             except queue.Empty:
                 return
+
+    def _take(self, sender: str, message: ControlMessage) -> None:
+        """Act on one control message from `sender` (once stood down: answer joins, and hear whether the run is
+        over)."""
+        if isinstance(message, Join) and message.peer == sender:
+            refusal = self.desk.answer_join(message, get_dht_time())
+            if refusal is not None:
+                self._announce(refusal)
+        if self.stood_down:  # the run's end, from a peer it placed (its successor is one)
+            placed = self.scheduler.schedule is not None and sender in self.scheduler.schedule.placement
+            self._run_over = self._run_over or (isinstance(message, Finished) and placed)
+            return
+        if isinstance(message, Done) and self.peer_id == self.spec.coordinator and \
+                self.overtaking.note(sender, message, self.scheduler.schedule, self.scheduler.completed):
+            self._stand_down()
+            return
+        if time.monotonic() < self._listen_until:  # back from away: what it would decide on this waits
+            if len(self._held) < INBOX_SIZE:
+                self._held.append((sender, message))
+            return
+        try:
+            self._carry_out(self.scheduler.handle(sender, message, time.monotonic()))
+        except Exception:  # one message must never take the scheduler down: logged and dropped
+            logger.exception("dropped a %s from %s: handling it failed", type(message).__name__, sender)
+
+    def _stand_down(self) -> None:
+        completed = self.scheduler.completed
+        logger.warning("the run went on without this coordinator: most of its peers report iterations past %d, its "
+                       "iteration in progress (a successor took over while it was away); it stands down rather than "
+                       "compete, and stays on the control plane (DHT, gossip) until the run is over",
+                       completed, extra=event("scheduler_stood_down", iteration=completed))
+        self.stood_down, self._held = True, []
 
     # ---- actions ------------------------------------------------------------------------------------
     def _carry_out(self, actions: list[Action]) -> None:
