@@ -43,6 +43,7 @@ from swarm.control.messages import (
 from swarm.control.records import SwarmRecords
 from swarm.coordinator.actions import Action, Announce, PublishSchedule, RecordIteration
 from swarm.coordinator.admission_desk import AdmissionDesk
+from swarm.coordinator.away_watch import AwayWatch
 from swarm.coordinator.overtaking import Overtaking
 from swarm.coordinator.records_poller import Records, RecordsPoller
 from swarm.coordinator.scheduler import Scheduler
@@ -106,7 +107,8 @@ class SchedulerRole:
         """Reads the records for `tick` (started by the first tick, stopped by `close`)."""
         self._next_beat = 0.0
         self.overtaking = Overtaking()
-        self._last_tick: float | None = None
+        self.away = AwayWatch(silent_after(config.heartbeat))
+        """Whether this process was not run at all for longer than a record lives (started by the first tick)."""
         self._listen_until = 0.0
         self._held: list[tuple[str, ControlMessage]] = []
         """Control messages that came while the coordinator listened (`tick`), taken once it has."""
@@ -137,17 +139,15 @@ class SchedulerRole:
         the control messages that came meanwhile, then the pings whose answer is overdue (and the deaths declared
         meanwhile), then the data holders late against the others. It never waits on the DHT:
         a read that fails (it times out on a loaded host) or is slow (a silent node) skips a look, and no read is not
-        an empty swarm. Back from longer away than a record lives (its host frozen or cut off), the coordinator
-        only listens for as long again (the messages that come wait) before it judges the records it missed, the
-        reports or the iteration it left: the run may have gone on under a successor (`Overtaking`)."""
-        now = time.monotonic()
-        away = self._last_tick is not None and now - self._last_tick > silent_after(self.config.heartbeat)
+        an empty swarm. Back from longer away than a record lives (its host frozen or cut off: `AwayWatch`, not a
+        slow step of its own), the coordinator only listens for as long again (the messages that come wait) before
+        it judges the records it missed, the reports or the iteration it left: the run may have gone on under a
+        successor (`Overtaking`)."""
+        now, away = time.monotonic(), self.away.start().take()
         if away and self.peer_id == self.spec.coordinator:
             self._listen_until = now + silent_after(self.config.heartbeat)
             logger.warning("this coordinator was away for %.0f s: it listens for %.0f s before it decides anything "
-                           "(a successor may have taken over)", now - self._last_tick,
-                           silent_after(self.config.heartbeat))
-        self._last_tick = now
+                           "(a successor may have taken over)", away, silent_after(self.config.heartbeat))
         listening = now < self._listen_until
         records = self.poller.start().take()
         if self.stood_down:  # it plans, commits and beats no more; it still admits joiners (the run's issuer)
@@ -181,8 +181,9 @@ class SchedulerRole:
         self._announce(Alive(epoch=schedule.epoch, iteration=self.scheduler.completed))
 
     def close(self) -> None:
-        """Stop reading the records (the owner's loop is over)."""
+        """Stop reading the records and watching the clock (the owner's loop is over)."""
         self.poller.stop()
+        self.away.stop()
 
     def finish(self, stop: threading.Event) -> None:
         """Tell the peers the run is over, if it is (see `Scheduler.closing`); after its last iteration, stay on
