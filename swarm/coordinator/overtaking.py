@@ -23,7 +23,7 @@ class Overtaking:
 
     def __init__(self) -> None:
         self._furthest: dict[str, int] = {}
-        """Holder -> the furthest iteration it reported."""
+        """Peer of the newest epoch -> the furthest iteration it reported."""
 
     def note(self, sender: str, report: Done, schedule: Schedule | None, completed: int) -> bool:
         """`sender`'s `done`, this scheduler's newest epoch being `schedule` and its iteration in progress

@@ -106,9 +106,13 @@ class SchedulerRole:
         self.poller = RecordsPoller(self._fetch, period=records_read_period(config.heartbeat))
         """Reads the records for `tick` (started by the first tick, stopped by `close`)."""
         self._next_beat = 0.0
+        self._coordinator = peer_id == spec.coordinator
+        """Whether this is the coordinator's role, the one that stands down when it finds itself overtaken (a
+        successor's gives itself back through its peer's follower)."""
         self.overtaking = Overtaking()
         self.away = AwayWatch(silent_after(config.heartbeat))
-        """Whether this process was not run at all for longer than a record lives (started by the first tick)."""
+        """Whether this process was not run at all for longer than a record lives (the coordinator's: started by
+        its first tick)."""
         self._listen_until = 0.0
         self._held: list[tuple[str, ControlMessage]] = []
         """Control messages that came while the coordinator listened (`tick`), taken once it has."""
@@ -143,8 +147,8 @@ class SchedulerRole:
         slow step of its own), the coordinator only listens for as long again (the messages that come wait) before
         it judges the records it missed, the reports or the iteration it left: the run may have gone on under a
         successor (`Overtaking`)."""
-        now, away = time.monotonic(), self.away.start().take()
-        if away and self.peer_id == self.spec.coordinator:
+        now, away = time.monotonic(), self.away.start().take() if self._coordinator else 0.0
+        if away:
             self._listen_until = now + silent_after(self.config.heartbeat)
             logger.warning("this coordinator was away for %.0f s: it listens for %.0f s before it decides anything "
                            "(a successor may have taken over)", away, silent_after(self.config.heartbeat))
@@ -258,13 +262,16 @@ class SchedulerRole:
             placed = self.scheduler.schedule is not None and sender in self.scheduler.schedule.placement
             self._run_over = self._run_over or (isinstance(message, Finished) and placed)
             return
-        if isinstance(message, Done) and self.peer_id == self.spec.coordinator and \
+        if isinstance(message, Done) and self._coordinator and \
                 self.overtaking.note(sender, message, self.scheduler.schedule, self.scheduler.completed):
             self._stand_down()
             return
         if time.monotonic() < self._listen_until:  # back from away: what it would decide on this waits
             if len(self._held) < INBOX_SIZE:
                 self._held.append((sender, message))
+            else:
+                logger.warning("the coordinator listens, and holds %d messages already: dropped a %s from %s",
+                               INBOX_SIZE, type(message).__name__, sender)
             return
         try:
             self._carry_out(self.scheduler.handle(sender, message, time.monotonic()))

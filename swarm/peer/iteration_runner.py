@@ -317,6 +317,8 @@ class IterationRunner:
         the iteration counts none of them, and their samples are drawn and learnt again (twice, otherwise, at this
         stage). A left-out holder's own stage 0 takes nothing from it (it averages with weight 0)."""
         left_out = self.follower.left_out(iteration)
+        if not left_out or not session.worker.learnt:  # most commits leave nobody out
+            return
         origin = {r.microbatch: r.origin for r in schedule.routes}
         taken = [mb for mb in session.worker.learnt if origin.get(mb) in left_out and session.worker.unlearn(mb)]
         if taken:
