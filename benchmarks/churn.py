@@ -13,7 +13,11 @@ their size on average). Deaths alternate between the kinds of `--deaths` (seeded
 - `freeze`: SIGSTOP of the whole tree (peer, p2pd, DHT process, gossip sidecar): a host that dies silently,
   nothing is reset and only timeouts tell. It stays frozen to the end of the run (then it is killed).
 
-Throughput is the tokens of the iterations committed within the window over its length. The churn run starts from
+Throughput is the tokens committed within the window over its length, the window's edges interpolated between
+the commits either side (`benchmarks/throughput_window.py`: counting whole iterations moved a 20-peer window's
+figure by 7-10% with where its end fell); the run goes on after the window until its next commit (at most
+`TAIL_TIMEOUT` seconds) so that the iteration in progress at the end is counted for its share. The figure by whole
+iterations is reported too (`tokens_per_s_whole`), as earlier results were. The churn run starts from
 the plan its churn-free run drew (`--first-schedule`): each run plans on the links it measures, and two plans of
 one method can differ by more than the churn costs. The data holders' ledgers are checked as well: every sample
 handed out must have been processed exactly once. Each run also records how fast the machine computed in each
@@ -68,6 +72,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.compute_speed import compute_ms, speed_ratio  # noqa: E402
 from benchmarks.sigterm import unwind_on_sigterm  # noqa: E402
 from benchmarks.stdlib_corpus import write_stdlib_corpus  # noqa: E402
+from benchmarks.throughput_window import whole_iterations_rate, window_rate  # noqa: E402
 from benchmarks.validation_curve import CheckpointSnapshots, time_to_loss, validation_curve  # noqa: E402
 from peers.data import Corpus, DataConfig  # noqa: E402
 from peers.data_ledger import committed, read_ledger, sample_status  # noqa: E402
@@ -156,20 +161,38 @@ def play_trace(swarm: LocalSwarm, failures: list[float], window: float, rejoin: 
 def run_swarm(swarm: LocalSwarm, failures: list[float], window: float, rejoin: float, seed: int,
               joiner_args: Callable[[int], list[str]], deaths: tuple[str, ...], *, warmup: int = 1,
               start_timeout: float = 300.0) -> tuple[Played, list[dict]]:
-    """Start `swarm`, wait for `warmup` committed iterations, play the trace through the window (`play_trace`),
-    then stop every process (the frozen ones killed, also when interrupted: `LocalSwarm.stop` would SIGKILL a
-    frozen peer but not its stopped p2pd and DHT process); what the trace did and the run's metrics."""
+    """Start `swarm`, wait for `warmup` committed iterations, play the trace through the window (`play_trace`) and
+    wait for the first commit after it (`wait_past`), then stop every process (the frozen ones killed, also when
+    interrupted: `LocalSwarm.stop` would SIGKILL a frozen peer but not its stopped p2pd and DHT process); what the
+    trace did and the run's metrics."""
     played = Played(start=0.0)
     try:
         swarm.start()
         swarm.watch(warmup, timeout=start_timeout)
         play_trace(swarm, failures, window, rejoin, seed, joiner_args, deaths, played=played)
-        return played, swarm.metrics()
+        return played, wait_past(swarm, played.start + window)
     finally:
         try:
             played.kill_frozen(swarm)
         finally:
             swarm.stop()
+
+
+TAIL_TIMEOUT = 120.0
+"""The most seconds a run goes on past its window for its next commit (the peers' iteration deadline)."""
+
+
+def wait_past(swarm: LocalSwarm, end: float) -> list[dict]:
+    """The run's metrics once a commit later than wall time `end` is in them, or `TAIL_TIMEOUT` seconds without a
+    commit have passed (a stalled run: its window is then counted up to its last commit), or the run ended."""
+    records = swarm.metrics()
+    if records and records[-1]["time"] > end:
+        return records
+    try:
+        return swarm.watch(10**9, timeout=TAIL_TIMEOUT, until=lambda recs: recs[-1]["time"] > end)
+    except RuntimeError as e:  # no commit in time, or a process failed: the window counts what was committed
+        print(f"warning: no commit after the window: {e}", file=sys.stderr, flush=True)
+        return swarm.metrics()
 
 
 def saved_plan_args(first_schedule: Path | None) -> list[str]:
@@ -182,33 +205,36 @@ def first_plan(run_dir: Path) -> Path:
     return run_dir / "schedule-0.json"
 
 
-def kept(steady: dict, churned: dict) -> tuple[float, float]:
+def kept(steady: dict, churned: dict, figure: str = "tokens_per_s") -> tuple[float, float]:
     """The fraction of its churn-free throughput a method kept under churn, and the same at equal machine speed:
     times how much slower the churn run's machine computed than the steady run's before the first death
     (`compute_speed.speed_ratio`), when nothing but the machine differed between them. The first is what a user
     sees; the second leaves out a machine loaded by something else during one of the two runs (another job, a busy
     neighbour VM). It scales the whole iteration by the compute's slow-down, so it over-corrects a little where the
     iterations are not all compute. (Comparing the runs' planned iterations instead misleads: a re-plan is costed on
-    the compute the peers measured while training, the first plan on their start-up profile.)"""
+    the compute the peers measured while training, the first plan on their start-up profile.) `figure`: the
+    throughput compared (`tokens_per_s_whole`: by whole iterations, as in results written before it was the other);
+    nan where a run lacks it."""
     nan = float("nan")
-    raw = churned["tokens_per_s"] / steady["tokens_per_s"] if steady["tokens_per_s"] else nan
+    raw = churned[figure] / steady[figure] if steady.get(figure) and churned.get(figure) is not None else nan
     first = churned.get("first_death_iteration")
     ratio = speed_ratio(steady.get("compute_ms", []), churned.get("compute_ms", []), first) if first else None
     return raw, raw * ratio if ratio else nan
 
 
 def window_summary(run_dir: Path, records: list[dict], start: float, window: float) -> dict:
-    """Tokens/s of the iterations committed within the window, and how often the holders' ledgers say each sample
-    handed out was processed (exactly once for every sample, or something was lost or doubled)."""
+    """Tokens/s committed within the window (`window_rate`; by whole iterations: `tokens_per_s_whole`), and how
+    often the holders' ledgers say each sample handed out was processed (exactly once for every sample, or
+    something was lost or doubled)."""
     inside = [r for r in records if start < r["time"] <= start + window]
-    tokens = sum((r["tokens_per_s"] or 0) * r["iteration_seconds"] for r in inside)
     predicted = {int(f.stem.split("-")[1]): json.loads(f.read_text()).get("predicted_iteration_seconds")
                  for f in run_dir.glob("schedule-*.json")}
     planned = [predicted[r["epoch"]] for r in inside if predicted.get(r["epoch"])]
     entries = [e for f in sorted(run_dir.glob("ledger-*.jsonl")) for e in read_ledger(f)]
     status = sample_status(entries, committed(records))
     processed = Counter(c["processed"] for c in status.values())
-    return {"tokens_per_s": tokens / window, "iterations": len(inside),
+    return {"tokens_per_s": window_rate(records, start, start + window),
+            "tokens_per_s_whole": whole_iterations_rate(records, start, start + window), "iterations": len(inside),
             "planned_s": sum(planned) / len(planned) if planned else None,
             "epochs": records[-1]["epoch"] + 1 if records else 0,
             "samples_processed_times": {str(k): v for k, v in sorted(processed.items())}}
@@ -311,9 +337,10 @@ def summarize(results: list[dict], methods: list[str], target: float | None) -> 
         steady = [r for r in mine if not r["churn"]]
         churned = [r for r in mine if r["churn"]]
         pairs = [kept(s, c) for s, c in zip(steady, churned, strict=True)]
+        whole = [kept(s, c, "tokens_per_s_whole")[0] for s, c in zip(steady, churned, strict=True)]
         line = (f"{method:>14}: tokens/s without churn {spread([r['tokens_per_s'] for r in steady])}, with churn "
                 f"{spread([r['tokens_per_s'] for r in churned])}; kept {spread([p[0] for p in pairs])} "
-                f"(at equal machine speed {spread([p[1] for p in pairs])})")
+                f"(at equal machine speed {spread([p[1] for p in pairs])}; by whole iterations {spread(whole)})")
         if target is not None:
             for r in mine:
                 r["time_to_target_s"] = time_to_loss(r.get("validation", []), target)
@@ -419,11 +446,12 @@ def main() -> None:
                 churned = run(args, method, seed, trace, root / f"{method}-churn",
                               first_plan(root / f"{method}-steady"))
                 share, at_speed = kept(steady, churned)
+                whole = kept(steady, churned, "tokens_per_s_whole")[0]
                 results += [steady, churned]
                 print(f"  {method:>14}: {steady['tokens_per_s']:.0f} tokens/s without churn, "
                       f"{churned['tokens_per_s']:.0f} with churn ({dict(churned['died'])} died, {churned['joined']} "
                       f"joined, {churned['epochs']} epochs): keeps {share:.0%} ({at_speed:.0%} at equal machine "
-                      f"speed); "
+                      f"speed, {whole:.0%} by whole iterations); "
                       f"samples processed (times: count) steady {steady['samples_processed_times']}, churn "
                       f"{churned['samples_processed_times']}; slow DHT stores (a loaded machine) "
                       f"{steady['slow_stores']} / {churned['slow_stores']}", flush=True)
@@ -457,7 +485,7 @@ def merge(args: argparse.Namespace) -> None:
         if setting is not None and (mine != setting or text != corpus):
             sys.exit(f"error: {name} is another setting or corpus than {args.merge[0]}: {mine}, {text}")
         setting, corpus = mine, text
-        results += runs
+        results += [as_whole_iterations(r) for r in runs]
     seen = Counter((r.get("method"), r.get("churn"), r.get("seed")) for r in results)
     if twice := [k for k, n in seen.items() if n > 1]:
         sys.exit(f"error: the files hold a run twice (method, churn, seed): {twice[:3]}")
@@ -470,6 +498,14 @@ def merge(args: argparse.Namespace) -> None:
     if args.out:
         merged = argparse.Namespace(**{**setting, "merged": list(args.merge)})
         write_results(Path(args.out), merged, corpus, target, results, complete=True)
+
+
+def as_whole_iterations(run: dict) -> dict:
+    """A run as this benchmark writes runs now: one written before `window_rate` has its throughput by whole
+    iterations only, so that figure is its `tokens_per_s_whole`, and its interpolated one is unknown (None)."""
+    if "tokens_per_s_whole" in run:
+        return run
+    return {**run, "tokens_per_s_whole": run.get("tokens_per_s"), "tokens_per_s": None}
 
 
 def write_results(path: Path, args: argparse.Namespace, corpus: dict | None, target: float | None,
