@@ -5,11 +5,13 @@ the scheduler's ping that recently, it has not announced that it leaves, and cor
 dead (`UnreachableReports`). One DHT read can miss a record on a busy swarm, so a record absent from one read does
 not make a peer gone; and on a loaded 20-peer swarm the DHT stalled for everyone at once (15 s without a read,
 then reads that missed half the live peers). So a placed peer missing from the reads for over `UNREAD_HEARTBEATS`
-is pinged over gossip (`unread`, `asked`), and its answer keeps it live; where a read shows many placed peers'
-records run out at once, each is taken for gone only once a ping sent since has gone unanswered (if they all died
-together, that costs one ping's wait); and its heartbeat's age, which corroborates a lone report, is known only
-while the newest read shows its record: one that read missed has no known age, and the scheduler's ping decides
-instead (a frozen peer's record is still read, with its true age, until it expires).
+is pinged over gossip (`unread`, `asked`), and its answer keeps it live. So a placed peer is taken for gone on its
+record only once a ping sent since it was last heard from went unanswered: a dying peer is pinged well before its
+record runs out, and one whose record ran out before the scheduler could ask it (its DHT reads stalled, or its loop
+was held up planning and publishing epochs: 8 s in a 20-peer churn run, which took 4 live relays for gone at once)
+is asked first, at the cost of one ping's wait where it is really dead. Its heartbeat's age, which corroborates a
+lone report, is known only while the newest read shows its record: one that read missed has no known age, and the
+scheduler's ping decides instead (a frozen peer's record is still read, with its true age, until it expires).
 
 A peer declared gone that turns out alive and asks to be placed again (a joining record written after it was
 declared gone) is taken back only after a cool-down
@@ -39,9 +41,6 @@ scheduler to publish an epoch without it (a joiner wrongly taken for gone once, 
 REJOIN_COOLDOWN = 30.0
 """Seconds it waits the second time; doubled each time after."""
 MAX_REJOIN_COOLDOWN = 600.0
-SUSPECT_READ_SHARE = 0.25
-"""A read after which this share of the placed peers' records ran out at once is taken for the DHT's failure, not
-theirs: each is pinged before it is taken for gone (on a loaded 20-peer swarm 8-11 of 19 live peers at once)."""
 UNREAD_HEARTBEATS = 1.5
 """Heartbeat periods a placed peer may be missing from the scheduler's reads before it is pinged: early enough for
 its answer (a ping waits one period) to come before its record's lifetime (three periods and a grace) is out."""
@@ -71,7 +70,10 @@ class Liveness:
         self._last_read = float("-inf")
         """When the newest read was taken in."""
         self._answered_at: dict[str, float] = {}
-        """When each peer last answered the scheduler's ping (as good as a read of a fresh record)."""
+        """When each peer last answered the scheduler's ping or sent it a new message (as good as a read of a fresh
+        record)."""
+        self._numbers: dict[str, int] = {}
+        """The highest sequence number of a message seen from each peer with a record (`heard_from`)."""
         self._asked: dict[str, float] = {}
         """When the scheduler last pinged each peer the reads missed (`asked`)."""
         self._unanswered: dict[str, float] = {}
@@ -126,17 +128,14 @@ class Liveness:
 
     def unread(self, peers: Collection[str], now: float) -> list[str]:
         """Those of `peers` (the placed ones), neither leaving nor declared gone, that were neither in a read nor
-        heard from for `UNREAD_HEARTBEATS`: to ping (and note it, `asked`), so that a DHT whose reads miss their
-        records does not make them gone. Those whose record's lifetime ran out meanwhile are among them only when
-        at least `SUSPECT_READ_SHARE` of `peers` did at once (the reads stalled, or missed them together; one
-        peer's record running out alone is its death)."""
-        missed = [p for p in peers if p in self.records and self._standing(p)
-                  and now - self._heard(p) > UNREAD_HEARTBEATS * self.heartbeat
-                  and self._unanswered.get(p, float("-inf")) < self._heard(p)]  # not again once silent
-        ran_out = [p for p in missed if not self._fresh(p, now)]
-        if len(ran_out) < max(2, SUSPECT_READ_SHARE * len(peers)):
-            return [p for p in missed if p not in ran_out]
-        return missed
+        heard from for `UNREAD_HEARTBEATS`: to ping (and note it, `asked`), so that a DHT
+        whose reads miss their records does not make them gone. Those whose record's lifetime ran out meanwhile are
+        among them (on a loaded 20-peer swarm the reads stalled and then missed 8-11 of 19 live peers at once, and
+        the scheduler's loop, planning, did not look for 8 s while 4 live relays' records ran out); one that does
+        not answer is not asked again until it is heard from (`unanswered`), and is gone."""
+        return [p for p in peers if p in self.records and self._standing(p)
+                and now - self._heard(p) > UNREAD_HEARTBEATS * self.heartbeat
+                and self._unanswered.get(p, float("-inf")) < self._heard(p)]  # not again once silent
 
     def asked(self, peer: str, now: float) -> None:
         """The scheduler pinged `peer`, which the reads missed: until the ping's wait is out, its record's
@@ -179,6 +178,17 @@ class Liveness:
         """`peer` answered the scheduler's ping: alive now, whatever the reads say (see `UnreachableReports`)."""
         self._reports.answered(peer, now)
         self._answered_at[peer] = now
+
+    def heard_from(self, peer: str, seqno: int, now: float) -> None:
+        """A signed control message from `peer`, numbered `seqno` by its sidecar, came at `now`: alive now, as after
+        an answer to a ping, if the number is above every one seen from it (anyone may re-publish an old message,
+        nobody can make a new one: `Alive`). Its reports of each iteration (`Done`, `Pace`) so keep a peer whose DHT
+        stores time out live without a ping. A peer with no record is not noted (a stranger's messages must not
+        grow the table)."""
+        if peer not in self.records or seqno <= self._numbers.get(peer, -1):
+            return
+        self._numbers[peer] = seqno
+        self.answered(peer, now)
 
     def unanswered(self, peer: str, now: float) -> None:
         """The scheduler's ping to `peer` went unanswered: with a report about it, it is declared gone; missed by the

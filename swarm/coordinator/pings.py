@@ -58,6 +58,11 @@ class Pings:
         del self._out[sender]
         return True
 
+    def sent(self, peer: str) -> float | None:
+        """When the ping in flight to `peer` was sent; None if none is."""
+        out = self._out.get(peer)
+        return out[1] if out is not None else None
+
     def unanswered(self, now: float) -> list[str]:
         """The peers whose ping waited its timeout out (each is done)."""
         late = [p for p, (_, sent) in self._out.items() if now - sent >= self.timeout]

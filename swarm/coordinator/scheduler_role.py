@@ -102,7 +102,8 @@ class SchedulerRole:
                                    ends_run_on_stop=ends_run_on_stop)
         self.desk = AdmissionDesk(policy, records.identity, config.run_id, exempt={spec.coordinator},
                                   issuers={spec.coordinator}, banned=self.scheduler.suspicions.evicted)
-        self._inbox: queue.Queue[GossipMessage] = queue.Queue(INBOX_SIZE)
+        self._inbox: queue.Queue[tuple[GossipMessage, float]] = queue.Queue(INBOX_SIZE)
+        """Control messages, each with when it came (monotonic)."""
         self.poller = RecordsPoller(self._fetch, period=records_read_period(config.heartbeat))
         """Reads the records for `tick` (started by the first tick, stopped by `close`)."""
         self._next_beat = 0.0
@@ -128,7 +129,7 @@ class SchedulerRole:
     def deliver(self, msg: GossipMessage) -> None:
         """Hand the role a gossip message (any thread); a full inbox drops it."""
         try:
-            self._inbox.put_nowait(msg)
+            self._inbox.put_nowait((msg, time.monotonic()))
         except queue.Full:
             logger.warning("the scheduler's inbox is full: dropped a message from %s", msg.sender)
 
@@ -235,7 +236,7 @@ class SchedulerRole:
 
     def _drain(self, timeout: float) -> None:
         try:
-            msg = self._inbox.get(timeout=timeout)
+            msg, came = self._inbox.get(timeout=timeout)
         except queue.Empty:
             return
         while True:
@@ -245,9 +246,11 @@ class SchedulerRole:
                 logger.warning("ignored a control message from %s: %s", msg.sender, e,
                                extra=event("ignored_control", sender=msg.sender, kind="malformed", why=str(e)))
             else:
+                if came >= self._listen_until:  # not one that waited while this process was away
+                    self.scheduler.liveness.heard_from(msg.sender, msg.seqno, came)
                 self._take(msg.sender, message)
             try:
-                msg = self._inbox.get_nowait()
+                msg, came = self._inbox.get_nowait()
             except queue.Empty:
                 return
 

@@ -52,10 +52,11 @@ class Suspicions:
 
     def ping(self, peer: str, now: float, unread: bool = False) -> list[Announce]:
         """Ask `peer`, reported unreachable (or, `unread`, missed by the reads: `Liveness.asked`) and not (yet)
-        declared gone, whether it is alive."""
+        declared gone, whether it is alive. Missed by the reads while a ping for a report is in flight, it is asked
+        by that one."""
         ping = None if peer in self.liveness.declared_gone else self.pings.send(peer, now)
-        if ping is not None and unread:
-            self.liveness.asked(peer, now)
+        if unread and (sent := self.pings.sent(peer)) is not None:
+            self.liveness.asked(peer, sent)
         return [Announce(ping)] if ping is not None else []
 
     def pong(self, sender: str, nonce: int, now: float) -> None:

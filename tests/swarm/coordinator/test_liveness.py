@@ -147,6 +147,44 @@ def test_a_peer_whose_record_ran_out_while_the_reads_stalled_is_asked_before_it_
     assert set(live.live(t + wait + 0.1)) == {"a", "b"} and live.unread("bc", t + wait + 0.1) == []
 
 
+def test_a_record_that_ran_out_while_the_scheduler_did_not_look_is_asked_first_and_one_asked_goes_with_it():
+    """The scheduler's loop planned and published epochs for 8 s, and a few placed peers' records ran out meanwhile
+    (a 20-peer churn run: 4 live relays of 18 taken for gone at once, re-placed as joiners): each is asked before it
+    is gone. A peer the scheduler asked in time, that did not answer, goes with its record, not asked again."""
+    live = Liveness(HEARTBEAT)
+    live.update({p: (record(p), 0.5) for p in "abcd"}, 0.0)
+    late = UNREAD_HEARTBEATS * HEARTBEAT + 0.1
+    assert live.update({p: (record(p), 0.5) for p in "abc"}, late) and live.unread("abcd", late) == ["d"]
+    live.asked("d", late)
+    live.unanswered("d", late + ping_timeout(HEARTBEAT))  # d was asked in time and did not answer
+    t = late + silent_after(HEARTBEAT) + 1.0  # the first look since: c's record ran out unseen, alone
+    live.update({p: (record(p), 0.5) for p in "ab"}, t)
+    assert live.unread("abcd", t) == ["c"]  # d is not asked again
+    live.asked("c", t)
+    assert set(live.live(t)) == {"a", "b", "c"}  # c stays while its ping is awaited; d is gone
+    live.unanswered("c", t + ping_timeout(HEARTBEAT))
+    assert set(live.live(t + ping_timeout(HEARTBEAT) + 0.1)) == {"a", "b"}
+
+
+def test_a_new_message_from_a_peer_keeps_it_live_as_a_ping_answer_does_and_an_old_one_does_not():
+    """A relay whose DHT stores time out still reports its pace after every commit: each report numbered above
+    the last one seen from it is as good as a fresh record. A re-published old message is not; nor is a stranger's
+    (no record: it is not noted at all)."""
+    live = Liveness(HEARTBEAT)
+    live.update({p: (record(p), 0.5) for p in "ab"}, 0.0)
+    lifetime = silent_after(HEARTBEAT)
+    live.heard_from("b", 7, lifetime - 1.0)
+    live.heard_from("stranger", 1, lifetime - 1.0)
+    live.update({"a": (record("a"), 0.5)}, lifetime + 1.0)
+    assert set(live.live(lifetime + 1.0)) == {"a", "b"}  # heard from 2 s ago: live past its record's lifetime
+    assert live.unread("ab", lifetime + 1.0) == []
+    live.heard_from("b", 7, 2 * lifetime - 0.5)  # the same message again (a replay): no news
+    live.heard_from("b", 3, 2 * lifetime - 0.5)
+    assert set(live.live(2 * lifetime)) == {"a"}
+    live.heard_from("b", 8, 2 * lifetime + 0.5)
+    assert set(live.live(2 * lifetime + 0.5)) == {"a", "b"} and "stranger" not in live.live(lifetime)
+
+
 def test_a_peer_declared_gone_again_and_again_waits_longer_each_time():
     live = Liveness(HEARTBEAT)
     fresh = {p: (record(p), 0.5) for p in "abc"}

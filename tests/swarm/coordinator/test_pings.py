@@ -124,3 +124,25 @@ def test_a_placed_peer_the_reads_miss_is_pinged_and_kept_while_it_answers(record
     assert {p.peer for p in asked} == {quiet, silent} and sum(p.peer == quiet for p in asked) >= 2
     newest = s.schedule
     assert quiet in newest.placement and silent not in newest.placement
+
+
+def test_a_peer_whose_record_runs_out_while_a_ping_for_a_report_is_in_flight_is_asked_by_that_ping(records):
+    """The reads stalled after one that missed the peer's record (its age unknown: a report alone does not convict
+    it), a report about it sent it a ping, and the next read finds its record run out: that ping asks it, and its
+    answer keeps it placed (a second ping cannot be sent while one is in flight)."""
+    from swarm.constants import silent_after
+
+    s = make_scheduler()
+    first = first_plan(s, records)
+    reporter, target = [p for p, st in first.placement.items() if st != 0][:2]
+    s.observe({p: (r, 0.5) for p, r in records.items()}, 6.0)
+    missed = {p: (r, 0.5) for p, r in records.items() if p != target}
+    s.observe(missed, 7.0)
+    ran_out = 6.0 + silent_after(s.config.heartbeat) + 0.5
+    (ping,) = pings(s.handle(reporter, Unreachable(peer=target), ran_out - 2.0))
+    actions = s.observe(missed, ran_out)
+    assert not [a for a in actions if isinstance(a, PublishSchedule)]  # its ping is awaited
+    s.handle(target, Pong(nonce=ping.nonce), ran_out + 0.5)
+    s.check_pings(ran_out + 0.5)
+    assert not [a for a in s.observe(missed, ran_out + 1.0) if isinstance(a, PublishSchedule)]
+    assert target in s.schedule.placement and target not in s.liveness.declared_gone
