@@ -19,6 +19,7 @@
 - epochs.py: EpochHistory, the epochs published and which one runs an iteration
 - overtaking.py: Overtaking, whether the run went on under a successor while the coordinator was away
 - away_watch.py: AwayWatch, whether this process was not run at all for a while (its host frozen), not merely busy
+- alive_beat.py: AliveBeat, the scheduler's beat on gossip, from a thread of its own while its loop is busy
 - shard_assignment.py: which data holder draws from which of the run's shards, epoch after epoch
 - admission_desk.py: AdmissionDesk, joiners admitted (certificates issued, renewed) or refused; members' records
 - restart_reports.py: RestartReports, when 'stuck' and 'unrecoverable' reports are believed (corroboration)

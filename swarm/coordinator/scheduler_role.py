@@ -5,7 +5,8 @@ It carries out what its `Scheduler` decides: reads the peers' records from the D
 and announces it on gossip, gossips notices and commits, and writes the schedules and the metrics file. Once a
 heartbeat it gossips that it is alive (`Alive`). Control messages reach it through `deliver` (the owner's gossip
 callback), into a bounded inbox that its `tick` drains; a full inbox drops the newest message with a warning, so
-a flood cannot grow memory.
+a flood cannot grow memory. The beat comes from a thread of its own (`AliveBeat`), so that a loop busy planning
+does not fall silent.
 Both owners build it with the same constructor: the coordinator ticks it from the start (it plans the first
 epoch), a successor peer first calls `resume` with the epochs it knew. The coordinator's role, finding the run gone
 on under a successor while it was away (`Overtaking`), stands down: it plans, commits and beats no more (it still
@@ -43,6 +44,7 @@ from swarm.control.messages import (
 from swarm.control.records import SwarmRecords
 from swarm.coordinator.actions import Action, Announce, PublishSchedule, RecordIteration
 from swarm.coordinator.admission_desk import AdmissionDesk
+from swarm.coordinator.alive_beat import AliveBeat
 from swarm.coordinator.away_watch import AwayWatch
 from swarm.coordinator.overtaking import Overtaking
 from swarm.coordinator.records_poller import Records, RecordsPoller
@@ -106,7 +108,8 @@ class SchedulerRole:
         """Control messages, each with when it came (monotonic)."""
         self.poller = RecordsPoller(self._fetch, period=records_read_period(config.heartbeat))
         """Reads the records for `tick` (started by the first tick, stopped by `close`)."""
-        self._next_beat = 0.0
+        self.alive = AliveBeat(config.heartbeat, self._alive, self._announce)
+        """Gossips that this scheduler is alive once a heartbeat (started by the first tick, stopped by `close`)."""
         self._coordinator = peer_id == spec.coordinator
         """Whether this is the coordinator's role, the one that stands down when it finds itself overtaken (a
         successor's gives itself back through its peer's follower)."""
@@ -148,6 +151,7 @@ class SchedulerRole:
         slow step of its own), the coordinator only listens for as long again (the messages that come wait) before
         it judges the records it missed, the reports or the iteration it left: the run may have gone on under a
         successor (`Overtaking`)."""
+        self.alive.start().turned()
         now, away = time.monotonic(), self.away.start().take() if self._coordinator else 0.0
         if away:
             self._listen_until = now + silent_after(self.config.heartbeat)
@@ -173,22 +177,21 @@ class SchedulerRole:
         if not listening:
             self._carry_out(self.scheduler.check_pings(time.monotonic()))
             self._carry_out(self.scheduler.check_late_holders(time.monotonic()))
-        self._beat(time.monotonic())
 
-    def _beat(self, now: float) -> None:
-        """Once a heartbeat, once a run is planned: gossip that this scheduler is alive (`Alive`). The peers' watch
-        also reads its DHT record, but a loaded DHT's stores time out, and a peer that took a live scheduler for dead
-        moved on to its successor."""
-        schedule = self.scheduler.schedule
-        if schedule is None or now < self._next_beat:
-            return
-        self._next_beat = now + self.config.heartbeat
-        self._announce(Alive(epoch=schedule.epoch, iteration=self.scheduler.completed))
+    def _alive(self) -> Alive | None:
+        """This scheduler's beat (`AliveBeat`, any thread): once a run is planned, until it stands down or is done.
+        The peers' watch also reads its DHT record, but a loaded DHT's stores time out, and a peer that took a live
+        scheduler for dead moved on to its successor."""
+        schedule = self.scheduler.schedule  # one read: the loop may be replacing it
+        if schedule is None or self.stood_down or self.done:
+            return None
+        return Alive(epoch=schedule.epoch, iteration=self.scheduler.completed)
 
     def close(self) -> None:
         """Stop reading the records and watching the clock (the owner's loop is over)."""
         self.poller.stop()
         self.away.stop()
+        self.alive.stop()
 
     def finish(self, stop: threading.Event) -> None:
         """Tell the peers the run is over, if it is (see `Scheduler.closing`); after its last iteration, stay on
