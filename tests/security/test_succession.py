@@ -14,7 +14,7 @@ from swarm.control.messages import Alive, Done
 from swarm.coordinator.actions import PublishSchedule
 from swarm.peer.schedule_follower import ScheduleFollower
 from swarm.peer.succession import Succession
-from tests.swarm.coordinator.conftest import make_records, make_scheduler
+from tests.swarm.coordinator.conftest import make_records, make_scheduler, read_after_expiry
 
 
 def test_the_successor_is_the_first_live_peer_the_scheduler_named():
@@ -41,8 +41,8 @@ def test_the_successor_is_the_first_live_peer_the_scheduler_named():
     for h in schedule.data_holders:
         s.handle(h, Done(peer=h, iteration=0, epoch=0, loss_sum=1.0, losses=1, tokens=1, started=0.0, finished=1.0),
                  61.0)
-    survivors = {p: (r, 0.5) for p, r in records.items() if p != named[0]}
-    (later,) = [a.schedule for a in s.observe(survivors, 120.0) if isinstance(a, PublishSchedule)]
+    survivors = {p: r for p, r in records.items() if p != named[0]}
+    (later,) = [a.schedule for a in read_after_expiry(s, survivors, 120.0) if isinstance(a, PublishSchedule)]
     assert later.meta["successors"] == [p for p in named if p in later.placement]
 
 

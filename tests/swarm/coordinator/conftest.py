@@ -48,3 +48,13 @@ def make_scheduler(planner: str = "skippipe", *, rebalance: bool = True, measure
 @pytest.fixture
 def records() -> dict[str, PeerRecord]:
     return make_records()
+
+
+def read_after_expiry(s: Scheduler, live: dict[str, PeerRecord], now: float, age: float = 0.5) -> list:
+    """What `s` does with a read at `now` showing only `live`, the placed peers missing from it dead long enough for
+    their records to have run out: an earlier read missed them and the scheduler pinged them (`Liveness.unread`: a
+    record is taken for a death only once a ping since it was last heard from went unanswered), and none answered."""
+    read = {p: (r, age) for p, r in live.items()}
+    s.observe(read, now - s.suspicions.pings.timeout - 1.0)
+    s.check_pings(now - 0.5)
+    return s.observe(read, now)

@@ -15,7 +15,7 @@ from swarm.coordinator.holder_shares import (
 from swarm.coordinator.scheduler import Scheduler
 from swarm.events import EVENT_ATTR
 from swarm.run_config import RunConfig
-from tests.swarm.coordinator.conftest import make_config, make_scheduler, model_of
+from tests.swarm.coordinator.conftest import make_config, make_scheduler, model_of, read_after_expiry
 from tests.swarm.coordinator.test_scheduler import commit, fresh, notices, planned, published
 
 
@@ -124,7 +124,7 @@ def test_lateness_in_an_iteration_that_lost_a_peer_is_not_held_against_a_holder(
             s.handle(dead, Done(peer=dead, iteration=iteration, epoch=epoch, loss_sum=2.0, losses=4, tokens=256,
                                 started=t, finished=t + 1), t + 1)
         with caplog.at_level("WARNING"):
-            s.observe(fresh({p: r for p, r in records.items() if not (lost and p == dead)}), t + 20)
+            read_after_expiry(s, {p: r for p, r in records.items() if not (lost and p == dead)}, t + 20)
             (committed,) = notices(s.check_late_holders(t + 20))
         assert committed.left_out == tuple(sorted((dead, slow) if lost else (slow,)))
         t += 20

@@ -29,10 +29,11 @@ from swarm.coordinator.restart_reports import MIN_STUCK_SECONDS
 from swarm.coordinator.scheduler import REPLAN_RETRY_SECONDS, Scheduler
 from swarm.events import EVENT_ATTR
 from swarm.wire import PeerRecord, PeerState, ScheduleMsg
-from tests.swarm.coordinator.conftest import STAGES, make_replanner, make_scheduler
+from tests.swarm.coordinator.conftest import STAGES, make_replanner, make_scheduler, read_after_expiry
 
 LATER = 20.0
-"""Past the lifetime of a record (three heartbeats of 2 s and a grace): a peer unseen this long is gone."""
+"""Past the lifetime of a record (three heartbeats of 2 s and a grace): a peer unseen this long, that did not answer
+the scheduler's ping, is gone (`read_after_expiry`)."""
 
 
 def fresh(peers: dict[str, PeerRecord], age: float = 0.5) -> dict[str, tuple[PeerRecord, float]]:
@@ -103,7 +104,7 @@ def test_a_gone_relay_or_holder_replans_from_the_next_iteration_and_an_unrecover
     commit(s, 3)
     relay = next(p for p, st in first.placement.items() if st == 2)
     live = {p: r for p, r in records.items() if p != relay}
-    actions = s.observe(fresh(live), LATER)
+    actions = read_after_expiry(s, live, LATER)
     # the iteration in progress goes on with detours around the relay; peers are told it is gone
     (new,) = published(actions)
     assert new.meta["start_iteration"] == 4 and relay not in new.placement
@@ -117,7 +118,7 @@ def test_a_gone_relay_or_holder_replans_from_the_next_iteration_and_an_unrecover
     assert rerun.meta["start_iteration"] == 3 and rerun.epoch == 2 and relay not in rerun.placement
     holder = rerun.data_holders[0]
     live = {p: r for p, r in live.items() if p != holder}
-    (again,) = published(s.observe(fresh(live), 2 * LATER))
+    (again,) = published(read_after_expiry(s, live, 2 * LATER))
     # the other holders' microbatches finish without it: the iteration in progress commits without its share
     assert again.meta["start_iteration"] == 4 and holder not in again.placement
     (commit_msg,) = [m for m in notices(commit(s, 1, 2 * LATER)) if isinstance(m, Commit)]
@@ -137,7 +138,7 @@ def test_a_gone_holder_is_left_out_of_the_commit_of_the_iteration_in_progress(re
     for h in others:
         assert s.handle(h, Done(peer=h, iteration=3, epoch=0, loss_sum=2.0, losses=4, tokens=256, started=100.0,
                                 finished=101.0), 5.0) == []
-    actions = s.observe(fresh({p: r for p, r in records.items() if p != dead}), LATER)
+    actions = read_after_expiry(s, {p: r for p, r in records.items() if p != dead}, LATER)
     (new,) = published(actions)
     assert new.meta["start_iteration"] == 4 and dead not in new.placement
     assert any(shard in map(str, new.meta["shards"][h]) for h in new.data_holders)  # taken over
@@ -213,7 +214,7 @@ def test_a_full_pipeline_holder_outside_its_column_neither_excuses_the_one_injec
     s.handle(idle, Done(peer=idle, iteration=2, epoch=0, loss_sum=0.0, losses=0, tokens=0, started=201.0,
                         finished=201.0), 201.0)
     live = {p: r for p, r in records.items() if p not in ("peer-11", injecting)}
-    actions = s.observe(fresh(live), 201.0 + LATER)
+    actions = read_after_expiry(s, live, 201.0 + LATER)
     (new,) = published(actions)
     assert new.meta["start_iteration"] == 2 and s.completed == 2  # iteration 2 runs again, under the new epoch
     assert not [a for a in actions if isinstance(a, RecordIteration)]
@@ -227,19 +228,19 @@ def test_an_epoch_that_only_started_at_the_iteration_in_progress_goes_along_with
     first = planned(s, records)
     commit(s, 3)
     a, b = [p for p in first.placement if p not in first.data_holders][:2]
-    (publish,) = [x for x in s.observe(fresh({p: r for p, r in records.items() if p != a}), LATER)
+    (publish,) = [x for x in read_after_expiry(s, {p: r for p, r in records.items() if p != a}, LATER)
                   if isinstance(x, PublishSchedule)]
     assert publish.schedule.meta["start_iteration"] == 4 and publish.bridge is None  # epoch 0 began long ago
     commit(s, 1, LATER)
-    (publish,) = [x for x in s.observe(fresh({p: r for p, r in records.items() if p not in (a, b)}), 2 * LATER)
+    (publish,) = [x for x in read_after_expiry(s, {p: r for p, r in records.items() if p not in (a, b)}, 2 * LATER)
                   if isinstance(x, PublishSchedule)]
     assert publish.schedule.meta["start_iteration"] == 5 and publish.bridge.epoch == 1
     back = ScheduleMsg.from_msgpack(ScheduleMsg.from_schedule(publish.schedule, publish.bridge).to_msgpack())
     assert back.to_bridge() == publish.bridge and back.epoch == 2
     # a holder's death during iteration 4 too: epoch 1 still runs it, and goes along with the newest again
     holder = publish.schedule.data_holders[0]
-    (publish,) = [x for x in s.observe(fresh({p: r for p, r in records.items() if p not in (a, b, holder)}),
-                                       3 * LATER) if isinstance(x, PublishSchedule)]
+    (publish,) = [x for x in read_after_expiry(s, {p: r for p, r in records.items() if p not in (a, b, holder)},
+                                               3 * LATER) if isinstance(x, PublishSchedule)]
     assert publish.schedule.meta["start_iteration"] == 5 and publish.bridge.epoch == 1
     # a rerun of the iteration in progress replaces the epoch running it outright: nothing to bridge
     member = publish.schedule.data_holders[0]
@@ -258,7 +259,7 @@ def test_a_lone_unrecoverable_report_then_a_gone_peer_of_its_epoch_rerun_the_ite
     relay = next(p for p, st in first.placement.items() if st == 2)
     member = next(p for p in first.placement if p != relay)
     assert published(s.handle(member, Unrecoverable(peer=member, iteration=3, epoch=0, microbatch=1), 1.0)) == []
-    (new,) = published(s.observe(fresh({p: r for p, r in records.items() if p != relay}), LATER))
+    (new,) = published(read_after_expiry(s, {p: r for p, r in records.items() if p != relay}, LATER))
     assert new.meta["start_iteration"] == 3 and relay not in new.placement
     # its later reports of that iteration under the old epoch restart nothing more
     assert published(s.handle(member, Unrecoverable(peer=member, iteration=3, epoch=0, microbatch=2), LATER)) == []
@@ -403,7 +404,7 @@ def test_a_joiner_is_placed_once_probed_and_restores_a_lost_data_holder_from_the
     assert first.meta["shards"] == {h: [i] for i, h in enumerate(first.data_holders)}
     holder = first.data_holders[1]
     live = {p: r for p, r in records.items() if p != holder}
-    (carrying,) = published(s.observe(fresh(live), LATER))
+    (carrying,) = published(read_after_expiry(s, live, LATER))
     carried = carrying.meta["shards"]
     assert holder not in carried and sorted(k for ks in carried.values() for k in ks) == [0, 1, 2]
     carrier = next(h for h, ks in carried.items() if len(ks) == 2)
@@ -440,7 +441,7 @@ def test_a_joiner_with_its_own_documents_is_not_handed_a_carried_shard(records):
     commit(s, 2)
     gone = first.data_holders[0]
     live = {p: r for p, r in records.items() if p != gone}
-    (carrying,) = published(s.observe(fresh(live), LATER))
+    (carrying,) = published(read_after_expiry(s, live, LATER))
     carrier = next(h for h, ks in carrying.meta["shards"].items() if len(ks) == 2)
     # a volunteer with its own documents (--data) joins: a data holder, but it draws from them only
     commit(s, 2)
@@ -467,7 +468,7 @@ def test_a_lost_data_holder_is_refilled_by_a_survivor_that_takes_the_carried_sha
         first = planned(s, records)
         commit(s, 3)
         gone = first.data_holders[1]
-        (plans[rebalance],) = published(s.observe(fresh({p: r for p, r in records.items() if p != gone}), LATER))
+        (plans[rebalance],) = published(read_after_expiry(s, {p: r for p, r in records.items() if p != gone}, LATER))
     carried, moved = plans[False], plans[True]
     assert not carried.meta["handover"] and any(len(ks) == 2 for ks in carried.meta["shards"].values())
     (mover, source), = moved.meta["handover"].items()
@@ -490,7 +491,7 @@ def test_a_stage_that_lost_every_peer_is_skipped_by_skippipe_and_refilled_for_th
     stage = 2
     gone = first.stage_peers(stage)
     live = {p: r for p, r in records.items() if p not in gone}
-    (new,) = published(s.observe(fresh(live), LATER))
+    (new,) = published(read_after_expiry(s, live, LATER))
     if planner == "skippipe":  # paths route around the empty stage until a volunteer takes it over
         assert new.rules.unserved == {stage} and stage not in new.placement.values()
         assert not new.meta["restore"] and all(new.placement[p] == st for p, st in first.placement.items()
@@ -517,7 +518,7 @@ def test_a_joiner_whose_epoch_has_not_started_is_neither_moved_nor_a_source_of_s
     assert epoch.meta["start_iteration"] == 4 and newcomer in epoch.meta["joiners"]
     holder, other = epoch.data_holders[:2]
     live = {p: r for p, r in live.items() if p != holder}
-    (after,) = published(s.observe(fresh(live), LATER))
+    (after,) = published(read_after_expiry(s, live, LATER))
     assert after.meta["start_iteration"] == 4 and after.placement[newcomer] == epoch.placement[newcomer]
     (rerun,) = published(s.handle(other, Unrecoverable(peer=other, iteration=3, epoch=0, microbatch=1), LATER))
     assert rerun.meta["start_iteration"] == 3 and rerun.placement[newcomer] == epoch.placement[newcomer]
@@ -601,7 +602,7 @@ def test_the_last_data_holder_declared_gone_while_it_still_beats_is_taken_back_a
     commit(s, 2)
     *others, last = first.data_holders
     live = {p: r for p, r in records.items() if p not in others}
-    (survivors,) = published(s.observe(fresh(live), LATER))
+    (survivors,) = published(read_after_expiry(s, live, LATER))
     assert list(survivors.data_holders) == [last] and survivors.meta["start_iteration"] == 3  # `last` finishes 2
     reporter = next(p for p, st in survivors.placement.items() if st == 1)
     s.handle(reporter, Unreachable(peer=last), LATER + 1)
