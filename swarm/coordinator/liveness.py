@@ -1,17 +1,18 @@
 """`Liveness`: which peers the scheduler takes for alive, from their heartbeat records and the peers' reports.
 
-A peer is live while its signed record was seen within its lifetime (three heartbeats and a grace), or it answered
-the scheduler's ping that recently, it has not announced that it leaves, and corroborated reports do not show it
-dead (`UnreachableReports`). One DHT read can miss a record on a busy swarm, so a record absent from one read does
-not make a peer gone; and on a loaded 20-peer swarm the DHT stalled for everyone at once (15 s without a read,
-then reads that missed half the live peers). So a placed peer missing from the reads for over `UNREAD_HEARTBEATS`
-is pinged over gossip (`unread`, `asked`), and its answer keeps it live. So a placed peer is taken for gone on its
-record only once a ping sent since it was last heard from went unanswered: a dying peer is pinged well before its
-record runs out, and one whose record ran out before the scheduler could ask it (its DHT reads stalled, or its loop
-was held up planning and publishing epochs: 8 s in a 20-peer churn run, which took 4 live relays for gone at once)
-is asked first, at the cost of one ping's wait where it is really dead. Its heartbeat's age, which corroborates a
-lone report, is known only while the newest read shows its record: one that read missed has no known age, and the
-scheduler's ping decides instead (a frozen peer's record is still read, with its true age, until it expires).
+A peer is live while its signed record was seen within its lifetime (three heartbeats and a grace), or it answered the
+scheduler's ping or sent it a new message that recently (`heard_from`), it has not announced that it leaves, and
+corroborated reports do not show it dead (`UnreachableReports`). One DHT read can miss a record on a busy swarm, so a
+record absent from one read does not make a peer gone; and on a loaded 20-peer swarm the DHT stalled for everyone at
+once (15 s without a read, then reads that missed half the live peers). So a placed peer missing from the reads for
+over `UNREAD_HEARTBEATS` is pinged over gossip (`unread`, `asked`), and its answer keeps it live. A placed peer is
+taken for gone on its record only once a ping sent since it was last heard from went unanswered: a dying peer is pinged
+well before its record runs out, and one whose record ran out before the scheduler could ask it (its DHT reads stalled,
+or its loop was held up planning and publishing epochs: 8 s in a 20-peer churn run, which took 4 live relays for gone
+at once) is asked first, at the cost of one ping's wait where it is really dead. Its heartbeat's age, which
+corroborates a lone report, is known only while the newest read shows its record: one that read missed has no known
+age, and the scheduler's ping decides instead (a frozen peer's record is still read, with its true age, until it
+expires).
 
 A peer declared gone that turns out alive and asks to be placed again (a joining record written after it was
 declared gone) is taken back only after a cool-down
@@ -128,11 +129,11 @@ class Liveness:
 
     def unread(self, peers: Collection[str], now: float) -> list[str]:
         """Those of `peers` (the placed ones), neither leaving nor declared gone, that were neither in a read nor
-        heard from for `UNREAD_HEARTBEATS`: to ping (and note it, `asked`), so that a DHT
-        whose reads miss their records does not make them gone. Those whose record's lifetime ran out meanwhile are
-        among them (on a loaded 20-peer swarm the reads stalled and then missed 8-11 of 19 live peers at once, and
-        the scheduler's loop, planning, did not look for 8 s while 4 live relays' records ran out); one that does
-        not answer is not asked again until it is heard from (`unanswered`), and is gone."""
+        heard from for `UNREAD_HEARTBEATS`: to ping (and note it, `asked`), so that a DHT whose reads miss their
+        records does not make them gone. Those whose record's lifetime ran out meanwhile are among them (on a
+        loaded 20-peer swarm the reads stalled and then missed 8-11 of 19 live peers at once, and the scheduler's
+        loop, planning, did not look for 8 s while 4 live relays' records ran out); one that does not answer is not
+        asked again until it is heard from (`unanswered`), and is gone."""
         return [p for p in peers if p in self.records and self._standing(p)
                 and now - self._heard(p) > UNREAD_HEARTBEATS * self.heartbeat
                 and self._unanswered.get(p, float("-inf")) < self._heard(p)]  # not again once silent
