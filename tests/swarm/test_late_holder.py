@@ -3,8 +3,8 @@
 A data holder freezes in the middle of an iteration's pipeline (its whole process tree stopped: nothing is reset,
 nothing answers). The others must not wait for its record to expire: once they reported the iteration and it is late
 against them (`swarm.coordinator.commit_tracker.overdue`), the iteration commits without its draws, its stage mates
-probe it, and it is taken for gone on their unanswered probes; the run goes on, and every sample drawn is still
-processed exactly once.
+probe it, and it is taken for gone on their unanswered probes (or sooner, on the reports of the relays that cannot
+reach it); the run goes on, and every sample drawn is still processed exactly once.
 
 A local swarm of 6 peers (3 stages) beats every 8 s, so a record expires 16-26 s after a freeze, far beyond an
 iteration. Compute is emulated at 0.05 s a layer, so that most of an iteration is its pipeline (where a holder's
@@ -94,11 +94,13 @@ def test_a_frozen_holder_is_left_out_of_the_commit_and_found_by_its_mates_probes
     assert [r["iteration"] for r in records] == list(range(1, ITERATIONS + 1))
     excused = [e for e in swarm.events("holders_excused", who="coordinator") if victim in e["peers"]]
     gone = swarm.events("declared_gone", who="coordinator")
-    assert excused, "the frozen holder was never left out for being late"
     assert [e["peer"] for e in gone] == [victim], gone  # the frozen holder, and no live one
     first = next(r for r in records if victim in r["left_out"])
     assert first["time"] - frozen_at < EXPIRY_FLOOR, first  # the others' work did not wait for its record
     assert gone[0]["time"] - frozen_at < EXPIRY_FLOOR, gone  # found by its mates, not by its record's expiry
+    # left out for being late, or declared gone on its mates' reports before the margin was out (a CI run on a
+    # loaded host: two relays' reports 6 s after the freeze), never waited for
+    assert excused or gone[0]["time"] <= first["time"], "the frozen holder was waited for: neither late nor gone"
     processed = processed_once(run_dir, records)
     assert processed and set(processed) == {1}, f"samples processed {dict(processed)} times"
 
