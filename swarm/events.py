@@ -62,6 +62,8 @@ EVENTS: dict[str, tuple[str, ...]] = {
     "state_refused": ("stage", "sender", "why"),
     # the scheduler; epoch: the newest one when it re-planned (the plan, once published, is the next)
     "replanned": ("epoch", "start_iteration", "gone", "leaving", "joining"),
+    # a re-plan made off the scheduler's loop while iterations committed: its epoch starts later than asked
+    "plan_rebased": ("epoch", "start_iteration", "asked"),
     # a scheduler that found the run gone on under a successor while it was away (`Overtaking`)
     "scheduler_stood_down": ("iteration",),
     "joiner_placed": ("peer", "stage"),

@@ -6,6 +6,9 @@
 - scheduler.py: Scheduler, the decisions without I/O: first plan, re-plans on membership, reruns, commits
 - first_plan.py: FirstPlan, when epoch 0 is planned (the swarm settled, its links measured) and from what
 - replanner.py: Replanner, the plans themselves (first, saved, after churn: moves, hand-overs, shards)
+- plan_job.py: PlanJob, one re-plan's inputs, made off the scheduler's loop; where it starts if commits went on
+- plan_desk.py: PlanDesk, the re-plans from asked for to stored, one at a time (settled: rebased, redone, given up)
+- gone_notices.py: GoneNotices, the peers told gone under each epoch, left out of the commits it runs
 - liveness.py: Liveness, which peers are alive, from heartbeat records and corroborated reports
 - commit_tracker.py: CommitTracker, holders' done reports into commits; the metrics line of an iteration
 - holder_shares.py: HolderShares, the share of its microbatches a holder is given, from how often it was late

@@ -1,5 +1,5 @@
-"""What the scheduler asks its owner to do (`Scheduler` decides, `SchedulerRole` carries out): publish a schedule
-epoch, gossip a control message, record an iteration's metrics."""
+"""What the scheduler asks its owner to do (`Scheduler` decides, `SchedulerRole` carries out): make a plan off its
+loop, publish a schedule epoch, gossip a control message, record an iteration's metrics."""
 
 from __future__ import annotations
 
@@ -7,12 +7,21 @@ from dataclasses import dataclass
 
 from scheduler.schedule import Schedule
 from swarm.control.messages import ControlMessage
+from swarm.coordinator.plan_job import PlanJob
+
+
+@dataclass(frozen=True)
+class MakePlan:
+    """Run `job` (`PlanJob.run`) off the loop and hand it back to `Scheduler.planned` on it."""
+
+    job: PlanJob
 
 
 @dataclass(frozen=True)
 class PublishSchedule:
-    """Store `schedule` in the DHT and announce its epoch (the scheduler already counts it as published); with
-    `bridge`, the epoch in force until it starts (see `ScheduleMsg.bridge`)."""
+    """Store `schedule` in the DHT and announce its epoch (the scheduler already counts it as published; tell it
+    whether it was stored: `Scheduler.stored`); with `bridge`, the epoch in force until it starts (see
+    `ScheduleMsg.bridge`)."""
 
     schedule: Schedule
     bridge: Schedule | None = None
@@ -34,4 +43,4 @@ class RecordIteration:
     record: dict
 
 
-Action = PublishSchedule | Announce | RecordIteration
+Action = MakePlan | PublishSchedule | Announce | RecordIteration

@@ -68,11 +68,11 @@ class CostDrift:
             drift["links"] = self.links.drifted(schedule, self._now)
         return {k: v for k, v in drift.items() if v}
 
-    def pays(self, drift: Mapping[str, dict], epoch: Schedule, replanned: Schedule, start: int) -> bool:
-        """Whether `replanned` (from iteration `start`, on the current costs) is worth publishing for `drift` in place
-        of `epoch` (`replan_gain` >= `REPLAN_GAIN`). Said either way, for the log and the run's events; the current
-        link times become the ones later drifts are measured from."""
-        gain = replan_gain(epoch, replanned)
+    def pays(self, drift: Mapping[str, dict], gain: float, start: int) -> bool:
+        """Whether a re-plan for `drift` (from iteration `start`, on the current costs) whose paths are `gain` quicker
+        than the newest epoch's (`replan_gain`, worked out where the plan was made) is worth publishing: `gain` >=
+        `REPLAN_GAIN`. Said either way, for the log and the run's events; the current link times become the ones
+        later drifts are measured from."""
         pays = gain >= REPLAN_GAIN
         if self.links is not None and self._now is not None:
             self.links.weighed(self._now)

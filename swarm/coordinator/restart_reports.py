@@ -9,7 +9,14 @@ iterations take. A peer whose lone report was believed is not believed alone aga
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Collection
 from dataclasses import dataclass, field
+
+from scheduler.schedule import Schedule
+from swarm.control.messages import Stuck, Unrecoverable
+
+logger = logging.getLogger(__name__)
 
 STUCK_FACTOR = 3.0
 """A lone report is believed once the iteration has run this many times the last iteration's duration..."""
@@ -30,6 +37,30 @@ class RestartReports:
     _reporters: dict[tuple[int, int], set[str]] = field(default_factory=dict)
     _lone_at: dict[str, int] = field(default_factory=dict)
     """Peer -> the iteration whose restart its lone report caused."""
+    _restarted: set[tuple[int, int]] = field(default_factory=set)
+    """The (iteration, epoch) pairs run again: each is, once."""
+
+    def judge(self, reporter: str, report: Stuck | Unrecoverable, running: Schedule, live: Collection[str],
+              now: float) -> str | None:
+        """Why the iteration `reporter` reports unable to finish runs again (`running` running it, `live` the live
+        peers), or None: the reporter is not of that epoch, the iteration already ran again under it, or the report
+        is not believed yet (a peer of the epoch gone corroborates it, else `believed`)."""
+        key = (report.iteration, report.epoch)
+        if reporter not in running.placement or report.epoch != running.epoch or key in self._restarted:
+            return None
+        dead = sorted(p for p in running.placement if p not in live)
+        why = f"{dead[0]} of its epoch is gone" if dead else self.believed(reporter, *key, now)
+        if why is None:
+            logger.info("iteration %d reported %s by %s alone, too early to believe", report.iteration,
+                        type(report).__name__.lower(), reporter)
+            return None
+        self.restarting(*key, now)
+        return why
+
+    def restarting(self, iteration: int, epoch: int, now: float) -> None:
+        """`iteration`, run under `epoch`, runs again from now."""
+        self._restarted.add((iteration, epoch))
+        self.progress(now)
 
     def progress(self, now: float, iteration_seconds: float | None = None) -> None:
         """An iteration was committed (with its duration), or one was (re)started: its clock starts now."""

@@ -8,7 +8,8 @@ that peers' reports convicted (`Suspicions`: corroborated reports, pings, estran
 an iteration once every data holder has reported it.
 
 A re-planned epoch starts at the next iteration: the one in progress goes on, its forwards detoured around gone
-peers (peers are told who is gone). A gone data holder's microbatches cannot finish: the iteration commits without
+peers (peers are told who is gone); a plan made off the owner's loop starts at the next one not begun once it is
+made (`PlanDesk`). A gone data holder's microbatches cannot finish: the iteration commits without
 them (its draws go back to its shard, which a surviving holder takes over at the last commit's position), rather
 than running again for the sake of one holder's share; it runs again under the new epoch only when no holder of it
 is left or a holder is leaving (it hands its stage over first). A holder late against the others is left out of
@@ -36,7 +37,6 @@ from swarm.control.messages import (
     Done,
     Faulty,
     Finished,
-    Gone,
     Join,
     Leave,
     Pace,
@@ -45,13 +45,16 @@ from swarm.control.messages import (
     Unreachable,
     Unrecoverable,
 )
-from swarm.coordinator.actions import Action, Announce, PublishSchedule, RecordIteration
+from swarm.coordinator.actions import Action, Announce, MakePlan, PublishSchedule, RecordIteration
 from swarm.coordinator.commit_tracker import CommitTracker, injectors, iteration_metrics
 from swarm.coordinator.cost_drift import CostDrift
 from swarm.coordinator.epochs import EpochHistory, successors
 from swarm.coordinator.first_plan import SETTLE_SECONDS, FirstPlan
+from swarm.coordinator.gone_notices import GoneNotices
 from swarm.coordinator.liveness import Liveness
-from swarm.coordinator.replanner import NoDataHolder, Replanner
+from swarm.coordinator.plan_desk import PlanDesk
+from swarm.coordinator.plan_job import PlanJob
+from swarm.coordinator.replanner import Replanner
 from swarm.coordinator.restart_reports import RestartReports
 from swarm.coordinator.slow_holders import ShareChange, log_share_changes
 from swarm.coordinator.slow_peers import SlowPeers
@@ -65,9 +68,6 @@ logger = logging.getLogger(__name__)
 JOIN_PROBE_SECONDS = 60.0
 """A peer joining mid-run is placed once its record shows its first round of link probes (it is ready to work,
 and the planner knows its links), or after this long without them."""
-REPLAN_RETRY_SECONDS = 5.0
-"""A membership change that could not be planned (no data holder left) is tried again after this long, or at once
-when the membership changes again."""
 SWARM_REPLAN_ITERATIONS = 10
 """With the SWARM-style planner, a stable swarm is re-planned once its epoch has run this many iterations: SWARM's
 periodic rebalancing, and a fresh draw of its stochastic wiring (peers follow one wiring per epoch)."""
@@ -78,7 +78,7 @@ class Scheduler:
 
     Its decisions (membership changes, commits, reruns) all read and change the same epoch history and liveness;
     what is pure or has state of its own has its component (`FirstPlan`, `Liveness`, `Suspicions`, `Replanner`,
-    `CommitTracker`, `EpochHistory`, `RestartReports`, the successors in `epochs.py`).
+    `PlanDesk`, `CommitTracker`, `GoneNotices`, `EpochHistory`, `RestartReports`, the successors in `epochs.py`).
 
     :param config: the run's configuration
     :param model: the run spec's model dictionary
@@ -86,10 +86,12 @@ class Scheduler:
     :param first_schedule: a saved plan of these peers to start from (used once every peer it places is live)
     :param ends_run_on_stop: whether stopping this scheduler ends the run (the coordinator process); a peer
       holding the role that leaves does not end it
+    :param background_plans: a re-plan is asked for with `MakePlan`, whose job the owner makes off its loop and hands
+      back to `planned`, and each epoch's store is reported to `stored` (see `PlanDesk`); else made on the spot
     """
 
     def __init__(self, config: RunConfig, model: Mapping, coordinator: str, *, first_schedule: Schedule | None = None,
-                 ends_run_on_stop: bool = True) -> None:
+                 ends_run_on_stop: bool = True, background_plans: bool = False) -> None:
         self.config = config
         self.replanner = Replanner(config, model)
         self.epochs = EpochHistory()
@@ -104,12 +106,11 @@ class Scheduler:
         self.peers_online = 0
         self.first_plan = FirstPlan(config, self.replanner, first_schedule)
         self.ends_run_on_stop = ends_run_on_stop
-        self._restarted: set[tuple[int, int]] = set()
         self._restart_reports = RestartReports()
         self.suspicions = Suspicions(self.liveness, config.heartbeat)
         """Peers' reports against each other, judged into `liveness` (pings, estrangements, evictions)."""
-        self._failed_replan: tuple[tuple, float] | None = None
-        """(The membership change that could not be planned, when it was tried)."""
+        self.plans = PlanDesk(self.liveness, self.slow, self.drift, background=background_plans)
+        self.gone = GoneNotices()
 
     @property
     def schedule(self) -> Schedule | None:
@@ -119,10 +120,6 @@ class Scheduler:
     @property
     def done(self) -> bool:
         return bool(self.config.iterations) and self.completed >= self.config.iterations
-
-    def withdraw(self, schedule: Schedule) -> None:
-        """`schedule` could not be published: the epoch before it stays the newest (the next look re-plans)."""
-        self.epochs.withdraw(schedule)
 
     # ---- membership ---------------------------------------------------------------------------------
     def observe(self, records: Mapping[str, tuple[PeerRecord, float]], now: float) -> list[Action]:
@@ -153,7 +150,8 @@ class Scheduler:
         self._restart_reports.progress(now)
         self.slow.restore(self.schedule.meta.get("slow"), now)
         peers = self.liveness.update(records, now)
-        return self._replan({p: r for p, r in peers.items() if p in self.schedule.placement}, start=completed, now=now)
+        return self._replan({p: r for p, r in peers.items() if p in self.schedule.placement}, start=completed, now=now,
+                            why="resume")
 
     def _follow_membership(self, peers: dict[str, PeerRecord], now: float) -> list[Action]:
         """Re-plan when a scheduled peer is gone or leaving, or a new one has settled (see the module docstring
@@ -174,36 +172,36 @@ class Scheduler:
                    and (r.links or self.liveness.seen_for(p, now) >= JOIN_PROBE_SECONDS)]
         if not gone and not joining and not draining:
             return self._swarm_periodic_replan(peers, now)
-        change = (tuple(sorted(gone)), tuple(sorted(draining)), tuple(sorted(joining)))
-        if self._failed_replan is not None and self._failed_replan[0] == change and \
-                now - self._failed_replan[1] < REPLAN_RETRY_SECONDS:
-            return []  # the same change could not be planned a moment ago (no data holder left): not every tick
-        actions: list[Action] = [Announce(Gone(peers=tuple(gone), iteration=self.completed,
-                                                          epoch=self.schedule.epoch))] if gone else []
-        # a holder's draws of the iteration in progress are ledgered against the positions of the last commit: a
-        # gone holder's are left out of its commit (the others' go on); the iteration runs again when no holder
-        # injecting microbatches is left or a holder is leaving (a draining holder is not announced gone)
         in_force = self.epochs.in_force(self.completed)
         holders = set(in_force.data_holders)
+        if self.plans.busy:  # planned once the re-plan under way is published; the peers hear of the dead at once
+            return self._tell_gone(gone) + self._commit_if_reported(now)
+        change = (tuple(sorted(gone)), tuple(sorted(draining)), tuple(sorted(joining)))
+        if self.plans.failed_lately(change, now):
+            return []  # the same change could not be planned a moment ago (no data holder left): not every tick
+        actions = self._tell_gone(gone)
+        # a holder's draws of the iteration in progress are ledgered against the positions of the last commit: a
+        # gone holder's are left out of its commit (the others' go on: `GoneNotices`); the iteration runs again when
+        # no holder injecting microbatches is left or a holder is leaving (a draining holder is not announced gone)
         survivors = (injectors(in_force) & set(peers)) - {*gone, *draining}  # an excused one is not in the newest
         # a peer reported the iteration in progress unable to finish, too early to believe alone; a peer of its epoch
         # now gone corroborates it (as in `_restart_iteration`): it runs again, rather than waiting for its deadline
         unfinishable = bool(gone) and self._restart_reports.reported(self.completed, in_force.epoch)
         rerun = not survivors or bool(holders & set(draining)) or unfinishable
         start = self.completed if rerun else self.completed + 1
-        if not rerun:
-            self.commits.excuse(self.completed, in_force.epoch, holders & set(gone))
         if unfinishable:
-            self._restarted.add((self.completed, in_force.epoch))
-            self._restart_reports.progress(now)
+            self._restart_reports.restarting(self.completed, in_force.epoch, now)
         logger.warning("membership changed (gone: %s, leaving: %s, joining: %s): re-planning from iteration %d",
                        gone, draining, joining, start,
                        extra=event("replanned", epoch=self.schedule.epoch, start_iteration=start, gone=gone,
                                    leaving=draining, joining=joining))
         live = {p: r for p, r in peers.items() if (p in placement or p in joining) and p not in draining}
-        published = self._replan(live, start=start, now=now, handing_over=draining)
-        self._failed_replan = None if published else (change, now)
-        return actions + published + self._commit_if_reported(now)  # every other holder may have reported it
+        asked = self._replan(live, start=start, now=now, why="membership", handing_over=draining, change=change)
+        return actions + asked + self._commit_if_reported(now)  # every other holder may have reported it
+
+    def _tell_gone(self, gone: list[str]) -> list[Action]:
+        notice = self.gone.tell(gone, self.schedule, self.completed)
+        return [Announce(notice)] if notice is not None else []
 
     def _kept_out(self, now: float) -> set[str]:
         """The live peers the plan leaves out now: sitting out an estrangement, or benched for being too slow."""
@@ -214,51 +212,66 @@ class Scheduler:
         once the epoch in force has run `SWARM_REPLAN_ITERATIONS` iterations and no newer one is waiting."""
         latest = self.schedule
         ran = self.completed - int(latest.meta.get("start_iteration", 0))
-        if self.config.planner != "swarm" or ran < SWARM_REPLAN_ITERATIONS:
+        if self.config.planner != "swarm" or ran < SWARM_REPLAN_ITERATIONS or self.plans.busy:
             return []
         start = self.completed + 1
         logger.info("SWARM-style planner: epoch %d has run %d iterations: rebalancing and rewiring from iteration %d",
                     latest.epoch, ran, start, extra=event("replanned", epoch=latest.epoch, start_iteration=start,
                                                           gone=[], leaving=[], joining=[]))
-        return self._replan({p: r for p, r in peers.items() if p in latest.placement}, start=start, now=now)
+        return self._replan({p: r for p, r in peers.items() if p in latest.placement}, start=start, now=now,
+                            why="periodic")
 
-    def _replan(self, peers: dict[str, PeerRecord], *, start: int, now: float,
-                handing_over: Iterable[str] = ()) -> list[Action]:
-        schedule = self._plan(peers, start=start, now=now, handing_over=handing_over)
-        return [] if schedule is None else self._publish(schedule, now)
+    # ---- plans --------------------------------------------------------------------------------------
+    def _replan(self, peers: Mapping[str, PeerRecord], *, start: int, now: float, why: str,
+                handing_over: Iterable[str] = (), change: tuple | None = None,
+                drift: Mapping | None = None) -> list[Action]:
+        """Ask for a new epoch of `peers` from iteration `start` (see `PlanJob` for the rest)."""
+        return self._ask(self.plans.job(peers, why=why, start=start, completed=self.completed, epochs=self.epochs,
+                                        shard_positions=self.commits.shard_positions, handing_over=handing_over,
+                                        change=change, drift=drift), now)
 
-    def _plan(self, peers: dict[str, PeerRecord], *, start: int, now: float,
-              handing_over: Iterable[str] = ()) -> Schedule | None:
-        """A new epoch of `peers` from iteration `start`, on their measured speeds (None: it could not be planned,
-        logged)."""
-        def plan(live: dict[str, PeerRecord]) -> Schedule:
-            return self.replanner.replan(self.slow.speeds.applied(live), self.epochs, start_iteration=start,
-                                         shard_positions=self.commits.shard_positions,
-                                         handing_over=list(handing_over), stateless=self.liveness.stateless,
-                                         shares=self.slow.holders.shares.slowed)
+    def _ask(self, job: PlanJob, now: float) -> list[Action]:
+        if not self.plans.background:
+            job.run(self.replanner)
+            return self.planned(job, now)
+        self.plans.planning = job
+        return [MakePlan(job)]
 
-        try:
-            try:
-                return plan(peers)
-            except NoDataHolder as e:
-                # holders declared gone that still beat are taken back: without one no epoch can tell them they
-                # were dropped, and the run would stand still (`Liveness.take_back` says why and when)
-                back = self.liveness.take_back([p for p, st in self.schedule.placement.items()
-                                                if st == 0 and p not in self.suspicions.evicted], now,
-                                               why="every data holder is gone and it still beats")
-                if not back:
-                    raise NoDataHolder(f"{e}; the newest epoch's: " + "; ".join(
-                        f"{p}: {self.liveness.describe(p, now)}" for p in self.schedule.data_holders)) from None
-                return plan({**peers, **back})
-        except (RuntimeError, ValueError) as e:
-            logger.error("could not re-plan: %s", e)
-            return None
+    def planned(self, job: PlanJob, now: float) -> list[Action]:
+        """`job` (`MakePlan`) is made: publish its epoch (`PlanDesk.settle`), or make another; then judge what waited
+        for it."""
+        settled = self.plans.settle(job, completed=self.completed, epochs=self.epochs,
+                                    shard_positions=self.commits.shard_positions, evicted=self.suspicions.evicted,
+                                    now=now)
+        if isinstance(settled, PlanJob):
+            return self._ask(settled, now)
+        return ([] if settled is None else self._publish(settled, now)) + self._after_plan(now)
+
+    def stored(self, schedule: Schedule, ok: bool, now: float) -> list[Action]:
+        """The owner stored `schedule` (`PublishSchedule`) in the DHT, or could not (`ok`): then the epoch before it
+        stays the newest, and the next look re-plans. The commits that waited for it go on."""
+        self.plans.stored(schedule)
+        if not ok:
+            self.epochs.withdraw(schedule)
+        return self._after_plan(now)
+
+    def _after_plan(self, now: float) -> list[Action]:
+        """Once no re-plan is under way: commit the iteration in progress if its holders all reported it (a commit
+        waits for an epoch's store), then judge the reports of an iteration unable to finish that came meanwhile."""
+        if self.plans.busy:
+            return []
+        actions = self._commit_if_reported(now)
+        for sender, report in self.plans.take_deferred():
+            actions += self._restart_iteration(sender, report, now)
+        return actions
 
     def _publish(self, schedule: Schedule, now: float) -> list[Action]:
         schedule.meta["successors"] = successors(self.schedule, schedule, self.liveness.first_seen)
         schedule.meta["positions_after"] = self.completed - 1  # the commit its `shard_positions` are as of
         if slow := self.slow.to_meta(now):
             schedule.meta["slow"] = slow  # for a successor (`resume`)
+        if self.plans.background:
+            self.plans.storing = schedule
         return [PublishSchedule(schedule, self.epochs.add(schedule, in_progress=self.completed))]
 
     # ---- reports ------------------------------------------------------------------------------------
@@ -305,26 +318,19 @@ class Scheduler:
         iteration again under a new epoch on the live peers of the newest one, once per iteration and epoch."""
         if self.schedule is None or report.iteration != self.completed:
             return []
-        running = self.epochs.in_force(self.completed)
-        key = (report.iteration, report.epoch)
-        if sender not in running.placement or report.epoch != running.epoch or key in self._restarted:
+        if self.plans.busy:  # judged once the re-plan under way is published (it may run this iteration again itself)
+            self.plans.defer(sender, report, keep=4 * len(self.schedule.placement))
             return []
         live = self.liveness.live(now)
-        dead = sorted(p for p in running.placement if p not in live)
-        why = f"{dead[0]} of its epoch is gone" if dead else \
-            self._restart_reports.believed(sender, report.iteration, report.epoch, now)
+        why = self._restart_reports.judge(sender, report, self.epochs.in_force(self.completed), live, now)
         if why is None:
-            logger.info("iteration %d reported %s by %s alone, too early to believe", report.iteration,
-                        type(report).__name__.lower(), sender)
             return []
-        self._restarted.add(key)
-        self._restart_reports.progress(now)
         # peers reported unreachable are left out only once that is corroborated (see `Suspicions.broken`)
         peers = {q: r for q, r in live.items() if q in self.schedule.placement}
         logger.warning("iteration %d is %s at %s under epoch %d (%s): running it again under a new epoch",
                        report.iteration, "stuck" if isinstance(report, Stuck) else "unrecoverable", sender,
                        report.epoch, why)
-        return self._replan(peers, start=self.completed, now=now)
+        return self._replan(peers, start=self.completed, now=now, why="restart")
 
     def _note_done(self, sender: str, report: Done, now: float) -> list[Action]:
         """A data holder finished its part of an iteration: commit the iteration once all of its epoch's have.
@@ -359,11 +365,17 @@ class Scheduler:
         return self._commit_if_reported(now)
 
     def _left_out(self, running: Schedule) -> list[str]:
-        """The peers of epoch `running` that a commit of it leaves out: evicted or declared gone."""
-        return [p for p in running.placement if p in self.suspicions.evicted or p in self.liveness.declared_gone]
+        """The peers of epoch `running` that a commit of it leaves out: evicted, declared gone, or told gone under
+        it or a newer epoch."""
+        told = self.gone.left_out(running)
+        return [p for p in running.placement if p in self.suspicions.evicted or p in self.liveness.declared_gone
+                or p in told]
 
     def _commit_if_reported(self, now: float) -> list[Action]:
-        """Commit the iteration in progress if every holder of its epoch not left out of it has reported it."""
+        """Commit the iteration in progress if every holder of its epoch not left out of it has reported it, and no
+        epoch is being stored (the peers must read it before they start the iteration it may start at)."""
+        if self.plans.storing is not None:
+            return []
         running = self.epochs.in_force(self.completed)
         committed = self.commits.try_commit(self.completed, running, left_out=self._left_out(running))
         if committed is None:
@@ -374,6 +386,7 @@ class Scheduler:
                                    records=records, left_out=commit.left_out)
         self.completed += 1
         self.suspicions.committed()
+        self.gone.running(self.epochs.in_force(self.completed).epoch)
         self._restart_reports.progress(now, record["iteration_seconds"])
         # lateness in an iteration that lost a peer is the churn's (microbatches went around the dead), not slowness
         churned = set(commit.left_out) - self.commits.last_late
@@ -391,7 +404,7 @@ class Scheduler:
         if off and (benched := self._bench(off, now)):
             return benched  # its re-plan plans every holder's share
         live, placement = self.liveness.live(now), self.schedule.placement
-        if not set(placement) <= set(live):
+        if not set(placement) <= set(live) or self.plans.busy:  # shares moved now are planned by the next plan
             return []
         peers = {p: r for p, r in live.items() if p in placement}
         drift = {} if moved or self.config.profile else self.drift.drifted(self.schedule, peers)
@@ -399,10 +412,7 @@ class Scheduler:
             return []
         start = self.completed + 1
         log_share_changes(moved, start)
-        schedule = self._plan(peers, start=start, now=now)
-        if schedule is None or (drift and not self.drift.pays(drift, self.schedule, schedule, start)):
-            return []
-        return self._publish(schedule, now)
+        return self._replan(peers, start=start, now=now, why="pace", drift=drift or None)
 
     def _bench(self, peers: list[str], now: float) -> list[Action]:
         """Take `peers`, slow for good, off the run's work for a while (those `SlowPeers.bench` lets go; each is

@@ -25,8 +25,9 @@ from swarm.control.messages import (
 from swarm.coordinator.actions import Announce, PublishSchedule, RecordIteration
 from swarm.coordinator.first_plan import LINK_WAIT_SECONDS, SETTLE_SECONDS
 from swarm.coordinator.liveness import FIRST_REJOIN_COOLDOWN
+from swarm.coordinator.plan_desk import REPLAN_RETRY_SECONDS
 from swarm.coordinator.restart_reports import MIN_STUCK_SECONDS
-from swarm.coordinator.scheduler import REPLAN_RETRY_SECONDS, Scheduler
+from swarm.coordinator.scheduler import Scheduler
 from swarm.events import EVENT_ATTR
 from swarm.wire import PeerRecord, PeerState, ScheduleMsg
 from tests.swarm.coordinator.conftest import STAGES, make_replanner, make_scheduler, read_after_expiry

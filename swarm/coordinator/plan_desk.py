@@ -1,0 +1,133 @@
+"""`PlanDesk`: the scheduler's re-plans from asked for to published, one at a time; no I/O.
+
+A re-plan is a `PlanJob`: made on the spot, or, with `background`, by the owner off its loop (the scheduler asks
+for it with `MakePlan` and is handed it back), while iterations go on committing under the epoch in force. What a
+job comes back with is settled here: taken as it is, or from the next iteration if iterations committed meanwhile
+(`rebase_start`), or asked for again where it cannot start there, or given up. An epoch published goes on being
+awaited (`storing`) until its owner reports its DHT store: the peers read an epoch there, so no iteration may commit
+before they can.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Collection, Iterable, Mapping
+
+from scheduler.schedule import Schedule
+from swarm.control.messages import Stuck, Unrecoverable
+from swarm.coordinator.cost_drift import CostDrift
+from swarm.coordinator.epochs import EpochHistory
+from swarm.coordinator.liveness import Liveness
+from swarm.coordinator.plan_job import PlanJob, rebase_start, rebased
+from swarm.coordinator.replanner import NoDataHolder
+from swarm.coordinator.slow_peers import SlowPeers
+from swarm.events import event
+from swarm.wire import PeerRecord
+
+logger = logging.getLogger(__name__)
+
+REPLAN_RETRY_SECONDS = 5.0
+"""A membership change that could not be planned (no data holder left) is tried again after this long, or at once
+when the membership changes again."""
+
+
+class PlanDesk:
+    """The re-plan under way (`planning`), the epoch being stored (`storing`), and the membership change that could not
+    be planned. `now` arguments are monotonic seconds.
+
+    :param liveness: the scheduler's (holders declared gone that still beat are taken back when no holder is left)
+    :param slow: the scheduler's slow peers (their measured speeds and shares go into each plan)
+    :param drift: the scheduler's cost drift (a plan asked for by it is published where it pays)
+    :param background: plans are made off the owner's loop (see the module docstring)
+    """
+
+    def __init__(self, liveness: Liveness, slow: SlowPeers, drift: CostDrift, *, background: bool = False) -> None:
+        self.liveness, self.slow, self.drift, self.background = liveness, slow, drift, background
+        self.planning: PlanJob | None = None
+        """The re-plan being made off the loop, if any (one at a time: a change seen meanwhile is planned after it)."""
+        self.storing: Schedule | None = None
+        """The epoch being stored in the DHT, if any: commits wait for it."""
+        self._failed: tuple[tuple, float] | None = None
+        """(The membership change that could not be planned, when it was tried)."""
+        self._deferred: list[tuple[str, Stuck | Unrecoverable]] = []
+
+    @property
+    def busy(self) -> bool:
+        """Whether a re-plan is being made or its epoch stored: no other is asked for."""
+        return self.planning is not None or self.storing is not None
+
+    def defer(self, sender: str, report: Stuck | Unrecoverable, *, keep: int) -> None:
+        """Keep `sender`'s report of an iteration unable to finish, which came while a re-plan was under way, to be
+        judged after it (the newest `keep` of them)."""
+        self._deferred = [*self._deferred[-keep + 1:], (sender, report)] if keep > 1 else [(sender, report)]
+
+    def take_deferred(self) -> list[tuple[str, Stuck | Unrecoverable]]:
+        """The reports `defer` kept, oldest first; they are kept no more."""
+        deferred, self._deferred = self._deferred, []
+        return deferred
+
+    def failed_lately(self, change: tuple, now: float) -> bool:
+        """Whether membership change `change` could not be planned a moment ago (no data holder left): it is tried
+        again after `REPLAN_RETRY_SECONDS`, not every look."""
+        return self._failed is not None and self._failed[0] == change and now - self._failed[1] < REPLAN_RETRY_SECONDS
+
+    def job(self, peers: Mapping[str, PeerRecord], *, why: str, start: int, completed: int, epochs: EpochHistory,
+            shard_positions: Mapping[str, Mapping[str, int]], handing_over: Iterable[str] = (),
+            change: tuple | None = None, drift: Mapping | None = None) -> PlanJob:
+        """A re-plan of `peers` from iteration `start` (`completed` iterations committed), on a snapshot of what
+        the scheduler knows now: their measured speeds applied, the epochs, the shards' positions, the holders'
+        shares, who holds no state (see `PlanJob` for the rest)."""
+        return PlanJob(why=why, peers=dict(peers), records=self.slow.speeds.applied(peers), start=start,
+                       asked_at=completed, history=EpochHistory(epochs.all),
+                       shard_positions={k: dict(v) for k, v in shard_positions.items()},
+                       handing_over=tuple(handing_over), stateless=frozenset(self.liveness.stateless),
+                       shares=self.slow.holders.shares.slowed, change=change, drift=drift)
+
+    def settle(self, job: PlanJob, *, completed: int, epochs: EpochHistory,
+               shard_positions: Mapping[str, Mapping[str, int]], evicted: Collection[str],
+               now: float) -> Schedule | PlanJob | None:
+        """What becomes of `job`, made, `completed` iterations being committed now: its epoch to publish (from the
+        next iteration if iterations committed meanwhile), a job to make instead (holders taken back, or the epoch
+        it follows changed), or None (it could not be made, or it does not pay: logged)."""
+        if job is self.planning:
+            self.planning = None
+        again = {"why": job.why, "completed": completed, "epochs": epochs, "shard_positions": shard_positions,
+                 "start": job.start if completed == job.asked_at else completed + 1,
+                 "handing_over": job.handing_over, "change": job.change, "drift": job.drift}
+        outcome = job.outcome
+        if isinstance(outcome, NoDataHolder):
+            # holders declared gone that still beat are taken back: without one no epoch can tell them they
+            # were dropped, and the run would stand still (`Liveness.take_back` says why and when)
+            latest = epochs.latest
+            back = self.liveness.take_back([p for p, st in latest.placement.items() if st == 0 and p not in evicted],
+                                           now, why="every data holder is gone and it still beats")
+            if back:
+                return self.job({**job.peers, **back}, **again)
+            outcome = NoDataHolder(f"{outcome}; the newest epoch's: " + "; ".join(
+                f"{p}: {self.liveness.describe(p, now)}" for p in latest.data_holders))
+        if not isinstance(outcome, Schedule):
+            logger.error("could not re-plan: %s", outcome)
+            if job.change is not None:
+                self._failed = (job.change, now)
+            return None
+        if job.change is not None:
+            self._failed = None
+        start = rebase_start(job, completed, epochs)
+        if start is None:
+            logger.info("plan %d (%s) was made after epoch %d from iteration %d; the iteration in progress is now %d "
+                        "under epoch %d: it is made again", job.number, job.why, job.after, job.start, completed,
+                        epochs.in_force(completed).epoch)
+            return self.job(job.peers, **again)
+        if start != job.start:
+            logger.info("plan %d (%s): %d iteration(s) committed while it was made: it starts at iteration %d, not %d",
+                        job.number, job.why, completed - job.asked_at, start, job.start,
+                        extra=event("plan_rebased", epoch=outcome.epoch, start_iteration=start, asked=job.start))
+            rebased(outcome, start, shard_positions)
+        if job.drift and not self.drift.pays(job.drift, job.gain, start):
+            return None
+        return outcome
+
+    def stored(self, schedule: Schedule) -> None:
+        """`schedule`'s store is over (stored or not)."""
+        if schedule is self.storing:
+            self.storing = None

@@ -1,0 +1,158 @@
+"""Re-plans made off the scheduler's loop (`Scheduler(background_plans=True)`, `PlanDesk`): iterations commit while a
+plan is made, its epoch starts after them, commits wait for an epoch's store, and what comes meanwhile (a second
+death, reports of a stuck iteration) is acted on after it. The owner's part (running the job in a thread, storing the
+epoch) is played here by calling `PlanJob.run`, `Scheduler.planned` and `Scheduler.stored` in turn."""
+
+from __future__ import annotations
+
+from scheduler.schedule import Schedule
+from swarm.control.messages import Commit, Done, Gone, Ping, Stuck
+from swarm.coordinator.actions import Announce, MakePlan, PublishSchedule
+from swarm.coordinator.first_plan import SETTLE_SECONDS
+from swarm.coordinator.scheduler import Scheduler
+from swarm.events import EVENT_ATTR
+from swarm.wire import PeerRecord
+from tests.swarm.coordinator.conftest import make_scheduler, read_after_expiry
+
+LATER = 20.0
+"""Past a record's lifetime (see `read_after_expiry`)."""
+
+
+def fresh(peers: dict[str, PeerRecord]) -> dict:
+    return {p: (r, 0.5) for p, r in peers.items()}
+
+
+def first_epoch(s: Scheduler, records: dict[str, PeerRecord]) -> Schedule:
+    """`s`'s epoch 0 of `records`, stored."""
+    s.observe(fresh(records), 0.0)
+    (action,) = [a for a in s.observe(fresh(records), SETTLE_SECONDS) if isinstance(a, PublishSchedule)]
+    assert s.plans.storing is action.schedule  # no commit before the peers can read it
+    s.stored(action.schedule, True, SETTLE_SECONDS)
+    return action.schedule
+
+
+def report(s: Scheduler, holders: list[str], now: float) -> list:
+    """`holders` report the iteration in progress done under the epoch running it."""
+    running, actions = s.epochs.in_force(s.completed), []
+    for h in holders:
+        actions += s.handle(h, Done(peer=h, iteration=s.completed, epoch=running.epoch, loss_sum=2.0, losses=4,
+                                    tokens=256, started=100.0, finished=101.0), now)
+    return actions
+
+
+def commits(actions: list) -> list[Commit]:
+    return [a.message for a in actions if isinstance(a, Announce) and isinstance(a.message, Commit)]
+
+
+def gone_notices(actions: list) -> list[Gone]:
+    return [a.message for a in actions if isinstance(a, Announce) and isinstance(a.message, Gone)]
+
+
+def jobs(actions: list) -> list:
+    return [a.job for a in actions if isinstance(a, MakePlan)]
+
+
+def make_plan(s: Scheduler, job, now: float) -> list:
+    """The owner's thread makes `job`, and hands it back on the loop."""
+    job.run(s.replanner)
+    return s.planned(job, now)
+
+
+def test_iterations_commit_while_a_plan_is_made_and_its_epoch_starts_after_them(records, caplog):
+    s = make_scheduler(background_plans=True)
+    first = first_epoch(s, records)
+    report(s, first.data_holders, 3.0)
+    assert s.completed == 1
+    holder = first.data_holders[-1]
+    actions = read_after_expiry(s, {p: r for p, r in records.items() if p != holder}, LATER)
+    (job,) = jobs(actions)  # asked for, not made: nothing is published yet
+    assert job.start == 2 and not [a for a in actions if isinstance(a, PublishSchedule)]
+    assert gone_notices(actions) == [Gone(peers=(holder,), iteration=1, epoch=0)]
+    # the other holders' reports commit iterations 1 and 2 under epoch 0, without the gone holder
+    others = [h for h in first.data_holders if h != holder]
+    for iteration in (1, 2):
+        (done,) = commits(report(s, others, LATER + iteration))
+        assert done.iteration == iteration and done.epoch == 0 and holder in done.left_out
+    assert s.plans.busy and s.completed == 3
+    caplog.set_level("INFO")
+    (publish,) = [a for a in make_plan(s, job, LATER + 3) if isinstance(a, PublishSchedule)]
+    new = publish.schedule
+    # it starts at the iteration after the one in progress, from the shards' positions of the last commit
+    assert new.meta["start_iteration"] == 4 and holder not in new.placement
+    assert new.meta["positions_after"] == 2 and new.meta["shard_positions"] == s.commits.shard_positions
+    (rebased,) = [getattr(r, EVENT_ATTR) for r in caplog.records
+                  if getattr(r, EVENT_ATTR, {}).get("event") == "plan_rebased"]
+    assert rebased["start_iteration"] == 4 and rebased["asked"] == 2
+    # iteration 3, under epoch 0, commits only once the new epoch is stored (the peers read it before iteration 4)
+    assert report(s, others, LATER + 4) == [] and s.completed == 3
+    (done,) = commits(s.stored(new, True, LATER + 5))
+    assert done.iteration == 3 and done.epoch == 0 and s.completed == 4 and not s.plans.busy
+    (done,) = commits(report(s, new.data_holders, LATER + 6))
+    assert done.epoch == new.epoch
+
+
+def test_a_death_while_a_plan_is_made_is_told_at_once_and_planned_after_it(records):
+    s = make_scheduler(background_plans=True)
+    first = first_epoch(s, records)
+    relays = [p for p, st in first.placement.items() if st == 2]
+    live = {p: r for p, r in records.items() if p != relays[0]}
+    (job,) = jobs(read_after_expiry(s, live, LATER))
+    # a second relay dies while the first re-plan is made: the peers hear of it, no second plan is asked for
+    rest = {p: r for p, r in live.items() if p != relays[1]}
+    actions = read_after_expiry(s, rest, 2 * LATER)
+    assert gone_notices(actions) == [Gone(peers=(relays[1],), iteration=0, epoch=0)] and jobs(actions) == []
+    assert [a for a in s.observe(fresh(rest), 2 * LATER + 1) if not isinstance(a, Announce)] == []
+    assert gone_notices(s.observe(fresh(rest), 2 * LATER + 1)) == []  # told once under an epoch
+    (publish,) = [a for a in make_plan(s, job, 2 * LATER + 2) if isinstance(a, PublishSchedule)]
+    assert relays[1] in publish.schedule.placement  # planned before it died
+    s.stored(publish.schedule, True, 2 * LATER + 3)
+    actions = s.observe(fresh(rest), 2 * LATER + 4)
+    (again,) = jobs(actions)
+    assert gone_notices(actions) == [Gone(peers=(relays[1],), iteration=0, epoch=publish.schedule.epoch)]
+    (publish,) = [a for a in make_plan(s, again, 2 * LATER + 5) if isinstance(a, PublishSchedule)]
+    assert not set(relays[:2]) & set(publish.schedule.placement)
+
+
+def test_reports_of_a_stuck_iteration_that_come_while_a_plan_is_made_are_judged_after_it(records):
+    s = make_scheduler(background_plans=True)
+    first = first_epoch(s, records)
+    holder = first.data_holders[-1]
+    (job,) = jobs(read_after_expiry(s, {p: r for p, r in records.items() if p != holder}, LATER))
+    a, b = [p for p in first.placement if p != holder][:2]
+    for p in (a, b):
+        assert s.handle(p, Stuck(peer=p, iteration=0, epoch=0), LATER + 1) == []
+    (publish,) = [x for x in make_plan(s, job, LATER + 2) if isinstance(x, PublishSchedule)]
+    assert publish.schedule.meta["start_iteration"] == 1
+    # once the epoch is stored, the two reports are believed: iteration 0 runs again
+    (rerun,) = jobs(s.stored(publish.schedule, True, LATER + 3))
+    assert rerun.why == "restart" and rerun.start == 0 and rerun.after == publish.schedule.epoch
+
+
+def test_an_epoch_whose_store_failed_is_withdrawn_and_planned_again(records):
+    s = make_scheduler(background_plans=True)
+    first_epoch(s, records)
+    relay = next(p for p, st in s.schedule.placement.items() if st == 3)
+    live = {p: r for p, r in records.items() if p != relay}
+    (job,) = jobs(read_after_expiry(s, live, LATER))
+    (publish,) = [x for x in make_plan(s, job, LATER + 1) if isinstance(x, PublishSchedule)]
+    assert s.schedule is publish.schedule
+    s.stored(publish.schedule, False, LATER + 2)
+    assert s.schedule.epoch == 0 and not s.plans.busy
+    (again,) = jobs(s.observe(fresh(live), LATER + 3))
+    assert again.after == 0
+
+
+def test_pings_and_commits_are_not_held_by_a_plan_under_way(records):
+    """What a plan made on the spot held for its duration goes on: a record missed by the reads is pinged."""
+    s = make_scheduler(background_plans=True)
+    first = first_epoch(s, records)
+    relay = next(p for p, st in first.placement.items() if st == 2)
+    live = {p: r for p, r in records.items() if p != relay}
+    jobs(read_after_expiry(s, live, LATER))
+    quiet = next(p for p in live if p not in first.data_holders)
+    unread = {p: r for p, r in live.items() if p != quiet}
+    pings = [a.message for a in s.observe(fresh(unread), 2 * LATER) if isinstance(a, Announce)
+             and isinstance(a.message, Ping)]
+    assert [p.peer for p in pings] == [quiet]
+    assert [c.iteration for c in commits(report(s, first.data_holders, 2 * LATER + 1))] == [0]
+    assert s.plans.planning is not None
