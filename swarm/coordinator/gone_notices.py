@@ -27,6 +27,11 @@ class GoneNotices:
         self._under.update(dict.fromkeys(new, latest.epoch))
         return Gone(peers=tuple(new), iteration=iteration, epoch=latest.epoch) if new else None
 
+    def told(self, peer: str, latest: Schedule) -> bool:
+        """Whether the run was told `peer` is gone under `latest`, the newest epoch, which still places it (its
+        re-plan is under way): it is planned around already, and reports about it are no news."""
+        return self._under.get(peer, -1) >= latest.epoch
+
     def left_out(self, running: Schedule) -> set[str]:
         """The peers `running` places that a commit of an iteration it runs leaves out: told gone under it or a newer
         epoch."""

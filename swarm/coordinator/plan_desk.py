@@ -112,6 +112,7 @@ class PlanDesk:
             return None
         if job.change is not None:
             self._failed = None
+        logger.info("plan %d (%s, epoch %d) made in %.2f s", job.number, job.why, outcome.epoch, job.seconds)
         start = rebase_start(job, completed, epochs)
         if start is None:
             logger.info("plan %d (%s) was made after epoch %d from iteration %d; the iteration in progress is now %d "

@@ -11,6 +11,7 @@ shares) on the loop, so that `run` may go on in another thread while the loop co
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -50,6 +51,8 @@ class PlanJob:
     outcome: Schedule | Exception | None = None
     """The plan, or why there is none (`NoDataHolder`, or the planner's `RuntimeError` / `ValueError`); None until
     `run`."""
+    seconds: float = 0.0
+    """How long `run` took."""
     gain: float = 0.0
     """For a plan asked for by `drift`: how much quicker its paths are than the epoch's (`replan_gain`)."""
 
@@ -65,6 +68,7 @@ class PlanJob:
 
     def run(self, replanner: Replanner) -> None:
         """Make the plan (any thread): `outcome` is the schedule, or the error that kept it from being made."""
+        started = time.perf_counter()
         try:
             self.outcome = replanner.replan(self.records, self.history, start_iteration=self.start,
                                             shard_positions=self.shard_positions,
@@ -72,9 +76,11 @@ class PlanJob:
                                             shares=self.shares)
         except (RuntimeError, ValueError) as e:  # NoDataHolder is a RuntimeError
             self.outcome = e
-            return
-        if self.drift:  # a simulation of the epoch's paths: off the loop too
-            self.gain = replan_gain(self.history.latest, self.outcome)
+        else:
+            if self.drift:  # a simulation of the epoch's paths: off the loop too
+                self.gain = replan_gain(self.history.latest, self.outcome)
+        finally:
+            self.seconds = time.perf_counter() - started
 
     @property
     def no_data_holder(self) -> bool:

@@ -107,10 +107,10 @@ class Scheduler:
         self.first_plan = FirstPlan(config, self.replanner, first_schedule)
         self.ends_run_on_stop = ends_run_on_stop
         self._restart_reports = RestartReports()
-        self.suspicions = Suspicions(self.liveness, config.heartbeat)
+        self.gone = GoneNotices()
+        self.suspicions = Suspicions(self.liveness, config.heartbeat, self.gone)
         """Peers' reports against each other, judged into `liveness` (pings, estrangements, evictions)."""
         self.plans = PlanDesk(self.liveness, self.slow, self.drift, background=background_plans)
-        self.gone = GoneNotices()
 
     @property
     def schedule(self) -> Schedule | None:

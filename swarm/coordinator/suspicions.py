@@ -20,6 +20,7 @@ from swarm.coordinator.actions import Announce
 from swarm.coordinator.epochs import EpochHistory
 from swarm.coordinator.estrangements import Estrangements
 from swarm.coordinator.fault_reports import FaultReports
+from swarm.coordinator.gone_notices import GoneNotices
 from swarm.coordinator.liveness import Liveness
 from swarm.coordinator.pings import Pings, ping_timeout
 from swarm.events import event
@@ -32,10 +33,12 @@ class Suspicions:
 
     :param liveness: the scheduler's liveness, where convictions are declared
     :param heartbeat: the run's heartbeat period (how long a ping waits: `ping_timeout`)
+    :param gone: the peers the scheduler told the run are gone (reports about them are no news)
     """
 
-    def __init__(self, liveness: Liveness, heartbeat: float) -> None:
+    def __init__(self, liveness: Liveness, heartbeat: float, gone: GoneNotices | None = None) -> None:
         self.liveness = liveness
+        self.gone = gone or GoneNotices()
         self.pings = Pings(ping_timeout(heartbeat))
         """Peers one peer reported unreachable, asked whether they are alive (`swarm.coordinator.pings`)."""
         self.estrangements = Estrangements(liveness.first_seen)
@@ -86,7 +89,7 @@ class Suspicions:
     def unreachable(self, sender: str, target: str, schedule: Schedule | None, now: float) -> list[Announce]:
         """A peer of the newest epoch `schedule` could not open a stream to another one."""
         if schedule is None or target not in schedule.placement or sender not in schedule.placement or \
-                sender in self.liveness.declared_gone:
+                sender in self.liveness.declared_gone or self.gone.told(target, schedule):
             return []
         self.liveness.report_unreachable(sender, target, now)
         ping = self.ping(target, now)
@@ -115,7 +118,7 @@ class Suspicions:
         if newest is None or named is None or named not in (newest, epochs.in_force(iteration)) or \
                 sender not in named.placement or suspect not in named.placement or \
                 suspect not in newest.placement or suspect in self.liveness.declared_gone or \
-                report.iteration != iteration:
+                self.gone.told(suspect, newest) or report.iteration != iteration:
             return []
         self.liveness.report_unreachable(sender, suspect, now)
         # the same iteration's microbatches broken at `suspect` by two peers, whatever the time between (its reruns

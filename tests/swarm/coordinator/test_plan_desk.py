@@ -6,7 +6,7 @@ epoch) is played here by calling `PlanJob.run`, `Scheduler.planned` and `Schedul
 from __future__ import annotations
 
 from scheduler.schedule import Schedule
-from swarm.control.messages import Commit, Done, Gone, Ping, Stuck
+from swarm.control.messages import Commit, Done, Gone, Ping, SitOut, Stuck, Unreachable
 from swarm.coordinator.actions import Announce, MakePlan, PublishSchedule
 from swarm.coordinator.first_plan import SETTLE_SECONDS
 from swarm.coordinator.scheduler import Scheduler
@@ -42,6 +42,10 @@ def report(s: Scheduler, holders: list[str], now: float) -> list:
 
 def commits(actions: list) -> list[Commit]:
     return [a.message for a in actions if isinstance(a, Announce) and isinstance(a.message, Commit)]
+
+
+def notices(actions: list) -> list:
+    return [a.message for a in actions if isinstance(a, Announce)]
 
 
 def gone_notices(actions: list) -> list[Gone]:
@@ -156,3 +160,22 @@ def test_pings_and_commits_are_not_held_by_a_plan_under_way(records):
     assert [p.peer for p in pings] == [quiet]
     assert [c.iteration for c in commits(report(s, first.data_holders, 2 * LATER + 1))] == [0]
     assert s.plans.planning is not None
+
+
+def test_a_peer_told_to_sit_out_while_its_plan_is_made_is_not_convicted_by_reports_about_it(records):
+    """Two members of a stage cannot reach each other: one sits out, is told gone, and the run re-plans without it.
+    While the plan is made the epoch in force still places it, and peers that try it report it unreachable: it is
+    planned around already, and those reports must not take it for dead (it is alive, and comes back later)."""
+    s = make_scheduler(background_plans=True)
+    first = first_epoch(s, records)
+    stage = next(st for st in range(1, 6) if sum(v == st for v in first.placement.values()) >= 2)
+    mate, late = sorted(p for p, st in first.placement.items() if st == stage)[:2]
+    s.observe(fresh(records), 10.0)
+    s.handle(late, Unreachable(peer=mate), 10.0)
+    assert [m for m in notices(s.handle(mate, Unreachable(peer=late), 10.0)) if isinstance(m, SitOut)]
+    actions = s.observe(fresh(records), 10.5)
+    (job,) = jobs(actions)
+    assert gone_notices(actions) == [Gone(peers=(late,), iteration=0, epoch=0)]
+    for reporter in [p for p in first.placement if p not in (mate, late)][:2]:
+        s.handle(reporter, Unreachable(peer=late), 11.0)
+    assert late not in s.liveness.declared_gone
