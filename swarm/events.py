@@ -64,6 +64,8 @@ EVENTS: dict[str, tuple[str, ...]] = {
     "replanned": ("epoch", "start_iteration", "gone", "leaving", "joining"),
     # a re-plan made off the scheduler's loop while iterations committed: its epoch starts later than asked
     "plan_rebased": ("epoch", "start_iteration", "asked"),
+    # pings to much of the swarm went unanswered at once: put down to the scheduler's own silence, asked again once
+    "pings_repeated": ("peers", "silent", "placed"),
     # a scheduler that found the run gone on under a successor while it was away (`Overtaking`)
     "scheduler_stood_down": ("iteration",),
     "joiner_placed": ("peer", "stage"),

@@ -303,13 +303,13 @@ class Scheduler:
         return []
 
     def check_pings(self, now: float) -> list[Action]:
-        """Take the pings that waited their timeout out as witnesses against their peers. A placed peer declared
-        gone since the last read (on a ping, a second report, a fault) is re-planned without at once: the next read
-        of the records may be seconds away on a loaded DHT."""
-        self.suspicions.expire_pings(now)
+        """Take the pings that waited their timeout out as witnesses against their peers (or ask again, after a mass
+        silence: `Suspicions.expire_pings`). A placed peer declared gone since the last read (on a ping, a second
+        report, a fault) is re-planned without at once: the next read of the records may be seconds away."""
+        asked = self.suspicions.expire_pings(now, placed=len(self.schedule.placement) if self.schedule else 0)
         if self.schedule is None or self.liveness.declared_gone.isdisjoint(self.schedule.placement):
-            return []
-        return self._follow_membership({**self.liveness.live(now), **self.liveness.not_declared(
+            return asked
+        return asked + self._follow_membership({**self.liveness.live(now), **self.liveness.not_declared(
             self.schedule.placement)}, now)
 
     def _restart_iteration(self, sender: str, report: Stuck | Unrecoverable, now: float) -> list[Action]:

@@ -27,6 +27,13 @@ from swarm.events import event
 
 logger = logging.getLogger(__name__)
 
+MASS_SILENCE_SHARE = 0.5
+"""Pings to this share of the placed peers (and at least `MASS_SILENCE_MIN`) going unanswered within one ping's wait
+are the scheduler's own silence, not that many deaths: each is asked once more before it counts. On a loaded 20-peer
+host 15 of 19 pings went unanswered within 3 s at once (the DHT and gossip stalled for the scheduler's host), and
+live peers were taken for gone; churn of 10% of the peers a minute kills one or two at a time."""
+MASS_SILENCE_MIN = 3
+
 
 class Suspicions:
     """The reports against peers of one run, judged into `liveness`. `now` arguments are monotonic seconds.
@@ -48,6 +55,10 @@ class Suspicions:
         self._fault_reports = FaultReports()
         self._broken_at: dict[str, set[str]] = {}
         """Peer -> the peers that reported a microbatch of the iteration in progress broken at it."""
+        self._silences: list[tuple[str, float]] = []
+        """(Peer, when its ping went unanswered), within the last ping's wait."""
+        self._asked_again: set[str] = set()
+        """Peers whose unanswered ping was put down to a mass silence and asked once more."""
 
     def committed(self) -> None:
         """The iteration in progress was committed: witnesses of broken microbatches count within one iteration."""
@@ -67,12 +78,31 @@ class Suspicions:
         if self.pings.answer(sender, nonce):
             logger.info("%s answered the scheduler's ping: alive", sender)
             self.liveness.answered(sender, now)
+            self._asked_again.discard(sender)
 
-    def expire_pings(self, now: float) -> None:
-        """Take the pings that waited their timeout out as witnesses against their peers."""
-        for peer in self.pings.unanswered(now):
-            logger.info("%s did not answer the scheduler's ping within %.0f s", peer, self.pings.timeout)
-            self.liveness.unanswered(peer, now)
+    def expire_pings(self, now: float, placed: int) -> list[Announce]:
+        """Take the pings that waited their timeout out as witnesses against their peers, `placed` peers being
+        placed; where much of the swarm went silent at once (`MASS_SILENCE_SHARE`), ask each once more instead."""
+        late = self.pings.unanswered(now)
+        self._silences = [(p, t) for p, t in self._silences if now - t < self.pings.timeout and p not in late]
+        self._silences += [(p, now) for p in late]
+        mass = len(self._silences) >= max(MASS_SILENCE_MIN, MASS_SILENCE_SHARE * placed)
+        again = [p for p in late if mass and p not in self._asked_again]
+        if again:
+            logger.warning("%d of %d placed peers did not answer the scheduler's ping within %.0f s: more likely this "
+                           "scheduler's own silence (its host or gossip stalled) than their deaths; asked once more: "
+                           "%s", len(self._silences), placed, self.pings.timeout, ", ".join(sorted(again)),
+                           extra=event("pings_repeated", peers=sorted(again), silent=len(self._silences),
+                                       placed=placed))
+        for peer in late:
+            if peer not in again:
+                self._asked_again.discard(peer)
+                logger.info("%s did not answer the scheduler's ping within %.0f s", peer, self.pings.timeout)
+                self.liveness.unanswered(peer, now)
+        self._asked_again.update(again)
+        for peer in again:  # live while the new ping is awaited, as a peer the reads missed is
+            self.liveness.asked(peer, now)
+        return [Announce(ping) for p in again if (ping := self.pings.send(p, now)) is not None]
 
     def faulty(self, sender: str, report: Faulty, epochs: EpochHistory) -> list[Announce]:
         """A member refused another one's averaging input as proof of a fault: two such members evict it."""

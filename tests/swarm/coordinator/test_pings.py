@@ -8,6 +8,7 @@ from swarm.control.messages import Ping, Pong, Unreachable
 from swarm.coordinator.actions import Announce, PublishSchedule
 from swarm.coordinator.pings import PING_CAP, PING_FLOOR, Pings, ping_timeout
 from swarm.coordinator.unreachable_reports import OVERDUE_HEARTBEATS
+from swarm.events import EVENT_ATTR
 from tests.swarm.coordinator.conftest import make_scheduler
 
 
@@ -146,3 +147,25 @@ def test_a_peer_whose_record_runs_out_while_a_ping_for_a_report_is_in_flight_is_
     s.check_pings(ran_out + 0.5)
     assert not [a for a in s.observe(missed, ran_out + 1.0) if isinstance(a, PublishSchedule)]
     assert target in s.schedule.placement and target not in s.liveness.declared_gone
+
+
+def test_pings_half_of_the_swarm_leaves_unanswered_at_once_are_asked_again_before_they_count(records, caplog):
+    """So many silences at once are more likely the scheduler's own (its host or gossip stalled) than so many deaths:
+    each peer is asked once more, and one that answers the second ping stays; a lone silence counts at once (above)."""
+    s = make_scheduler()
+    first = first_plan(s, records)
+    relays = [p for p, st in first.placement.items() if st != 0]
+    reporter, targets = relays[0], relays[1:7]  # 6 of 12 placed peers
+    s.observe({p: (r, 0.5) for p, r in records.items()}, 6.0)
+    for target in targets:
+        assert len(pings(s.handle(reporter, Unreachable(peer=target), 6.0))) == 1
+    caplog.set_level("WARNING")
+    again = pings(s.check_pings(6.0 + s.suspicions.pings.timeout))
+    assert {p.peer for p in again} == set(targets) and not s.liveness.declared_gone & set(targets)
+    (repeated,) = [getattr(r, EVENT_ATTR) for r in caplog.records
+                   if getattr(r, EVENT_ATTR, {}).get("event") == "pings_repeated"]
+    assert repeated["peers"] == sorted(targets) and repeated["placed"] == len(first.placement)
+    answering = again[0]
+    s.handle(answering.peer, Pong(nonce=answering.nonce), 7.0 + s.suspicions.pings.timeout)
+    assert pings(s.check_pings(6.0 + 2 * s.suspicions.pings.timeout)) == []  # asked once more, not again
+    assert s.liveness.declared_gone & set(targets) == set(targets) - {answering.peer}
