@@ -336,7 +336,10 @@ class SchedulerRole:
                 done = self._done_off_loop.get_nowait()
             except queue.Empty:
                 return
-            self._carry_out(done())
+            try:
+                self._carry_out(done())
+            except Exception:  # as for a message (`_take`): logged, and the scheduler goes on
+                logger.exception("taking a plan or a store made off the loop failed")
 
     def _make_plan(self, job: PlanJob) -> Callable[[], Callable[[], list[Action]]]:
         def work() -> Callable[[], list[Action]]:
