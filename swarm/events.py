@@ -62,8 +62,9 @@ EVENTS: dict[str, tuple[str, ...]] = {
     "state_refused": ("stage", "sender", "why"),
     # the scheduler; epoch: the newest one when it re-planned (the plan, once published, is the next)
     "replanned": ("epoch", "start_iteration", "gone", "leaving", "joining"),
-    # a re-plan made off the scheduler's loop while iterations committed: its epoch starts later than asked
-    "plan_rebased": ("epoch", "start_iteration", "asked"),
+    # a re-plan made off the scheduler's loop starts later than asked: iterations committed while it was made
+    # (why "committed"), or its store would have held the commit of the iteration in progress ("store")
+    "plan_rebased": ("epoch", "start_iteration", "asked", "why"),
     # pings to much of the swarm went unanswered at once: put down to the scheduler's own silence, asked again once
     "pings_repeated": ("peers", "silent", "placed"),
     # a scheduler that found the run gone on under a successor while it was away (`Overtaking`)

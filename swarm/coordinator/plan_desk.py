@@ -4,8 +4,9 @@ A re-plan is a `PlanJob`: made on the spot, or, with `background`, by the owner 
 for it with `MakePlan` and is handed it back), while iterations go on committing under the epoch in force. What a
 job comes back with is settled here: taken as it is, or from the next iteration if iterations committed meanwhile
 (`rebase_start`), or asked for again where it cannot start there, or given up. An epoch published goes on being
-awaited (`storing`) until its owner reports its DHT store: the peers read an epoch there, so no iteration may commit
-before they can.
+awaited (`storing`) until its owner reports its DHT store: the peers read an epoch there, so the iteration before its
+start may not commit before they can (`holds`); an epoch whose store would outlast the iteration in progress starts an
+iteration later (`later_start`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,10 @@ logger = logging.getLogger(__name__)
 REPLAN_RETRY_SECONDS = 5.0
 """A membership change that could not be planned (no data holder left) is tried again after this long, or at once
 when the membership changes again."""
+STORE_SECONDS = 2.0
+"""What an epoch's DHT store is taken to last until stores were timed (`store_seconds`)."""
+STORES_KEPT = 5
+"""The stores whose durations `store_seconds` is the median of."""
 
 
 class PlanDesk:
@@ -50,6 +55,9 @@ class PlanDesk:
         self._failed: tuple[tuple, float] | None = None
         """(The membership change that could not be planned, when it was tried)."""
         self._deferred: list[tuple[str, Stuck | Unrecoverable]] = []
+        self._store_started = 0.0
+        self._stores: list[float] = []
+        """How long the last `STORES_KEPT` stores took."""
 
     @property
     def busy(self) -> bool:
@@ -83,12 +91,19 @@ class PlanDesk:
                        handing_over=tuple(handing_over), stateless=frozenset(self.liveness.stateless),
                        shares=self.slow.holders.shares.slowed, change=change, drift=drift)
 
+    @property
+    def store_seconds(self) -> float:
+        """What an epoch's store is expected to take: the median of the last few."""
+        return sorted(self._stores)[len(self._stores) // 2] if self._stores else STORE_SECONDS
+
     def settle(self, job: PlanJob, *, completed: int, epochs: EpochHistory,
                shard_positions: Mapping[str, Mapping[str, int]], evicted: Collection[str],
-               now: float) -> Schedule | PlanJob | None:
+               now: float, commit_in: float | None = None) -> Schedule | PlanJob | None:
         """What becomes of `job`, made, `completed` iterations being committed now: its epoch to publish (from the
         next iteration if iterations committed meanwhile), a job to make instead (holders taken back, or the epoch
-        it follows changed), or None (it could not be made, or it does not pay: logged)."""
+        it follows changed), or None (it could not be made, or it does not pay: logged). `commit_in`: seconds until
+        the iteration in progress is due to commit; an epoch whose store would outlast them starts an iteration
+        later (`later_start`)."""
         if job is self.planning:
             self.planning = None
         again = {"why": job.why, "completed": completed, "epochs": epochs, "shard_positions": shard_positions,
@@ -122,13 +137,45 @@ class PlanDesk:
         if start != job.start:
             logger.info("plan %d (%s): %d iteration(s) committed while it was made: it starts at iteration %d, not %d",
                         job.number, job.why, completed - job.asked_at, start, job.start,
-                        extra=event("plan_rebased", epoch=outcome.epoch, start_iteration=start, asked=job.start))
+                        extra=event("plan_rebased", epoch=outcome.epoch, start_iteration=start, asked=job.start,
+                                    why="committed"))
+        later = self.later_start(job, start, completed, epochs, commit_in)
+        if later != start:
+            logger.info("plan %d (%s): its store (~%.1f s) would hold the commit of iteration %d, due in %.1f s: it "
+                        "starts at iteration %d", job.number, job.why, self.store_seconds, completed, commit_in, later,
+                        extra=event("plan_rebased", epoch=outcome.epoch, start_iteration=later, asked=job.start,
+                                    why="store"))
+            start = later
+        if start != job.start:
             rebased(outcome, start, shard_positions)
         if job.drift and not self.drift.pays(job.drift, job.gain, start):
             return None
         return outcome
 
-    def stored(self, schedule: Schedule) -> None:
+    def later_start(self, job: PlanJob, start: int, completed: int, epochs: EpochHistory,
+                    commit_in: float | None) -> int:
+        """Where a plan made off the loop starts, `start` being the next iteration: one later when its epoch's store
+        would outlast the iteration in progress (due to commit in `commit_in` s). That iteration's commit would wait
+        for the store (the peers read an epoch from the DHT before they start it: a store took 3-7 s on a loaded
+        20-peer host, holding every peer); one more iteration under the epoch in force costs a dead holder's share
+        of it, or detours around a dead relay. Never a rerun's, and not where an epoch starts at the next
+        iteration (the plan's joiners and hand-overs were reckoned against the one in force)."""
+        if not self.background or job.rerun or start != completed + 1 or commit_in is None or \
+                commit_in >= self.store_seconds or epochs.in_force(start).epoch != epochs.in_force(completed).epoch:
+            return start
+        return start + 1
+
+    def store(self, schedule: Schedule, now: float) -> None:
+        """`schedule` is published: its store is under way from `now`."""
+        self.storing, self._store_started = schedule, now
+
+    def stored(self, schedule: Schedule, now: float) -> None:
         """`schedule`'s store is over (stored or not)."""
         if schedule is self.storing:
             self.storing = None
+            self._stores = [*self._stores[-STORES_KEPT + 1:], max(0.0, now - self._store_started)]
+
+    def holds(self, completed: int) -> bool:
+        """Whether the commit of iteration `completed` waits for the epoch being stored: the peers start the next
+        iteration at that commit, and must read an epoch that starts there, or earlier, first."""
+        return self.storing is not None and int(self.storing.meta.get("start_iteration", 0)) <= completed + 1

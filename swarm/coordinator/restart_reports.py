@@ -34,6 +34,8 @@ class RestartReports:
     """When the iteration in progress became the one in progress (the last commit, or a (re)start)."""
     iteration_seconds: float = 0.0
     """How long the last committed iteration took."""
+    period: float = 0.0
+    """Seconds between the last two commits (0 until there were two): when the next one is due."""
     _reporters: dict[tuple[int, int], set[str]] = field(default_factory=dict)
     _lone_at: dict[str, int] = field(default_factory=dict)
     """Peer -> the iteration whose restart its lone report caused."""
@@ -64,10 +66,16 @@ class RestartReports:
 
     def progress(self, now: float, iteration_seconds: float | None = None) -> None:
         """An iteration was committed (with its duration), or one was (re)started: its clock starts now."""
-        self.progress_at = now
         if iteration_seconds is not None:
             self.iteration_seconds = iteration_seconds
+            self.period = now - self.progress_at if self.progress_at else 0.0
+        self.progress_at = now
         self._reporters.clear()
+
+    def due_in(self, now: float) -> float | None:
+        """Seconds until the iteration in progress is due to commit, as long after its start as the last commit came
+        after the one before (None before two commits; 0 once it is due)."""
+        return max(0.0, self.period - (now - self.progress_at)) if self.period else None
 
     def reported(self, iteration: int, epoch: int) -> bool:
         """Whether a scheduled peer reported (iteration, epoch) unable to finish, believed or not yet."""

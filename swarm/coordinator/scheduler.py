@@ -242,7 +242,7 @@ class Scheduler:
         for it."""
         settled = self.plans.settle(job, completed=self.completed, epochs=self.epochs,
                                     shard_positions=self.commits.shard_positions, evicted=self.suspicions.evicted,
-                                    now=now)
+                                    now=now, commit_in=self._restart_reports.due_in(now))
         if isinstance(settled, PlanJob):
             return self._ask(settled, now)
         return ([] if settled is None else self._publish(settled, now)) + self._after_plan(now)
@@ -250,7 +250,7 @@ class Scheduler:
     def stored(self, schedule: Schedule, ok: bool, now: float) -> list[Action]:
         """The owner stored `schedule` (`PublishSchedule`) in the DHT, or could not (`ok`): then the epoch before it
         stays the newest, and the next look re-plans. The commits that waited for it go on."""
-        self.plans.stored(schedule)
+        self.plans.stored(schedule, now)
         if not ok:
             self.epochs.withdraw(schedule)
         return self._after_plan(now)
@@ -271,7 +271,7 @@ class Scheduler:
         if slow := self.slow.to_meta(now):
             schedule.meta["slow"] = slow  # for a successor (`resume`)
         if self.plans.background:
-            self.plans.storing = schedule
+            self.plans.store(schedule, now)
         return [PublishSchedule(schedule, self.epochs.add(schedule, in_progress=self.completed))]
 
     # ---- reports ------------------------------------------------------------------------------------
@@ -373,8 +373,8 @@ class Scheduler:
 
     def _commit_if_reported(self, now: float) -> list[Action]:
         """Commit the iteration in progress if every holder of its epoch not left out of it has reported it, and no
-        epoch is being stored (the peers must read it before they start the iteration it may start at)."""
-        if self.plans.storing is not None:
+        epoch being stored starts at the next iteration or earlier (the peers must read it first: `PlanDesk.holds`)."""
+        if self.plans.holds(self.completed):
             return []
         running = self.epochs.in_force(self.completed)
         committed = self.commits.try_commit(self.completed, running, left_out=self._left_out(running))

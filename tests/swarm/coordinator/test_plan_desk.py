@@ -27,7 +27,7 @@ def first_epoch(s: Scheduler, records: dict[str, PeerRecord]) -> Schedule:
     s.observe(fresh(records), 0.0)
     (action,) = [a for a in s.observe(fresh(records), SETTLE_SECONDS) if isinstance(a, PublishSchedule)]
     assert s.plans.storing is action.schedule  # no commit before the peers can read it
-    s.stored(action.schedule, True, SETTLE_SECONDS)
+    s.stored(action.schedule, True, SETTLE_SECONDS + 1.0)  # a store of 1 s
     return action.schedule
 
 
@@ -72,27 +72,51 @@ def test_iterations_commit_while_a_plan_is_made_and_its_epoch_starts_after_them(
     (job,) = jobs(actions)  # asked for, not made: nothing is published yet
     assert job.start == 2 and not [a for a in actions if isinstance(a, PublishSchedule)]
     assert gone_notices(actions) == [Gone(peers=(holder,), iteration=1, epoch=0)]
-    # the other holders' reports commit iterations 1 and 2 under epoch 0, without the gone holder
+    # the other holders' reports commit iterations 1 and 2 under epoch 0, without the gone holder (30 s apart)
     others = [h for h in first.data_holders if h != holder]
     for iteration in (1, 2):
-        (done,) = commits(report(s, others, LATER + iteration))
+        (done,) = commits(report(s, others, LATER + 30 * iteration))
         assert done.iteration == iteration and done.epoch == 0 and holder in done.left_out
     assert s.plans.busy and s.completed == 3
     caplog.set_level("INFO")
-    (publish,) = [a for a in make_plan(s, job, LATER + 3) if isinstance(a, PublishSchedule)]
+    (publish,) = [a for a in make_plan(s, job, LATER + 61) if isinstance(a, PublishSchedule)]
     new = publish.schedule
     # it starts at the iteration after the one in progress, from the shards' positions of the last commit
     assert new.meta["start_iteration"] == 4 and holder not in new.placement
     assert new.meta["positions_after"] == 2 and new.meta["shard_positions"] == s.commits.shard_positions
     (rebased,) = [getattr(r, EVENT_ATTR) for r in caplog.records
                   if getattr(r, EVENT_ATTR, {}).get("event") == "plan_rebased"]
-    assert rebased["start_iteration"] == 4 and rebased["asked"] == 2
+    assert rebased["start_iteration"] == 4 and rebased["asked"] == 2 and rebased["why"] == "committed"
     # iteration 3, under epoch 0, commits only once the new epoch is stored (the peers read it before iteration 4)
-    assert report(s, others, LATER + 4) == [] and s.completed == 3
-    (done,) = commits(s.stored(new, True, LATER + 5))
+    assert report(s, others, LATER + 62) == [] and s.completed == 3
+    (done,) = commits(s.stored(new, True, LATER + 63))
     assert done.iteration == 3 and done.epoch == 0 and s.completed == 4 and not s.plans.busy
-    (done,) = commits(report(s, new.data_holders, LATER + 6))
+    (done,) = commits(report(s, new.data_holders, LATER + 64))
     assert done.epoch == new.epoch
+
+
+def test_an_epoch_whose_store_would_hold_a_commit_due_soon_starts_an_iteration_later(records, caplog):
+    """Commits come every 10 s; a plan made 9.5 s after the last one would have its store (1 s, as the last) hold the
+    commit due in 0.5 s, every peer waiting: it starts an iteration later, and only that iteration's commit waits for
+    a store still under way."""
+    s = make_scheduler(background_plans=True)
+    first = first_epoch(s, records)
+    for t in (10.0, 20.0):
+        report(s, first.data_holders, t)
+    relay = next(p for p, st in first.placement.items() if st == 2)
+    (job,) = jobs(read_after_expiry(s, {p: r for p, r in records.items() if p != relay}, 29.0))
+    caplog.set_level("INFO")
+    (publish,) = [a for a in make_plan(s, job, 29.5) if isinstance(a, PublishSchedule)]
+    new = publish.schedule
+    assert job.start == 3 and new.meta["start_iteration"] == 4 and s.plans.storing is new
+    (rebased,) = [getattr(r, EVENT_ATTR) for r in caplog.records
+                  if getattr(r, EVENT_ATTR, {}).get("event") == "plan_rebased"]
+    assert rebased == {**rebased, "start_iteration": 4, "asked": 3, "why": "store"}
+    (done,) = commits(report(s, first.data_holders, 30.0))  # not held: iteration 3 runs under epoch 0 still
+    assert done.iteration == 2 and s.completed == 3
+    assert report(s, first.data_holders, 40.0) == []  # iteration 3's commit starts epoch 1's: it waits for the store
+    (done,) = commits(s.stored(new, True, 41.0))
+    assert done.iteration == 3 and s.plans.store_seconds == 11.5
 
 
 def test_a_death_while_a_plan_is_made_is_told_at_once_and_planned_after_it(records):
