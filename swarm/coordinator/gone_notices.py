@@ -20,12 +20,12 @@ class GoneNotices:
     def __init__(self) -> None:
         self._under: dict[str, int] = {}
 
-    def tell(self, gone: Collection[str], latest: Schedule, iteration: int) -> Gone | None:
+    def tell(self, gone: Collection[str], latest: Schedule, iteration: int) -> list[Gone]:
         """The notice that `gone` are gone, `latest` being the newest epoch and `iteration` in progress: those not
-        told so under `latest` yet (None if none is new)."""
+        told so under `latest` yet (none if none is new)."""
         new = [p for p in gone if self._under.get(p, -1) < latest.epoch]
         self._under.update(dict.fromkeys(new, latest.epoch))
-        return Gone(peers=tuple(new), iteration=iteration, epoch=latest.epoch) if new else None
+        return [Gone(peers=tuple(new), iteration=iteration, epoch=latest.epoch)] if new else []
 
     def told(self, peer: str, latest: Schedule) -> bool:
         """Whether the run was told `peer` is gone under `latest`, the newest epoch, which still places it (its

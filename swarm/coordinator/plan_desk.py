@@ -20,7 +20,7 @@ from swarm.coordinator.cost_drift import CostDrift
 from swarm.coordinator.epochs import EpochHistory
 from swarm.coordinator.liveness import Liveness
 from swarm.coordinator.plan_job import PlanJob, rebase_start, rebased
-from swarm.coordinator.replanner import NoDataHolder
+from swarm.coordinator.replanner import NoDataHolder, Replanner
 from swarm.coordinator.slow_peers import SlowPeers
 from swarm.events import event
 from swarm.wire import PeerRecord
@@ -73,6 +73,15 @@ class PlanDesk:
         """The reports `defer` kept, oldest first; they are kept no more."""
         deferred, self._deferred = self._deferred, []
         return deferred
+
+    def ask(self, job: PlanJob, replanner: Replanner) -> bool:
+        """Have `job` made: True if it is to be made off the loop (the owner hands it to `Scheduler.planned`), False
+        if it was made here and now."""
+        if self.background:
+            self.planning = job
+        else:
+            job.run(replanner)
+        return self.background
 
     def failed_lately(self, change: tuple, now: float) -> bool:
         """Whether membership change `change` could not be planned a moment ago (no data holder left): it is tried
@@ -169,8 +178,11 @@ class PlanDesk:
         """`schedule` is published: its store is under way from `now`."""
         self.storing, self._store_started = schedule, now
 
-    def stored(self, schedule: Schedule, now: float) -> None:
-        """`schedule`'s store is over (stored or not)."""
+    def stored(self, schedule: Schedule, ok: bool, epochs: EpochHistory, now: float) -> None:
+        """`schedule`'s store is over: stored, or not (`ok`), and then withdrawn from `epochs` (the epoch before it
+        stays the newest, and the next look re-plans)."""
+        if not ok:
+            epochs.withdraw(schedule)
         if schedule is self.storing:
             self.storing = None
             self._stores = [*self._stores[-STORES_KEPT + 1:], max(0.0, now - self._store_started)]

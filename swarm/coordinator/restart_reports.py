@@ -45,8 +45,8 @@ class RestartReports:
     def judge(self, reporter: str, report: Stuck | Unrecoverable, running: Schedule, live: Collection[str],
               now: float) -> str | None:
         """Why the iteration `reporter` reports unable to finish runs again (`running` running it, `live` the live
-        peers), or None: the reporter is not of that epoch, the iteration already ran again under it, or the report
-        is not believed yet (a peer of the epoch gone corroborates it, else `believed`)."""
+        peers; said in the log), or None: the reporter is not of that epoch, the iteration already ran again under
+        it, or the report is not believed yet (a peer of the epoch gone corroborates it, else `believed`)."""
         key = (report.iteration, report.epoch)
         if reporter not in running.placement or report.epoch != running.epoch or key in self._restarted:
             return None
@@ -56,6 +56,9 @@ class RestartReports:
             logger.info("iteration %d reported %s by %s alone, too early to believe", report.iteration,
                         type(report).__name__.lower(), reporter)
             return None
+        logger.warning("iteration %d is %s at %s under epoch %d (%s): running it again under a new epoch",
+                       report.iteration, "stuck" if isinstance(report, Stuck) else "unrecoverable", reporter,
+                       report.epoch, why)
         self.restarting(*key, now)
         return why
 

@@ -175,11 +175,12 @@ class Scheduler:
         in_force = self.epochs.in_force(self.completed)
         holders = set(in_force.data_holders)
         if self.plans.busy:  # planned once the re-plan under way is published; the peers hear of the dead at once
-            return self._tell_gone(gone) + self._commit_if_reported(now)
+            return [Announce(m) for m in self.gone.tell(gone, self.schedule, self.completed)] + \
+                self._commit_if_reported(now)
         change = (tuple(sorted(gone)), tuple(sorted(draining)), tuple(sorted(joining)))
         if self.plans.failed_lately(change, now):
             return []  # the same change could not be planned a moment ago (no data holder left): not every tick
-        actions = self._tell_gone(gone)
+        actions: list[Action] = [Announce(m) for m in self.gone.tell(gone, self.schedule, self.completed)]
         # a holder's draws of the iteration in progress are ledgered against the positions of the last commit: a
         # gone holder's are left out of its commit (the others' go on: `GoneNotices`); the iteration runs again when
         # no holder injecting microbatches is left or a holder is leaving (a draining holder is not announced gone)
@@ -198,10 +199,6 @@ class Scheduler:
         live = {p: r for p, r in peers.items() if (p in placement or p in joining) and p not in draining}
         asked = self._replan(live, start=start, now=now, why="membership", handing_over=draining, change=change)
         return actions + asked + self._commit_if_reported(now)  # every other holder may have reported it
-
-    def _tell_gone(self, gone: list[str]) -> list[Action]:
-        notice = self.gone.tell(gone, self.schedule, self.completed)
-        return [Announce(notice)] if notice is not None else []
 
     def _kept_out(self, now: float) -> set[str]:
         """The live peers the plan leaves out now: sitting out an estrangement, or benched for being too slow."""
@@ -231,11 +228,7 @@ class Scheduler:
                                         change=change, drift=drift), now)
 
     def _ask(self, job: PlanJob, now: float) -> list[Action]:
-        if not self.plans.background:
-            job.run(self.replanner)
-            return self.planned(job, now)
-        self.plans.planning = job
-        return [MakePlan(job)]
+        return [MakePlan(job)] if self.plans.ask(job, self.replanner) else self.planned(job, now)
 
     def planned(self, job: PlanJob, now: float) -> list[Action]:
         """`job` (`MakePlan`) is made: publish its epoch (`PlanDesk.settle`), or make another; then judge what waited
@@ -250,9 +243,7 @@ class Scheduler:
     def stored(self, schedule: Schedule, ok: bool, now: float) -> list[Action]:
         """The owner stored `schedule` (`PublishSchedule`) in the DHT, or could not (`ok`): then the epoch before it
         stays the newest, and the next look re-plans. The commits that waited for it go on."""
-        self.plans.stored(schedule, now)
-        if not ok:
-            self.epochs.withdraw(schedule)
+        self.plans.stored(schedule, ok, self.epochs, now)
         return self._after_plan(now)
 
     def _after_plan(self, now: float) -> list[Action]:
@@ -327,9 +318,6 @@ class Scheduler:
             return []
         # peers reported unreachable are left out only once that is corroborated (see `Suspicions.broken`)
         peers = {q: r for q, r in live.items() if q in self.schedule.placement}
-        logger.warning("iteration %d is %s at %s under epoch %d (%s): running it again under a new epoch",
-                       report.iteration, "stuck" if isinstance(report, Stuck) else "unrecoverable", sender,
-                       report.epoch, why)
         return self._replan(peers, start=self.completed, now=now, why="restart")
 
     def _note_done(self, sender: str, report: Done, now: float) -> list[Action]:
