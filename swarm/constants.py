@@ -32,6 +32,9 @@ MAX_RECORD_BYTES = 512 * 1024
 """Largest DHT record (an envelope holding a peer record, run spec or schedule) a reader unpacks."""
 MAX_SCHEDULE_BYTES = 16 * 1024 * 1024
 """Largest signed schedule: routes of every microbatch of an iteration."""
+MAX_GOSSIPED_SCHEDULE_BYTES = 256 * 1024
+"""Largest schedule (with its bridge) a notice carries on gossip (a 20-peer epoch is ~30 KB): a larger one is read
+from the DHT. Half of a gossip payload's limit, with room for the notice around it."""
 MAX_ID_CHARS = 128
 """Longest peer id or run id (a base58 RSA peer id is 46 characters)."""
 MAX_ADDRESSES = 32

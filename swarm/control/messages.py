@@ -18,6 +18,7 @@ from swarm.constants import (
     MAX_ADDRESSES,
     MAX_CERT_BYTES,
     MAX_ERROR_CHARS,
+    MAX_GOSSIPED_SCHEDULE_BYTES,
     MAX_ID_CHARS,
     MAX_MICROBATCH_ATTEMPTS,
     MAX_PROOF_BYTES,
@@ -25,7 +26,17 @@ from swarm.constants import (
     WIRE_VERSION,
 )
 from swarm.control.gossip import GossipClient, GossipMessage, membership_topic, progress_topic, schedule_topic
-from swarm.wire import WireError, read_bytes, read_float, read_int, read_list, read_map, read_str, read_version
+from swarm.wire import (
+    ScheduleMsg,
+    WireError,
+    read_bytes,
+    read_float,
+    read_int,
+    read_list,
+    read_map,
+    read_str,
+    read_version,
+)
 
 Topic = Literal["membership", "schedule", "progress"]
 _MAX_ITERATION = 1 << 40
@@ -225,14 +236,39 @@ class Unreachable:
 
 @dataclass(frozen=True)
 class ScheduleNotice:
-    """The scheduler stored schedule `epoch` in the DHT: peers read it from there (it is too large to gossip)."""
+    """The scheduler published schedule `epoch`. `schedule` carries it: the msgpack of its `ScheduleMsg` (with its
+    bridge), which the receiver parses as strictly as one read from the DHT, and takes only from its scheduler. Empty
+    where the epoch is too large to gossip (MAX_GOSSIPED_SCHEDULE_BYTES): the peers read it from the DHT then, where
+    the scheduler stores every epoch in any case (for joiners, and for peers that missed the notice)."""
 
     TOPIC: ClassVar[Topic] = "schedule"
     epoch: int
+    schedule: bytes = b""
 
     @classmethod
     def _decode(cls, d: dict, name: str) -> ScheduleNotice:
-        return cls(epoch=_epoch(d, name))
+        return cls(epoch=_epoch(d, name), schedule=read_bytes(d.get("schedule", b""), f"{name}.schedule",
+                                                              MAX_GOSSIPED_SCHEDULE_BYTES))
+
+    @classmethod
+    def of(cls, msg: ScheduleMsg, limit: int = MAX_GOSSIPED_SCHEDULE_BYTES) -> ScheduleNotice:
+        """The notice of `msg`'s epoch, carrying it where it fits in `limit` bytes (at most the default)."""
+        data = msg.to_msgpack()
+        fits = len(data) <= min(limit, MAX_GOSSIPED_SCHEDULE_BYTES)
+        return cls(epoch=msg.epoch, schedule=data if fits else b"")
+
+    def carried(self) -> ScheduleMsg | None:
+        """The epoch this notice carries, parsed as strictly as one read from the DHT; None if it carries none.
+        Raises WireError if it is malformed or not the epoch announced."""
+        if not self.schedule:
+            return None
+        try:
+            msg = ScheduleMsg.from_msgpack(self.schedule, max_bytes=MAX_GOSSIPED_SCHEDULE_BYTES)
+        except WireError as e:
+            raise WireError(f"schedule notice: the epoch carried: {e}") from None
+        if msg.epoch != self.epoch:
+            raise WireError(f"schedule notice: it announces epoch {self.epoch} and carries epoch {msg.epoch}")
+        return msg
 
 
 @dataclass(frozen=True)

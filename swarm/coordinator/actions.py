@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from scheduler.schedule import Schedule
-from swarm.control.messages import ControlMessage
+from swarm.control.messages import ControlMessage, ScheduleNotice
 from swarm.coordinator.plan_job import PlanJob
 
 
@@ -19,12 +19,14 @@ class MakePlan:
 
 @dataclass(frozen=True)
 class PublishSchedule:
-    """Store `schedule` in the DHT and announce its epoch (the scheduler already counts it as published; tell it
-    whether it was stored: `Scheduler.stored`); with `bridge`, the epoch in force until it starts (see
-    `ScheduleMsg.bridge`)."""
+    """Gossip `notice` and store `schedule` in the DHT (the scheduler already counts it as published; tell it whether
+    it was stored: `Scheduler.stored`); with `bridge`, the epoch in force until it starts (see `ScheduleMsg.bridge`).
+    A notice that carries the epoch goes at once (the peers take the epoch from it); one that does not, once the
+    store is done (the peers read the epoch from the DHT at the notice)."""
 
     schedule: Schedule
-    bridge: Schedule | None = None
+    bridge: Schedule | None
+    notice: ScheduleNotice
 
 
 @dataclass(frozen=True)

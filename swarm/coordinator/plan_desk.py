@@ -4,9 +4,10 @@ A re-plan is a `PlanJob`: made on the spot, or, with `background`, by the owner 
 for it with `MakePlan` and is handed it back), while iterations go on committing under the epoch in force. What a
 job comes back with is settled here: taken as it is, or from the next iteration if iterations committed meanwhile
 (`rebase_start`), or asked for again where it cannot start there, or given up. An epoch published goes on being
-awaited (`storing`) until its owner reports its DHT store: the peers read an epoch there, so the iteration before its
-start may not commit before they can (`holds`); an epoch whose store would outlast the iteration in progress starts an
-iteration later (`later_start`).
+awaited (`storing`) until its owner reports its DHT store (the next plan waits for it: two stores under way could land
+out of order). The peers take an epoch from the notice that carries it on gossip, and read it from the DHT only where
+it was too large to carry: then the iteration before its start may not commit before they can (`holding`, `holds`),
+and an epoch whose store would outlast the iteration in progress starts an iteration later (`later_start`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import logging
 from collections.abc import Collection, Iterable, Mapping
 
 from scheduler.schedule import Schedule
-from swarm.control.messages import Stuck, Unrecoverable
+from swarm.constants import MAX_GOSSIPED_SCHEDULE_BYTES
+from swarm.control.messages import ScheduleNotice, Stuck, Unrecoverable
 from swarm.coordinator.cost_drift import CostDrift
 from swarm.coordinator.epochs import EpochHistory
 from swarm.coordinator.liveness import Liveness
@@ -23,7 +25,7 @@ from swarm.coordinator.plan_job import PlanJob, rebase_start, rebased
 from swarm.coordinator.replanner import NoDataHolder, Replanner
 from swarm.coordinator.slow_peers import SlowPeers
 from swarm.events import event
-from swarm.wire import PeerRecord
+from swarm.wire import PeerRecord, ScheduleMsg
 
 logger = logging.getLogger(__name__)
 
@@ -44,17 +46,23 @@ class PlanDesk:
     :param slow: the scheduler's slow peers (their measured speeds and shares go into each plan)
     :param drift: the scheduler's cost drift (a plan asked for by it is published where it pays)
     :param background: plans are made off the owner's loop (see the module docstring)
+    :param carry_limit: the largest epoch (msgpack bytes) a notice carries; a larger one is read from the DHT
     """
 
-    def __init__(self, liveness: Liveness, slow: SlowPeers, drift: CostDrift, *, background: bool = False) -> None:
+    def __init__(self, liveness: Liveness, slow: SlowPeers, drift: CostDrift, *, background: bool = False,
+                 carry_limit: int = MAX_GOSSIPED_SCHEDULE_BYTES) -> None:
         self.liveness, self.slow, self.drift, self.background = liveness, slow, drift, background
+        self.carry_limit = carry_limit
         self.planning: PlanJob | None = None
         """The re-plan being made off the loop, if any (one at a time: a change seen meanwhile is planned after it)."""
         self.storing: Schedule | None = None
-        """The epoch being stored in the DHT, if any: commits wait for it."""
+        """The epoch being stored in the DHT, if any: the next plan waits for it (and commits, where `holding`)."""
         self._failed: tuple[tuple, float] | None = None
         """(The membership change that could not be planned, when it was tried)."""
         self._deferred: list[tuple[str, Stuck | Unrecoverable]] = []
+        self.holding = False
+        """Whether the epoch being stored holds the commit of the iteration before its start (the peers read it from
+        the DHT: it was too large to gossip)."""
         self._store_started = 0.0
         self._stores: list[float] = []
         """How long the last `STORES_KEPT` stores took."""
@@ -167,27 +175,37 @@ class PlanDesk:
         would outlast the iteration in progress (due to commit in `commit_in` s). That iteration's commit would wait
         for the store (the peers read an epoch from the DHT before they start it: a store took 3-7 s on a loaded
         20-peer host, holding every peer); one more iteration under the epoch in force costs a dead holder's share
-        of it, or detours around a dead relay. Never a rerun's, and not where an epoch starts at the next
-        iteration (the plan's joiners and hand-overs were reckoned against the one in force)."""
-        if not self.background or job.rerun or start != completed + 1 or commit_in is None or \
+        of it, or detours around a dead relay. Only while epochs are read from the DHT (the last one's store held
+        the commits: an epoch of this swarm's size was too large to gossip); never a rerun's, and not where an epoch
+        starts at the next iteration (the plan's joiners and hand-overs were reckoned against the one in force)."""
+        if not self.background or not self.holding or job.rerun or start != completed + 1 or commit_in is None or \
                 commit_in >= self.store_seconds or epochs.in_force(start).epoch != epochs.in_force(completed).epoch:
             return start
         return start + 1
 
-    def store(self, schedule: Schedule, now: float) -> None:
-        """`schedule` is published: its store is under way from `now`."""
-        self.storing, self._store_started = schedule, now
+    def publish(self, schedule: Schedule, bridge: Schedule | None, now: float) -> ScheduleNotice:
+        """The notice of `schedule` (with `bridge`, see `ScheduleMsg.bridge`), carrying it where it fits
+        `carry_limit`. Off the loop, its store is under way from `now`; where the notice does not carry it, the peers
+        read it from the DHT, so the commits wait for the store (`holding`, `holds`)."""
+        notice = ScheduleNotice.of(ScheduleMsg.from_schedule(schedule, bridge), self.carry_limit)
+        if self.background:
+            self.storing, self._store_started, self.holding = schedule, now, not notice.schedule
+        return notice
 
     def stored(self, schedule: Schedule, ok: bool, epochs: EpochHistory, now: float) -> None:
-        """`schedule`'s store is over: stored, or not (`ok`), and then withdrawn from `epochs` (the epoch before it
-        stays the newest, and the next look re-plans)."""
-        if not ok:
+        """`schedule`'s store is over: stored, or not (`ok`). An epoch the peers were to read from the DHT is then
+        withdrawn from `epochs` (the epoch before it stays the newest, and the next look re-plans); one its notice
+        carried stays (the peers have it, and another epoch under its number would contradict it)."""
+        if not ok and not (schedule is self.storing and not self.holding):
             epochs.withdraw(schedule)
         if schedule is self.storing:
             self.storing = None
             self._stores = [*self._stores[-STORES_KEPT + 1:], max(0.0, now - self._store_started)]
+            logger.info("epoch %d's store %s after %.1f s", schedule.epoch, "done" if ok else "failed",
+                        self._stores[-1])
 
     def holds(self, completed: int) -> bool:
         """Whether the commit of iteration `completed` waits for the epoch being stored: the peers start the next
         iteration at that commit, and must read an epoch that starts there, or earlier, first."""
-        return self.storing is not None and int(self.storing.meta.get("start_iteration", 0)) <= completed + 1
+        return self.storing is not None and self.holding and \
+            int(self.storing.meta.get("start_iteration", 0)) <= completed + 1

@@ -31,6 +31,7 @@ import logging
 from collections.abc import Iterable, Mapping
 
 from scheduler.schedule import Schedule
+from swarm.constants import MAX_GOSSIPED_SCHEDULE_BYTES
 from swarm.control.messages import (
     Broken,
     ControlMessage,
@@ -91,7 +92,8 @@ class Scheduler:
     """
 
     def __init__(self, config: RunConfig, model: Mapping, coordinator: str, *, first_schedule: Schedule | None = None,
-                 ends_run_on_stop: bool = True, background_plans: bool = False) -> None:
+                 ends_run_on_stop: bool = True, background_plans: bool = False,
+                 carry_limit: int = MAX_GOSSIPED_SCHEDULE_BYTES) -> None:
         self.config = config
         self.replanner = Replanner(config, model)
         self.epochs = EpochHistory()
@@ -110,7 +112,8 @@ class Scheduler:
         self.gone = GoneNotices()
         self.suspicions = Suspicions(self.liveness, config.heartbeat, self.gone)
         """Peers' reports against each other, judged into `liveness` (pings, estrangements, evictions)."""
-        self.plans = PlanDesk(self.liveness, self.slow, self.drift, background=background_plans)
+        self.plans = PlanDesk(self.liveness, self.slow, self.drift, background=background_plans,
+                              carry_limit=carry_limit)
 
     @property
     def schedule(self) -> Schedule | None:
@@ -241,17 +244,19 @@ class Scheduler:
         return ([] if settled is None else self._publish(settled, now)) + self._after_plan(now)
 
     def stored(self, schedule: Schedule, ok: bool, now: float) -> list[Action]:
-        """The owner stored `schedule` (`PublishSchedule`) in the DHT, or could not (`ok`): then the epoch before it
-        stays the newest, and the next look re-plans. The commits that waited for it go on."""
+        """The owner stored `schedule` (`PublishSchedule`) in the DHT, or could not (`ok`): then, where the peers
+        were to read it there, the epoch before it stays the newest and the next look re-plans. The commits that
+        waited for it go on."""
         self.plans.stored(schedule, ok, self.epochs, now)
         return self._after_plan(now)
 
     def _after_plan(self, now: float) -> list[Action]:
-        """Once no re-plan is under way: commit the iteration in progress if its holders all reported it (a commit
-        waits for an epoch's store), then judge the reports of an iteration unable to finish that came meanwhile."""
-        if self.plans.busy:
-            return []
+        """Commit the iteration in progress if its holders all reported it (a commit may have waited for an epoch's
+        store), then, once no re-plan is under way, judge the reports of an iteration unable to finish that came
+        meanwhile."""
         actions = self._commit_if_reported(now)
+        if self.plans.busy:
+            return actions
         for sender, report in self.plans.take_deferred():
             actions += self._restart_iteration(sender, report, now)
         return actions
@@ -261,9 +266,8 @@ class Scheduler:
         schedule.meta["positions_after"] = self.completed - 1  # the commit its `shard_positions` are as of
         if slow := self.slow.to_meta(now):
             schedule.meta["slow"] = slow  # for a successor (`resume`)
-        if self.plans.background:
-            self.plans.store(schedule, now)
-        return [PublishSchedule(schedule, self.epochs.add(schedule, in_progress=self.completed))]
+        bridge = self.epochs.add(schedule, in_progress=self.completed)
+        return [PublishSchedule(schedule, bridge, self.plans.publish(schedule, bridge, now))]
 
     # ---- reports ------------------------------------------------------------------------------------
     def handle(self, sender: str, message: ControlMessage, now: float) -> list[Action]:
@@ -361,7 +365,8 @@ class Scheduler:
 
     def _commit_if_reported(self, now: float) -> list[Action]:
         """Commit the iteration in progress if every holder of its epoch not left out of it has reported it, and no
-        epoch being stored starts at the next iteration or earlier (the peers must read it first: `PlanDesk.holds`)."""
+        epoch the peers must read from the DHT, being stored, starts at the next iteration or earlier
+        (`PlanDesk.holds`)."""
         if self.plans.holds(self.completed):
             return []
         running = self.epochs.in_force(self.completed)

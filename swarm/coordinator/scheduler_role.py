@@ -1,14 +1,14 @@
 """`SchedulerRole`: the scheduler at work in a process, the coordinator's or a successor peer's.
 
 It carries out what its `Scheduler` decides: reads the peers' records from the DHT (off its loop, through a
-`RecordsPoller`: a read stuck on a silent node must not hold up the commits), stores each new schedule epoch there
-and announces it on gossip, gossips notices and commits, and writes the schedules and the metrics file. Once a
-heartbeat it gossips that it is alive (`Alive`). Control messages reach it through `deliver` (the owner's gossip
-callback), into a bounded inbox that its `tick` drains; a full inbox drops the newest message with a warning, so
-a flood cannot grow memory. The beat comes from a thread of its own (`AliveBeat`). Re-plans and each epoch's DHT
-store run off the loop too (`MakePlan`, `PublishSchedule`: a thread each, one at a time), and what they come back with
-is taken on the loop: the commits, pings and reads of the records go on meanwhile (a re-plan of 20 peers held the loop
-a median 9-10 s on a loaded host).
+`RecordsPoller`: a read stuck on a silent node must not hold up the commits), gossips each new schedule epoch (its
+notice carries it) and stores it there (for joiners and peers that missed the notice), gossips notices and commits, and
+writes the schedules and the metrics file. Once a heartbeat it gossips that it is alive (`Alive`). Control messages
+reach it through `deliver` (the owner's gossip callback), into a bounded inbox that its `tick` drains; a full inbox
+drops the newest message with a warning, so a flood cannot grow memory. The beat comes from a thread of its own
+(`AliveBeat`). Re-plans and each epoch's DHT store run off the loop too (`MakePlan`, `PublishSchedule`: a thread each,
+one at a time), and what they come back with is taken on the loop: the commits, pings and reads of the records go on
+meanwhile (a re-plan of 20 peers held the loop a median 9-10 s on a loaded host).
 Both owners build it with the same constructor: the coordinator ticks it from the start (it plans the first
 epoch), a successor peer first calls `resume` with the epochs it knew. The coordinator's role, finding the run gone
 on under a successor while it was away (`Overtaking`), stands down: it plans, commits and beats no more (it still
@@ -79,6 +79,9 @@ MAX_STORED_SCHEDULE_BYTES = 2 * 1024 * 1024 - 64 * 1024
 """The largest schedule message stored with a bridge. hivemind refuses unary messages over 4 MiB, and a DHT find
 answers with every signer's record under the key at once (the coordinator's and a successor's, for an hour after a
 succession): each must stay under half of it, with room for its signed envelope. A 20-peer schedule is ~30 KB."""
+STORE_ATTEMPTS = 2
+"""Tries at storing an epoch its notice carried: the peers have it, and the DHT only serves joiners and peers that
+missed the notice, so a store that timed out on a loaded DHT is tried again rather than the epoch planned again."""
 
 
 class SchedulerRole:
@@ -312,7 +315,9 @@ class SchedulerRole:
             if isinstance(action, MakePlan):
                 self._off_loop(f"plan {action.job.number}", self._make_plan(action.job))
             elif isinstance(action, PublishSchedule):
-                self._off_loop(f"epoch {action.schedule.epoch}'s store", self._store(action.schedule, action.bridge))
+                if action.notice.schedule:  # the peers take the epoch from its notice: its store holds nothing up
+                    self._published(action.schedule, action.notice)
+                self._off_loop(f"epoch {action.schedule.epoch}'s store", self._store(action))
             elif isinstance(action, Announce):
                 self._announce(action.message)
             elif isinstance(action, RecordIteration):
@@ -351,14 +356,23 @@ class SchedulerRole:
             return lambda: self.scheduler.planned(job, time.monotonic())
         return work
 
-    def _store(self, schedule: Schedule, bridge: Schedule | None) -> Callable[[], Callable[[], list[Action]]]:
+    def _store(self, action: PublishSchedule) -> Callable[[], Callable[[], list[Action]]]:
+        """Store the epoch: once, where the peers wait to read it (a failure has it planned again), or up to
+        STORE_ATTEMPTS times where its notice carried it (the peers have it: the DHT serves joiners and peers that
+        missed the notice)."""
+        schedule = action.schedule
+        attempts = STORE_ATTEMPTS if action.notice.schedule else 1
+
         def work() -> Callable[[], list[Action]]:
-            try:
-                stored = self._store_schedule(schedule, bridge)
-            except Exception:  # a DHT daemon gone: not stored, and the scheduler plans again
-                logger.exception("storing schedule epoch %d failed", schedule.epoch)
-                stored = False
-            return lambda: self._stored(schedule, stored)
+            stored = False
+            for _ in range(attempts):
+                try:
+                    stored = self._store_schedule(schedule, action.bridge)
+                except Exception:  # a DHT daemon gone: not stored
+                    logger.exception("storing schedule epoch %d failed", schedule.epoch)
+                if stored:
+                    break
+            return lambda: self._stored(action, stored)
         return work
 
     def _store_schedule(self, schedule: Schedule, bridge: Schedule | None) -> bool:
@@ -369,16 +383,21 @@ class SchedulerRole:
             msg = ScheduleMsg.from_schedule(schedule)
         return self.records.publish_schedule(msg)
 
-    def _stored(self, schedule: Schedule, stored: bool) -> list[Action]:
-        """On the loop, after `schedule`'s store: announce it if it was stored; the commits that waited go on."""
-        if stored:
-            self._published(schedule)
-        else:
+    def _stored(self, action: PublishSchedule, stored: bool) -> list[Action]:
+        """On the loop, after an epoch's store: announce it if the notice waited for the store; the commits that
+        waited go on."""
+        schedule, carried = action.schedule, bool(action.notice.schedule)
+        if stored and not carried:
+            self._published(schedule, action.notice)
+        elif not stored and carried:
+            logger.error("could not store schedule epoch %d in the DHT: the peers have it from its notice; joiners "
+                         "and peers that missed the notice read the one before until the next epoch", schedule.epoch)
+        elif not stored:
             logger.error("could not store schedule epoch %d in the DHT: re-planning at the next read of the records",
                          schedule.epoch)
         return self.scheduler.stored(schedule, stored, time.monotonic())
 
-    def _published(self, schedule: Schedule) -> None:
+    def _published(self, schedule: Schedule, notice: ScheduleNotice) -> None:
         if self.run_dir:
             (self.run_dir / f"schedule-{schedule.epoch}.json").write_text(schedule.to_json())
         paths = len({(r.origin, r.stages, r.peers) for r in schedule.routes})
@@ -386,7 +405,7 @@ class SchedulerRole:
                     "%.3f s/iteration, planned in %.2f s", schedule.epoch, schedule.meta["start_iteration"],
                     len(schedule.placement), len(schedule.routes), paths,
                     schedule.predicted_iteration_seconds or float("nan"), schedule.meta.get("plan_seconds", 0.0))
-        self._announce(ScheduleNotice(epoch=schedule.epoch))
+        self._announce(notice)
 
     def _announce(self, message: ControlMessage) -> None:
         publish(self.gossip, self.config.run_id, message)

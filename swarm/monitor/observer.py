@@ -141,11 +141,15 @@ class SwarmObserver:
                     self._sightings[peer] = PeerSighting(sighting.record, sighting.age, sighting.seen_at, False)
             for peer, (record, age) in found.items():
                 self._sightings[peer] = PeerSighting(record, max(0.0, age), now, True)
-            if schedule is not None and schedule.run_id in ("", self.run_id):
-                self._schedules[schedule.epoch] = schedule
-                for old in sorted(self._schedules)[:-KEEP_EPOCHS]:
-                    del self._schedules[old]
+            self._keep(schedule)
             self.reads += 1
+
+    def _keep(self, schedule: Schedule | None) -> None:
+        """Keep `schedule` among the newest KEEP_EPOCHS epochs (the lock held)."""
+        if schedule is not None and schedule.run_id in ("", self.run_id):
+            self._schedules[schedule.epoch] = schedule
+            for old in sorted(self._schedules)[:-KEEP_EPOCHS]:
+                del self._schedules[old]
 
     def snapshot(self) -> dict[str, Any]:
         """The current view (`swarm.monitor.snapshot.swarm_snapshot`)."""
@@ -206,7 +210,13 @@ class SwarmObserver:
         if msg.sender not in self._issuers():
             return
         if isinstance(message, ScheduleNotice):
-            self._wake.set()  # read the new epoch now
+            try:
+                carried = message.carried()
+                with self._lock:
+                    self._keep(carried.to_schedule() if carried is not None else None)
+            except WireError as e:
+                self._note(f"schedule epoch {message.epoch} unreadable: {e}")
+            self._wake.set()  # read the records now (and the epoch, if the notice did not carry it)
         elif isinstance(message, Commit):
             with self._lock:
                 schedule = self._schedules.get(message.epoch)

@@ -1,22 +1,24 @@
 """`ScheduleFollower`: which schedule epoch a peer follows, and what its scheduler has told it.
 
-The scheduler stores each epoch in the DHT and announces it on gossip; the follower reads it from the DHT on a
-notice, again every half second while a newer epoch is known to exist but the DHT still returns an older one (its
-replicas lag) or while this peer awaits the replacement of an iteration it reported unable to finish, and every
-SCHEDULE_POLL_PERIOD in any case. Those reads run on a thread of their own, and what one
-found is taken at the next look: the pipeline loop looks between operations, and a read waits on every DHT node it
-asks (up to hivemind's RPC timeout on a frozen one), which held that loop, and with it the check for late backwards,
-up to seconds at a silent death. An epoch starts at an iteration (`start_iteration`): until then it waits as
+The scheduler announces each epoch on gossip, its notice carrying it (`ScheduleNotice.schedule`), and stores it in the
+DHT: the follower takes the epoch a notice carries at the next look, without waiting for the DHT (a store took 3-7 s on
+a loaded 20-peer host, and every peer waited for it at the epoch's start). It reads the DHT on a notice, again every
+half second while a newer epoch is known to exist but neither a notice nor the DHT brought it (a notice lost, one too
+large to carry its epoch, replicas that lag) or while this peer awaits the replacement of an iteration it reported
+unable to finish, and every SCHEDULE_POLL_PERIOD in any case. Those reads run on a thread of their own, and what one
+found is taken at the next look: the pipeline loop looks between operations, and a read waits on every DHT node it asks
+(up to hivemind's RPC timeout on a frozen one), which held that loop, and with it the check for late backwards, up to
+seconds at a silent death. An epoch starts at an iteration (`start_iteration`): until then it waits as
 `newer`; one that starts at or before the iteration in progress replaces it (a rerun). The DHT holds only the newest
 epoch: one that started at the iteration in progress and was replaced there by a later-starting one comes along with
 it as its `bridge` (`ScheduleMsg.bridge`), and runs from its start until the newest starts. The follower keeps
 every bridge it read that has not started (`known.bridges`): a peer an iteration behind may read epoch 8 bridging
 to 7, then epoch 9 bridging to 8, and still needs 7 for the iteration it is on.
 
-Only the scheduler is trusted: schedules are read from the DHT signed by the coordinator or the current
-scheduler, and notices, 'gone', 'finished' and commits are taken only from the scheduler or, once it has missed a
-heartbeat, from its would-be successor (`Succession` keeps `scheduler` and `candidate` current). The scheduler is
-alive while its DHT record is read or its gossip brings news: a commit, a newer epoch, a beat (`Alive`, every
+Only the scheduler is trusted: schedules are read from the DHT signed by the coordinator or the current scheduler, and
+notices (with the epochs they carry), 'gone', 'finished' and commits are taken only from the scheduler or, once it has
+missed a heartbeat, from its would-be successor (`Succession` keeps `scheduler` and `candidate` current). The scheduler
+is alive while its DHT record is read or its gossip brings news: a commit, a newer epoch, a beat (`Alive`, every
 heartbeat). A peer that moved on to a successor follows the coordinator again at its news.
 """
 
@@ -33,6 +35,7 @@ from swarm.constants import DHT_TIMEOUT, silent_after
 from swarm.control.messages import Alive, Commit, ControlMessage, Finished, Gone, ScheduleNotice
 from swarm.control.records import SwarmRecords
 from swarm.events import event
+from swarm.wire import WireError
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +55,10 @@ COMMIT_WAIT = 30.0
 normally comes before the stage's state, which the veterans send after that commit)."""
 NOTICE_FOLLOW_UP = 5.0
 """Seconds after a notice during which a waiting peer reads every LAGGING_POLL_PERIOD."""
+MAX_DELIVERED = 8
+"""Epochs carried by notices kept until the pipeline's thread takes them (epochs come seconds apart at most)."""
+DELIVERY_LOOK = 0.05
+"""Seconds between two looks for a carried epoch or a finished read while one is waited for."""
 ANNOUNCED_READ_WAIT = DHT_TIMEOUT
 """Seconds `due` waits for a read under way when a newer epoch is known to exist, as long as a read may take: an
 iteration started under the old epoch is refused by the peers that took the new one (their checks know no older
@@ -146,6 +153,10 @@ class ScheduleFollower:
         self._last_poll = 0.0
         self._read: ScheduleRead | None = None
         """The read of the newest schedule under way, or done and not taken yet."""
+        self._delivered: list[Found] = []
+        """The epochs notices carried, not taken yet, oldest first (appended by the gossip thread, taken by the
+        pipeline's): each is kept in turn, so one that is to run before the next (a bridge) is not lost."""
+        self._delivered_lock = threading.Lock()
         self.sitting_out_until = 0.0
         """Until when (monotonic seconds) the scheduler said it leaves this peer out of the plan (`sit_out`)."""
 
@@ -196,6 +207,7 @@ class ScheduleFollower:
             return False
         if isinstance(message, ScheduleNotice):
             self._announced_epoch = max(self._announced_epoch, message.epoch)
+            self._deliver(sender, message)
             self.notice.set()
             return False
         stale = self._stale(message)
@@ -219,6 +231,25 @@ class ScheduleFollower:
             self._commits.add((message.iteration, message.epoch))
             self._left_out[message.iteration] = frozenset(message.left_out)
         return True
+
+    def _deliver(self, sender: str, notice: ScheduleNotice) -> None:
+        """Keep the epoch `notice` carries for the pipeline's thread to take (the newest MAX_DELIVERED); one
+        malformed is logged and dropped (the notice still has the DHT read)."""
+        try:
+            msg = notice.carried()
+            found = (msg.to_schedule(), msg.to_bridge()) if msg is not None else None
+        except WireError as e:
+            logger.warning("ignored the schedule carried by a notice from %s: %s", sender, e,
+                           extra=event("ignored_control", sender=sender, kind="ScheduleNotice", why=str(e)))
+            return
+        if found is not None:
+            with self._delivered_lock:
+                self._delivered = [*self._delivered[-MAX_DELIVERED + 1:], found]
+
+    def _take_delivered(self) -> list[Found]:
+        with self._delivered_lock:
+            found, self._delivered = self._delivered, []
+        return found
 
     def placed_anew(self, schedule: Schedule) -> None:
         """`schedule` is taken: the peers it places that were declared gone under an older epoch are back (a holder
@@ -337,14 +368,26 @@ class ScheduleFollower:
         return self.schedule.epoch == epoch and not any(_start(s) <= iteration for s in self.pending)
 
     def _take_read(self, wait: float) -> None:
-        """Keep what the read under way found, once it is done (waiting up to `wait` seconds for it)."""
-        read = self._read
-        if read is None or not read.done.wait(wait):
-            return
-        self._read = None
-        if read.result is None:
-            return
-        schedule, bridge = read.result
+        """Keep the epoch a notice carried, and what the read under way found once it is done; while that read is
+        under way and a newer epoch than these is known to exist, wait for the read or a notice, up to `wait` seconds
+        (no longer than the read: a forged epoch ahead must not hold every iteration's start)."""
+        end = time.monotonic() + wait
+        while True:
+            for found in self._take_delivered():
+                self._keep(found)
+            read = self._read
+            if read is not None and read.done.is_set():
+                self._read = None
+                if read.result is not None:
+                    self._keep(read.result)
+            left = end - time.monotonic()
+            if left <= 0 or self._read is None or not self._announced_newer():
+                return
+            self._read.done.wait(min(left, DELIVERY_LOOK))
+
+    def _keep(self, found: Found) -> None:
+        """Keep `found` (a schedule and its bridge) as the newer epoch if it is newer than every one known."""
+        schedule, bridge = found
         k = self.known
         newer = schedule if schedule.epoch > k.in_use.epoch and \
             (k.newer is None or schedule.epoch > k.newer.epoch) else k.newer
@@ -405,12 +448,13 @@ class ScheduleFollower:
         """The first schedule placing `peer` (of an epoch after `newer_than`), waiting up to `timeout` seconds (after
         a sit-out the scheduler announced, if later); None if the run finished or `stop` was set first. Where the
         newest comes with a bridge that places `peer` too, that one (the others run the iteration in progress under
-        it), the newest left pending as `newer`."""
+        it), the newest left pending as `newer`. The newest is the last epoch a notice carried, else the DHT's."""
         end = time.monotonic() + timeout
         follow_up_until = 0.0
         while not stop.is_set() and not self.finished.is_set() and \
                 time.monotonic() < max(end, self.sitting_out_until + timeout):
-            found = self._fetch_with_bridge()
+            delivered = self._take_delivered()
+            found = delivered[-1] if delivered else self._fetch_with_bridge()
             schedule, bridge = found if found is not None else (None, None)
             if schedule is not None and peer in schedule.placement and schedule.epoch > newer_than:
                 if bridge is not None and peer in bridge.placement and bridge.epoch > newer_than:

@@ -8,7 +8,9 @@ import math
 import msgpack
 import pytest
 
-from swarm.constants import MAX_SHARDS, WIRE_VERSION
+from scheduler.path_rules import PathRules
+from scheduler.schedule import Route, Schedule
+from swarm.constants import MAX_GOSSIPED_SCHEDULE_BYTES, MAX_SHARDS, WIRE_VERSION
 from swarm.control.gossip import GossipMessage, membership_topic, progress_topic
 from swarm.control.messages import (
     MESSAGE_TYPES,
@@ -38,7 +40,7 @@ from swarm.control.messages import (
     encode,
     received,
 )
-from swarm.wire import WireError
+from swarm.wire import ScheduleMsg, WireError
 
 POSITION = {"holder": 1, "num_holders": 3, "epoch": 0, "cursor": 12}
 EXAMPLES = [
@@ -47,7 +49,7 @@ EXAMPLES = [
     Finished(iterations=3, epoch=0, stopped=True), Stuck(peer="QmA", iteration=4, epoch=1),
     Broken(peer="QmA", iteration=4, epoch=1, microbatch=7, attempt=1, gone="QmB", maybe_ran=True, why="late"),
     Unrecoverable(peer="QmA", iteration=4, epoch=1, microbatch=7, why="no detour"), Unreachable(peer="QmB"),
-    ScheduleNotice(epoch=5), Alive(epoch=5, iteration=12),
+    ScheduleNotice(epoch=5), ScheduleNotice(epoch=5, schedule=b"\x83an epoch"), Alive(epoch=5, iteration=12),
     Done(peer="QmA", iteration=4, epoch=1, loss_sum=3.5, losses=4, tokens=1024, started=10.0, finished=11.5,
          shards={"1": POSITION}, dropped=2, operations=24, compute=1.75),
     Pace(peer="QmB", iteration=4, epoch=1, operations=12, compute=0.5),
@@ -118,6 +120,10 @@ def test_every_message_type_has_an_example():
                   "shards": {"0": {**POSITION, "cursor": -1}}}, "commit.shards[0].cursor"),
     ("progress", {"type": "commit", "version": WIRE_VERSION, "iteration": 1, "epoch": 0,
                   "shards": {str(k): POSITION for k in range(MAX_SHARDS + 1)}}, "commit.shards"),
+    ("schedule", {"type": "schedulenotice", "version": WIRE_VERSION, "epoch": 3,
+                  "schedule": b"x" * (MAX_GOSSIPED_SCHEDULE_BYTES + 1)}, "schedulenotice.schedule"),
+    ("schedule", {"type": "schedulenotice", "version": WIRE_VERSION, "epoch": 3, "schedule": "an epoch"},
+     "schedulenotice.schedule"),
     ("membership", {"type": "ping", "version": WIRE_VERSION, "peer": "QmA", "nonce": -1}, "ping.nonce"),
     ("membership", {"type": "pong", "version": WIRE_VERSION, "nonce": 2**64}, "pong.nonce"),
     ("membership", {"type": "pong", "version": WIRE_VERSION, "nonce": "7"}, "pong.nonce"),
@@ -132,6 +138,19 @@ def test_a_malformed_message_is_one_wire_error_naming_the_field(topic, payload, 
     with pytest.raises(WireError) as e:
         decode(topic, payload)
     assert str(e.value).startswith(field), str(e.value)
+
+
+def test_a_notice_carries_its_epoch_where_it_fits_and_is_parsed_strictly():
+    route = Route(microbatch=0, origin="a", stages=(1,), peers=("b",))
+    epoch = Schedule(epoch=4, rules=PathRules(num_stages=2, stages_per_path=2), placement={"a": 0, "b": 1},
+                     memory={"a": 2, "b": 2}, routes=(route,), meta={"start_iteration": 9})
+    msg = ScheduleMsg.from_schedule(epoch)
+    notice = decode("schedule", msgpack.unpackb(msgpack.packb(encode(ScheduleNotice.of(msg)))))
+    assert notice.epoch == 4 and notice.carried() == msg
+    too_small = ScheduleNotice.of(msg, limit=len(msg.to_msgpack()) - 1)
+    assert too_small == ScheduleNotice(epoch=4) and too_small.carried() is None  # read from the DHT instead
+    with pytest.raises(WireError, match="announces epoch 5 and carries epoch 4"):
+        ScheduleNotice(epoch=5, schedule=msg.to_msgpack()).carried()
 
 
 def test_a_diverged_loss_is_reported_as_it_is():

@@ -1,7 +1,8 @@
 """Re-plans made off the scheduler's loop (`Scheduler(background_plans=True)`, `PlanDesk`): iterations commit while a
-plan is made, its epoch starts after them, commits wait for an epoch's store, and what comes meanwhile (a second
-death, reports of a stuck iteration) is acted on after it. The owner's part (running the job in a thread, storing the
-epoch) is played here by calling `PlanJob.run`, `Scheduler.planned` and `Scheduler.stored` in turn."""
+plan is made, its epoch starts after them and travels in its notice, commits wait for the store only of an epoch too
+large to carry, and what comes meanwhile (a second death, reports of a stuck iteration) is acted on after it. The
+owner's part (running the job in a thread, storing the epoch) is played here by calling `PlanJob.run`,
+`Scheduler.planned` and `Scheduler.stored` in turn."""
 
 from __future__ import annotations
 
@@ -87,19 +88,38 @@ def test_iterations_commit_while_a_plan_is_made_and_its_epoch_starts_after_them(
     (rebased,) = [getattr(r, EVENT_ATTR) for r in caplog.records
                   if getattr(r, EVENT_ATTR, {}).get("event") == "plan_rebased"]
     assert rebased["start_iteration"] == 4 and rebased["asked"] == 2 and rebased["why"] == "committed"
-    # iteration 3, under epoch 0, commits only once the new epoch is stored (the peers read it before iteration 4)
-    assert report(s, others, LATER + 62) == [] and s.completed == 3
-    (done,) = commits(s.stored(new, True, LATER + 63))
-    assert done.iteration == 3 and done.epoch == 0 and s.completed == 4 and not s.plans.busy
+    # the notice carries the epoch: iteration 3, under epoch 0, commits while it is being stored (the peers have it)
+    carried = publish.notice.carried()
+    assert carried is not None and carried.to_schedule().to_dict() == new.to_dict() and carried.bridge is None
+    (done,) = commits(report(s, others, LATER + 62))
+    assert done.iteration == 3 and done.epoch == 0 and s.completed == 4 and s.plans.storing is new
+    # its store fails: it stays (the peers run it), and the next plan waited for the store only
+    assert s.stored(new, False, LATER + 63) == [] and s.epochs.latest is new and not s.plans.busy
     (done,) = commits(report(s, new.data_holders, LATER + 64))
     assert done.epoch == new.epoch
+
+
+def test_the_commits_wait_for_the_store_of_an_epoch_too_large_to_carry(records):
+    """Where a notice cannot carry its epoch (`carry_limit`), the peers read it from the DHT before the iteration it
+    starts at: the commit of the iteration before waits for its store."""
+    s = make_scheduler(background_plans=True, carry_limit=0)
+    first = first_epoch(s, records)
+    holder = first.data_holders[-1]
+    (job,) = jobs(read_after_expiry(s, {p: r for p, r in records.items() if p != holder}, LATER))
+    others = [h for h in first.data_holders if h != holder]
+    (publish,) = [a for a in make_plan(s, job, LATER + 1) if isinstance(a, PublishSchedule)]
+    new = publish.schedule
+    assert new.meta["start_iteration"] == 1 and publish.notice.carried() is None and publish.notice.epoch == new.epoch
+    assert report(s, others, LATER + 2) == [] and s.completed == 0  # iteration 0 waits for epoch 1's store
+    (done,) = commits(s.stored(new, True, LATER + 3))
+    assert done.iteration == 0 and s.completed == 1 and not s.plans.busy
 
 
 def test_an_epoch_whose_store_would_hold_a_commit_due_soon_starts_an_iteration_later(records, caplog):
     """Commits come every 10 s; a plan made 9.5 s after the last one would have its store (1 s, as the last) hold the
     commit due in 0.5 s, every peer waiting: it starts an iteration later, and only that iteration's commit waits for
     a store still under way."""
-    s = make_scheduler(background_plans=True)
+    s = make_scheduler(background_plans=True, carry_limit=0)  # the peers read every epoch from the DHT
     first = first_epoch(s, records)
     for t in (10.0, 20.0):
         report(s, first.data_holders, t)
@@ -156,8 +176,8 @@ def test_reports_of_a_stuck_iteration_that_come_while_a_plan_is_made_are_judged_
     assert rerun.why == "restart" and rerun.start == 0 and rerun.after == publish.schedule.epoch
 
 
-def test_an_epoch_whose_store_failed_is_withdrawn_and_planned_again(records):
-    s = make_scheduler(background_plans=True)
+def test_an_epoch_the_peers_read_from_the_dht_whose_store_failed_is_withdrawn_and_planned_again(records):
+    s = make_scheduler(background_plans=True, carry_limit=0)
     first_epoch(s, records)
     relay = next(p for p, st in s.schedule.placement.items() if st == 3)
     live = {p: r for p, r in records.items() if p != relay}

@@ -381,3 +381,65 @@ def test_a_peer_declared_gone_under_an_epoch_stays_gone_when_that_epoch_is_taken
     assert f.gone == {"relay"}
     f.placed_anew(real_epoch(4, 7))
     assert f.gone == frozenset()
+
+
+def carrying(schedule: Schedule, bridge: Schedule | None = None) -> ScheduleNotice:
+    return ScheduleNotice.of(ScheduleMsg.from_schedule(schedule, bridge))
+
+
+def test_an_epoch_its_notice_carries_is_taken_without_waiting_for_the_dht():
+    """The scheduler's notice carries epoch 8 (bridging to 7) while its store is under way and the DHT holds epoch 6:
+    the peer runs 66 under 7 and 67 under 8 without a read bringing them; a replayed notice of an older epoch
+    changes nothing."""
+    dht = CountingRecord()
+    f = ScheduleFollower(records=dht, coordinator="coord", heartbeat=1.0)
+    f.schedule = real_epoch(6, start_iteration=55)
+    dht.store(real_epoch(6, start_iteration=55))
+    f.on_message("coord", carrying(*EPOCH_8_BRIDGING_7))
+    start = time.monotonic()
+    assert f.replaced(66) and [s.epoch for s in f.pending] == [7, 8]
+    f.schedule = f.due(66)
+    assert f.schedule.epoch == 7 and time.monotonic() - start < 0.5
+    f.on_message("coord", carrying(real_epoch(5, start_iteration=50)))
+    assert f.due(67).epoch == 8
+
+
+def test_an_epoch_carried_by_a_stranger_or_malformed_is_not_taken(caplog):
+    """Only the scheduler's notices are taken; one whose epoch is malformed, or not the epoch it announces, is
+    dropped with a reason, and the DHT is read instead."""
+    dht = OneRecord()
+    f = ScheduleFollower(records=dht, coordinator="coord", heartbeat=1.0)
+    f.schedule = real_epoch(6, start_iteration=55)
+    f.on_message("stranger", carrying(real_epoch(9, start_iteration=56)))
+    assert f.due(56) is None and not f.pending
+    forged = ScheduleNotice(epoch=10, schedule=ScheduleMsg.from_schedule(real_epoch(9, 56)).to_msgpack())
+    for notice in (ScheduleNotice(epoch=9, schedule=b"\x81\xa3not a schedule"), forged):
+        f.on_message("coord", notice)
+        assert f.due(56) is None and not f.pending
+    whys = [getattr(r, EVENT_ATTR)["why"] for r in caplog.records if hasattr(r, EVENT_ATTR)]
+    assert whys[0] == "not the run's scheduler" and "the epoch carried: malformed" in whys[1]
+    assert "announces epoch 10" in whys[2]
+    dht.store(real_epoch(10, start_iteration=56))  # the store lands: the next read brings it
+    wait_until(lambda: f.due(56) is not None, 5)
+    assert f.due(56).epoch == 10
+
+
+def test_a_joiner_takes_the_epoch_placing_it_from_the_notice():
+    dht = NewestSchedule()
+    f = ScheduleFollower(records=dht, coordinator="coord", heartbeat=1.0)
+    placed = []
+    waiter = threading.Thread(target=lambda: placed.append(f.wait_for_placement("me", threading.Event(), 30)))
+    waiter.start()
+    wait_until(lambda: dht.reads == 1, 5)
+    f.on_message("coord", carrying(real_epoch(3, start_iteration=20)))  # the DHT has nothing yet
+    waiter.join(timeout=5)
+    assert placed and placed[0].epoch == 3 and placed[0].placement["me"] == 0
+
+
+def test_epochs_carried_by_two_notices_before_a_look_are_both_kept():
+    """Epoch 7 (from iteration 66) and epoch 8 (from 67) come in two notices between two looks: 66 runs under 7."""
+    f = ScheduleFollower(records=OneRecord(), coordinator="coord", heartbeat=1.0)
+    f.schedule = real_epoch(6, start_iteration=55)
+    f.on_message("coord", carrying(real_epoch(7, start_iteration=66)))
+    f.on_message("coord", carrying(real_epoch(8, start_iteration=67)))
+    assert [s.epoch for s in f.pending] == [] and f.due(66).epoch == 7 and [s.epoch for s in f.pending] == [7, 8]
