@@ -244,16 +244,14 @@ class Scheduler:
         return ([] if settled is None else self._publish(settled, now)) + self._after_plan(now)
 
     def stored(self, schedule: Schedule, ok: bool, now: float) -> list[Action]:
-        """The owner stored `schedule` (`PublishSchedule`) in the DHT, or could not (`ok`): then, where the peers
-        were to read it there, the epoch before it stays the newest and the next look re-plans. The commits that
-        waited for it go on."""
+        """The owner stored `schedule` (`PublishSchedule`) in the DHT, or could not (`ok`: see `PlanDesk.stored`).
+        The commits that waited for it go on."""
         self.plans.stored(schedule, ok, self.epochs, now)
         return self._after_plan(now)
 
     def _after_plan(self, now: float) -> list[Action]:
-        """Commit the iteration in progress if its holders all reported it (a commit may have waited for an epoch's
-        store), then, once no re-plan is under way, judge the reports of an iteration unable to finish that came
-        meanwhile."""
+        """Commit the iteration in progress if its holders all reported it (it may have waited for a store), then,
+        once no re-plan is under way, judge the reports of an iteration unable to finish that came meanwhile."""
         actions = self._commit_if_reported(now)
         if self.plans.busy:
             return actions
