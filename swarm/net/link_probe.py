@@ -27,6 +27,7 @@ from swarm.constants import (
     PROBE_GOODPUT_BYTES,
     PROBE_GOODPUT_SECONDS,
     PROBE_PING_BYTES,
+    PROBE_PING_TIMEOUT,
     PROBE_SAMPLE_SIZE,
     PROBE_TIMEOUT,
 )
@@ -82,10 +83,11 @@ class LinkProber:
         self._failed: set[str] = set()
 
     def measure(self, peer_id: str, timeout: float | None = None) -> LinkEstimate:
-        """One raw measurement of the link to ``peer_id``, each probe waiting `timeout` (default: the prober's);
-        raises TransportError if it cannot be reached."""
+        """One raw measurement of the link to ``peer_id``, each probe waiting `timeout` (default: the prober's), a
+        ping no longer than PROBE_PING_TIMEOUT; raises TransportError if it cannot be reached."""
         timeout = self.timeout if timeout is None else timeout
-        pings = [self.transport.probe(peer_id, self.ping_bytes, timeout=timeout) for _ in range(_PINGS)]
+        ping_timeout = min(timeout, PROBE_PING_TIMEOUT)
+        pings = [self.transport.probe(peer_id, self.ping_bytes, timeout=ping_timeout) for _ in range(_PINGS)]
         rtt = statistics.median(pings)
         if self.jitter is not None:
             self.jitter.observe(f"{peer_id}/probe", [p / 2 for p in pings])
@@ -99,17 +101,22 @@ class LinkProber:
             estimate = goodput(self.goodput_bytes)  # a fast link: a small probe is mostly latency and jitter
         return LinkEstimate(latency_s=rtt / 2, bytes_per_s=estimate)
 
-    def probe_round(self, peers: Collection[str]) -> dict[str, tuple[float, float]]:
-        """Probe a sample of ``peers`` (never this peer), update the estimates, return :meth:`links`."""
+    def probe_round(self, peers: Collection[str], *, enough: int | None = None) -> dict[str, tuple[float, float]]:
+        """Probe a sample of ``peers`` (never this peer), update the estimates, return :meth:`links`. With `enough`,
+        the round ends once that many of its probes measured their link (the rest wait for a later round)."""
         self._round += 1
         candidates = [p for p in peers if p != self.transport.peer_id]
         self.rng.shuffle(candidates)
         candidates.sort(key=lambda p: self._probed_at.get(p, -1))  # never probed first, then the stalest
+        measured = 0
         for peer in candidates[: self.sample_size]:
+            if enough is not None and measured >= enough:
+                break
             self._probed_at[peer] = self._round
             try:
                 self._estimates[peer] = ewma(self._estimates.get(peer), self.measure(peer), self.alpha)
                 self._failed.discard(peer)
+                measured += 1
             except (TransportError, ConnectionError) as e:
                 logger.warning("probing %s failed: %s", peer, e)
                 if isinstance(e, PeerUnreachable):  # no stream opened; a refusal (a joiner that has not admitted

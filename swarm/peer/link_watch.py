@@ -28,6 +28,10 @@ LINK_PROBE_PERIOD = 5.0
 NAT): each try may wait out a connection timeout."""
 LINK_REFRESH_PERIOD = 300.0
 """Seconds between two re-measurements of the stalest links."""
+FIRST_LINKS = 3
+"""Links a joiner measures before it publishes them and goes on (to be placed): its whole first round, one peer
+after another on a loaded 20-peer host, took 14-69 s, a frozen peer's probe waiting out its timeout; the planner fills
+the links still unmeasured with the median until the background thread has measured them."""
 SUSPECT_DELAY = 5.0
 """Seconds a link whose peer did not answer a probe waits before it is re-measured: a dead peer is declared
 gone by then (`gone`), and its re-measurement, which would wait out `SUSPECT_TIMEOUT`, is skipped."""
@@ -108,9 +112,10 @@ class LinkWatch:
             self.links = self.prober.links()
         return changed
 
-    def probe(self, *, only_unmeasured: bool = False, retry_unreached: bool = True) -> bool:
+    def probe(self, *, only_unmeasured: bool = False, retry_unreached: bool = True, enough: int | None = None) -> bool:
         """One round over a sample of the announced peers (with `only_unmeasured`, those never probed, and with
-        `retry_unreached` those not reached at the last try); True if it measured a link it had not."""
+        `retry_unreached` those not reached at the last try; with `enough`, until that many links are measured);
+        True if it measured a link it had not."""
         before = set(self.links)
         try:
             others = [p for p in self._announced() if p != self.peer_id and p not in self.skip]
@@ -118,16 +123,17 @@ class LinkWatch:
                 failed = set(self.prober.unreachable()) if retry_unreached else set()
                 others = [p for p in others if p not in self.prober.probed() or p in failed]
             if others:
-                self.links = self.prober.probe_round(others)
+                self.links = self.prober.probe_round(others, enough=enough)
                 self.unreachable = self.prober.unreachable()
         except (TransportError, WireError, TimeoutError) as e:
             logger.warning("link probing failed: %s", e)
         return bool(set(self.links) - before)
 
     def start(self, stop: threading.Event, finished: threading.Event) -> None:
-        """Measure a first round now and publish it at once (the scheduler places a joiner once its record shows its
-        links), then keep probing in a background thread until `stop` or `finished` is set."""
-        if self.probe():
+        """Measure a first few links now and publish them at once (the scheduler places a joiner once its record
+        shows links), then keep probing in a background thread until `stop` or `finished` is set: the rest of the
+        sample at its first look, a second later."""
+        if self.probe(enough=FIRST_LINKS):
             self._publish()
         threading.Thread(target=self._keep_probing, args=(stop, finished), name="skippipe-prober",
                          daemon=True).start()

@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 
 from scheduler.swarm_view import PeerSpec, SwarmView
+from swarm.constants import PROBE_PING_TIMEOUT, PROBE_TIMEOUT
 from swarm.net.link_probe import UNREACHABLE_PENALTY, LinkEstimate, LinkProber, ewma, link_matrices, unmeasured_links
+from swarm.net.transport import TransportError
 from swarm.wire import PeerRecord
 
 pytestmark = pytest.mark.timeout(120)
@@ -110,3 +112,32 @@ def test_a_link_re_measured_takes_the_new_measurement_whole_where_a_round_blends
     assert 0.1 < blended < 0.2  # 0.7 x 5 ms + 0.3 x 500 ms: a round follows a step over several rounds
     assert prober.remeasure("peer").latency_s == pytest.approx(0.5, rel=1e-3) == prober.links()["peer"][0]
     assert prober.estimate("other") is None
+
+
+class FrozenPeers(ModelledLink):
+    """A link model where some peers are frozen: a probe to one waits out its whole timeout, then times out."""
+
+    def __init__(self, frozen: set[str]):
+        super().__init__(0.005, 100e6)
+        self.frozen, self.waited = frozen, 0.0
+
+    def probe(self, peer_id: str, nbytes: int, *, timeout: float) -> float:
+        if peer_id in self.frozen:
+            self.waited += timeout
+            raise TransportError(f"timed out after {timeout:.1f}s")  # as the transport says it
+        return super().probe(peer_id, nbytes, timeout=timeout)
+
+
+def test_a_round_asked_for_enough_links_ends_once_it_has_them_and_a_frozen_peer_costs_one_ping_timeout():
+    """A joiner's first round: it stops at 3 measured links (the rest come in later rounds); a frozen peer in the way
+    holds it for one ping's timeout, not a goodput probe's."""
+    link = FrozenPeers({"f1"})
+    prober = LinkProber(link, sample_size=8, goodput_bytes=4 * 2**20, rng=random.Random(0))
+    with pytest.raises(TransportError):
+        prober.measure("f1")
+    assert link.waited == PROBE_PING_TIMEOUT < PROBE_TIMEOUT
+    peers = ["f1", "a", "b", "c", "d", "e"]
+    links = prober.probe_round(peers, enough=3)
+    assert len(links) == 3 and "f1" not in links
+    links = prober.probe_round(peers)  # the next round: the peers never probed first
+    assert set(links) == {"a", "b", "c", "d", "e"}

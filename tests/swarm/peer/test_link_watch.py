@@ -15,11 +15,12 @@ import torch
 from swarm.events import EVENT_ATTR
 from swarm.net.link_probe import LinkProber
 from swarm.peer import link_watch
-from swarm.peer.link_watch import LINK_PROBE_PERIOD, LinkWatch
+from swarm.peer.link_watch import FIRST_LINKS, LINK_PROBE_PERIOD, LinkWatch
 from swarm.peer.mailbox import Inbox, Outbox
 from swarm.peer.send_times import SEND_WINDOW
 from swarm.peer.timeline import Timeline
 from swarm.wire import PeerRecord
+from tests.swarm.net.test_link_probe import ModelledLink
 from tests.swarm.net.test_transport import header
 
 pytestmark = pytest.mark.timeout(120)
@@ -134,3 +135,23 @@ def test_a_peer_silent_to_a_probe_mid_hop_has_its_link_re_measured_unless_declar
     gone.add(remote.id)
     time.sleep(0.4)
     assert not fresh.remeasure_due() and fresh.links[remote.id] == measured
+
+
+def test_a_joiner_publishes_its_first_few_links_then_measures_the_rest_a_look_later():
+    """A joiner's first round stops at FIRST_LINKS measured links and publishes them (the scheduler places it once
+    its record shows links); the background thread measures the rest of the announced peers at its first look."""
+    others = [f"peer-{i}" for i in range(6)]
+    records = {p: PeerRecord(peer_id=p, stage=1, seconds_per_layer=0.01, memory_slots=2) for p in others}
+    published: list[int] = []
+    watch = LinkWatch(LinkProber(ModelledLink(0.005, 100e6), goodput_bytes=2**16, rng=random.Random(0)), "me",
+                      lambda: records, measured=lambda: published.append(len(watch.links)))
+    stop, finished = threading.Event(), threading.Event()
+    try:
+        watch.start(stop, finished)
+        assert len(watch.links) == FIRST_LINKS < len(others) and published == [FIRST_LINKS]
+        deadline = time.monotonic() + 10
+        while len(watch.links) < len(others) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        stop.set()
+    assert set(watch.links) == set(others) and published[-1] == len(others)
