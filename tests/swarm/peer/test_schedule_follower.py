@@ -152,15 +152,22 @@ def wait_until(condition, timeout: float) -> float:
     return time.monotonic() - start
 
 
+def waiting_joiner(dht: NewestSchedule) -> tuple[ScheduleFollower, list, threading.Thread]:
+    """A follower waiting to place "me" in a thread of its own (what it is placed by lands in the list), once it has
+    read the DHT a first time."""
+    f = ScheduleFollower(records=dht, coordinator="coord", heartbeat=1.0)
+    placed: list = []
+    waiter = threading.Thread(target=lambda: placed.append(f.wait_for_placement("me", threading.Event(), 30)))
+    waiter.start()
+    wait_until(lambda: dht.reads == 1, 5)
+    return f, placed, waiter
+
+
 def test_a_peer_waiting_to_be_placed_reads_the_dht_at_a_notice_and_seldom_without_one():
     """Every joiner waits at once, and each read is a DHT lookup: without a notice it reads every
     PLACEMENT_POLL_PERIOD; a notice wakes it, and it reads often for a while in case the DHT lags the notice."""
     dht = NewestSchedule()
-    f = ScheduleFollower(records=dht, coordinator="coord", heartbeat=1.0)
-    placed = []
-    waiter = threading.Thread(target=lambda: placed.append(f.wait_for_placement("me", threading.Event(), 30)))
-    waiter.start()
-    wait_until(lambda: dht.reads == 1, 5)
+    f, placed, waiter = waiting_joiner(dht)
     time.sleep(1.2)
     assert dht.reads == 1  # no notice: no second read yet
     f.on_message("coord", ScheduleNotice(epoch=0))  # announced, but the DHT does not return it yet
@@ -425,12 +432,7 @@ def test_an_epoch_carried_by_a_stranger_or_malformed_is_not_taken(caplog):
 
 
 def test_a_joiner_takes_the_epoch_placing_it_from_the_notice():
-    dht = NewestSchedule()
-    f = ScheduleFollower(records=dht, coordinator="coord", heartbeat=1.0)
-    placed = []
-    waiter = threading.Thread(target=lambda: placed.append(f.wait_for_placement("me", threading.Event(), 30)))
-    waiter.start()
-    wait_until(lambda: dht.reads == 1, 5)
+    f, placed, waiter = waiting_joiner(NewestSchedule())
     f.on_message("coord", carrying(real_epoch(3, start_iteration=20)))  # the DHT has nothing yet
     waiter.join(timeout=5)
     assert placed and placed[0].epoch == 3 and placed[0].placement["me"] == 0
