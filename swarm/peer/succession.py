@@ -77,6 +77,12 @@ class Succession:
             except Exception as e:  # an unreachable sidecar is skipped; others will do
                 logger.debug("gossip link to %s failed: %s", p, e)
 
+    def take_records(self, records: dict[str, PeerRecord]) -> dict[str, PeerRecord]:
+        """Keep the live peers of a read of the records (not leaving, not draining) as `announced`, and return them:
+        the watch's reads, and the joiner's read after its admission, which its first probes and links use."""
+        self.announced = {p: r for p, r in records.items() if r.state not in (PeerState.LEAVING, PeerState.DRAINING)}
+        return self.announced
+
     def successor(self, records: dict[str, PeerRecord]) -> str | None:
         """The successor of a dead scheduler: the first live peer of the succession list its newest schedule names
         (signed by it, so nobody else can put itself first); a schedule without one names none."""
@@ -99,8 +105,7 @@ class Succession:
                 logger.debug("watchdog could not read the DHT: %s", e)
                 continue
             self._on_records(records)
-            live = {p: r for p, r in records.items() if r.state not in (PeerState.LEAVING, PeerState.DRAINING)}
-            self.announced = live
+            live = self.take_records(records)
             self.connect_control_plane(live)
             if f.scheduler in live:
                 f.scheduler_seen = time.monotonic()

@@ -7,6 +7,7 @@ that took the role from a coordinator alive after all gives it back: one schedul
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 
@@ -14,6 +15,7 @@ from swarm.control.messages import Alive, Done
 from swarm.coordinator.actions import PublishSchedule
 from swarm.peer.schedule_follower import ScheduleFollower
 from swarm.peer.succession import Succession
+from swarm.wire import PeerState
 from tests.swarm.coordinator.conftest import make_records, make_scheduler, read_after_expiry
 
 
@@ -92,3 +94,17 @@ def test_a_peer_that_took_the_role_from_a_live_coordinator_gives_it_back_at_its_
             time.sleep(0.01)
     finally:
         stop.set()
+
+
+def test_the_records_a_peer_takes_leave_out_leaving_and_draining_peers():
+    """What a joiner reads after its admission (and the watch reads each heartbeat) is whom it probes and links to:
+    a peer leaving or draining is not among them."""
+    records = make_records()
+    leaving, draining = sorted(records)[:2]
+    records[leaving] = dataclasses.replace(records[leaving], state=PeerState.LEAVING)
+    records[draining] = dataclasses.replace(records[draining], state=PeerState.DRAINING)
+    follower = ScheduleFollower(records=None, coordinator="coordinator", heartbeat=1.0)
+    succession = Succession("peer-05", None, None, follower, make_role=None, iteration=lambda: 0)
+    assert succession.announced is None
+    live = succession.take_records(records)
+    assert live is succession.announced and set(live) == set(records) - {leaving, draining}
