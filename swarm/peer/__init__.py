@@ -3,6 +3,7 @@
 - peer.py: Peer, the process: joins, follows the schedule's epochs, loops over iterations, drains and leaves
 - options.py: PeerOptions, how a peer joins (the run itself is the coordinator's run spec)
 - schedule_follower.py: ScheduleFollower, the epoch in use and the next one, commits, 'gone' and 'finished'
+- carried_epochs.py: CarriedEpochs, the epochs the scheduler's notices carried, until the pipeline's thread takes them
 - departure.py: Departure, a peer asked to stop: drains while the scheduler plans without it, or leaves at once
 - placement_release.py: PlacementRelease, a placed peer that cannot serve gives the placement up, placed afresh
 - control_router.py: ControlRouter, each control message (gossip) to the component that handles it

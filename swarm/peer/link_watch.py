@@ -129,14 +129,16 @@ class LinkWatch:
             logger.warning("link probing failed: %s", e)
         return bool(set(self.links) - before)
 
-    def start(self, stop: threading.Event, finished: threading.Event) -> None:
+    def start(self, stop: threading.Event, finished: threading.Event) -> float:
         """Measure a first few links now and publish them at once (the scheduler places a joiner once its record
         shows links), then keep probing in a background thread until `stop` or `finished` is set: the rest of the
-        sample at its first look, a second later."""
+        sample at its first look, a second later. Returns the seconds the first few took."""
+        start = time.monotonic()
         if self.probe(enough=FIRST_LINKS):
             self._publish()
         threading.Thread(target=self._keep_probing, args=(stop, finished), name="skippipe-prober",
                          daemon=True).start()
+        return time.monotonic() - start
 
     def _keep_probing(self, stop: threading.Event, finished: threading.Event) -> None:
         refreshed = retried = time.monotonic()

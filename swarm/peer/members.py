@@ -93,11 +93,13 @@ class Members:
                 self._take(peer, record.cert)
 
     def wait(self, stop: threading.Event, timeout: float, *, over: threading.Event | None = None,
-             ask: Callable[[], None] | None = None) -> None:
+             ask: Callable[[], None] | None = None) -> float:
         """Until the scheduler admits this peer; raises `NotAdmitted` when it refuses or says nothing in time.
         Returns at once when `stop` or `over` (the run finished) is set. `ask` (announce this joiner to the
-        scheduler) is called at once and every `ASK_AGAIN` seconds meanwhile: gossip may lose an announcement."""
-        end = time.monotonic() + timeout
+        scheduler) is called at once and every `ASK_AGAIN` seconds meanwhile: gossip may lose an announcement.
+        Returns the seconds it waited."""
+        start = time.monotonic()
+        end = start + timeout
         asked = float("-inf")
         while not self._decided.is_set() and not stop.is_set() and not (over is not None and over.is_set()) \
                 and time.monotonic() < end:
@@ -106,12 +108,13 @@ class Members:
                 ask()
             self._decided.wait(0.2)
         if over is not None and over.is_set() and self.refused is None:
-            return
+            return time.monotonic() - start
         if self.refused is not None:
             raise NotAdmitted(f"the scheduler of run {self.run_id} refused this peer: {self.refused}")
         if not self.cert and not stop.is_set():
             raise NotAdmitted(f"the scheduler of run {self.run_id} did not admit this peer within {timeout:.0f} s"
                               + ("" if self.proof else " (it has no join token: pass --token)"))
+        return time.monotonic() - start
 
     def _take(self, peer: str, raw: bytes) -> bool:
         """Remember `peer`'s certificate `raw` if it is valid; False (logged) if not."""

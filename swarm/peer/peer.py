@@ -265,10 +265,9 @@ class Peer:
         # gossip links to members' sidecars before the admission comes: it must not hang on the one to the
         # coordinator, whose mesh prunes most peers from ~13 on (it then only arrives by lazy gossip)
         self.succession.connect_control_plane(records.fetch_peers())
-        asked = time.monotonic()
-        self.members.wait(stop, o.join_timeout, over=self.follower.finished,  # then: links, placement
-                          ask=lambda: publish(node.gossip, o.run_id, self.members.join_message(), wait=False))
-        admitted, read = time.monotonic(), records.fetch_peers()  # one read (seconds on a loaded DHT), three uses:
+        waited = self.members.wait(stop, o.join_timeout, over=self.follower.finished,  # then: links, placement
+                                   ask=lambda: publish(node.gossip, o.run_id, self.members.join_message(), wait=False))
+        read = records.fetch_peers()  # one read (seconds on a loaded DHT), three uses:
         self.members.observe(read)  # the members' certificates, before they probe this joiner
         self.succession.take_records(read)  # whom its first round probes, its gossip links
         self.departure = Departure(self.peer_id, stop, node, self.follower, self.succession, self.keeper)
@@ -278,18 +277,15 @@ class Peer:
         probe_bytes = min(max(PROBE_GOODPUT_BYTES, self.config.message_size(self.model_config.dim)), MAX_PROBE_BYTES)
         self.links = LinkWatch(LinkProber(self._transport, sample_size=o.probe_sample, jitter=self.jitter,
                                           goodput_bytes=probe_bytes),
-                               self.peer_id, lambda: self.succession.announced or {},
-                               skip=frozenset({spec.coordinator}),
+                               self.peer_id, self.succession.live, skip=frozenset({spec.coordinator}),
                                measured=node.heartbeat.beat_now, gone=lambda: self.follower.gone)
-        self.links.start(self._halt, self.follower.finished)
-        linked = time.monotonic()
-        self.succession.connect_control_plane(self.succession.announced or read)
+        took = self.links.start(self._halt, self.follower.finished)
+        self.succession.connect_control_plane(self.succession.live())
         self.succession.start(self._halt, dict(config=self.config, spec=spec, peer_id=self.peer_id, records=records,
                                                gossip=node.gossip, metrics_path=o.metrics_path,
                                                local=self._on_gossip, token=o.token))
-        logger.info("peer %s joined run %s (%.4f s/layer; admitted in %.1f s, %d links in %.1f s); waiting to be "
-                    "placed", self.peer_id, o.run_id, self.seconds_per_layer, admitted - asked, len(self.links.links),
-                    linked - admitted)
+        logger.info("peer %s joined run %s (%.4f s/layer, admitted in %.1f s, %d links in %.1f s): to be placed",
+                    self.peer_id, o.run_id, self.seconds_per_layer, waited, len(self.links.links), took)
         warm_up_optimizers()  # while the scheduler plans, not once placed, when the whole stage group waits
         schedule = self.follower.wait_for_placement(self.peer_id, stop, deadline - time.monotonic())
         if schedule is not None:

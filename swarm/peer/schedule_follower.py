@@ -35,7 +35,7 @@ from swarm.constants import DHT_TIMEOUT, silent_after
 from swarm.control.messages import Alive, Commit, ControlMessage, Finished, Gone, ScheduleNotice
 from swarm.control.records import SwarmRecords
 from swarm.events import event
-from swarm.wire import WireError
+from swarm.peer.carried_epochs import CarriedEpochs, Found
 
 logger = logging.getLogger(__name__)
 
@@ -55,8 +55,6 @@ COMMIT_WAIT = 30.0
 normally comes before the stage's state, which the veterans send after that commit)."""
 NOTICE_FOLLOW_UP = 5.0
 """Seconds after a notice during which a waiting peer reads every LAGGING_POLL_PERIOD."""
-MAX_DELIVERED = 8
-"""Epochs carried by notices kept until the pipeline's thread takes them (epochs come seconds apart at most)."""
 DELIVERY_LOOK = 0.05
 """Seconds between two looks for a carried epoch or a finished read while one is waited for."""
 ANNOUNCED_READ_WAIT = DHT_TIMEOUT
@@ -85,8 +83,6 @@ class Known(NamedTuple):
         return Known(self.in_use, tuple(b for b in self.bridges if b.epoch > epoch), newer)
 
 
-Found = tuple[Schedule, Schedule | None]
-"""The newest schedule read, and the epoch it bridges to (`ScheduleMsg.bridge`) or None."""
 
 
 class ScheduleRead:
@@ -153,10 +149,8 @@ class ScheduleFollower:
         self._last_poll = 0.0
         self._read: ScheduleRead | None = None
         """The read of the newest schedule under way, or done and not taken yet."""
-        self._delivered: list[Found] = []
-        """The epochs notices carried, not taken yet, oldest first (appended by the gossip thread, taken by the
-        pipeline's): each is kept in turn, so one that is to run before the next (a bridge) is not lost."""
-        self._delivered_lock = threading.Lock()
+        self.carried = CarriedEpochs()
+        """The epochs the notices carried (from the gossip thread), not taken yet."""
         self.sitting_out_until = 0.0
         """Until when (monotonic seconds) the scheduler said it leaves this peer out of the plan (`sit_out`)."""
 
@@ -207,7 +201,7 @@ class ScheduleFollower:
             return False
         if isinstance(message, ScheduleNotice):
             self._announced_epoch = max(self._announced_epoch, message.epoch)
-            self._deliver(sender, message)
+            self.carried.offer(sender, message)
             self.notice.set()
             return False
         stale = self._stale(message)
@@ -231,25 +225,6 @@ class ScheduleFollower:
             self._commits.add((message.iteration, message.epoch))
             self._left_out[message.iteration] = frozenset(message.left_out)
         return True
-
-    def _deliver(self, sender: str, notice: ScheduleNotice) -> None:
-        """Keep the epoch `notice` carries for the pipeline's thread to take (the newest MAX_DELIVERED); one
-        malformed is logged and dropped (the notice still has the DHT read)."""
-        try:
-            msg = notice.carried()
-            found = (msg.to_schedule(), msg.to_bridge()) if msg is not None else None
-        except WireError as e:
-            logger.warning("ignored the schedule carried by a notice from %s: %s", sender, e,
-                           extra=event("ignored_control", sender=sender, kind="ScheduleNotice", why=str(e)))
-            return
-        if found is not None:
-            with self._delivered_lock:
-                self._delivered = [*self._delivered[-MAX_DELIVERED + 1:], found]
-
-    def _take_delivered(self) -> list[Found]:
-        with self._delivered_lock:
-            found, self._delivered = self._delivered, []
-        return found
 
     def placed_anew(self, schedule: Schedule) -> None:
         """`schedule` is taken: the peers it places that were declared gone under an older epoch are back (a holder
@@ -373,7 +348,7 @@ class ScheduleFollower:
         (no longer than the read: a forged epoch ahead must not hold every iteration's start)."""
         end = time.monotonic() + wait
         while True:
-            for found in self._take_delivered():
+            for found in self.carried.take():
                 self._keep(found)
             read = self._read
             if read is not None and read.done.is_set():
@@ -453,7 +428,7 @@ class ScheduleFollower:
         follow_up_until = 0.0
         while not stop.is_set() and not self.finished.is_set() and \
                 time.monotonic() < max(end, self.sitting_out_until + timeout):
-            delivered = self._take_delivered()
+            delivered = self.carried.take()
             found = delivered[-1] if delivered else self._fetch_with_bridge()
             schedule, bridge = found if found is not None else (None, None)
             if schedule is not None and peer in schedule.placement and schedule.epoch > newer_than:

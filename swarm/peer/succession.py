@@ -83,6 +83,10 @@ class Succession:
         self.announced = {p: r for p, r in records.items() if r.state not in (PeerState.LEAVING, PeerState.DRAINING)}
         return self.announced
 
+    def live(self) -> dict[str, PeerRecord]:
+        """The live peers' records as last taken (`take_records`; none before the first)."""
+        return self.announced or {}
+
     def successor(self, records: dict[str, PeerRecord]) -> str | None:
         """The successor of a dead scheduler: the first live peer of the succession list its newest schedule names
         (signed by it, so nobody else can put itself first); a schedule without one names none."""
