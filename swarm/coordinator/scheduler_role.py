@@ -160,12 +160,8 @@ class SchedulerRole:
         it judges the records it missed, the reports or the iteration it left: the run may have gone on under a
         successor (`Overtaking`)."""
         self.alive.start().turned()
-        now, away = time.monotonic(), self.away.start().take() if self._coordinator else 0.0
-        if away:
-            self._listen_until = now + silent_after(self.config.heartbeat)
-            logger.warning("this coordinator was away for %.0f s: it listens for %.0f s before it decides anything "
-                           "(a successor may have taken over)", away, silent_after(self.config.heartbeat))
-        listening = now < self._listen_until
+        self.away.start()
+        listening = self._listening()
         records = self.poller.start().take()
         if self.stood_down:  # it plans, commits and beats no more; it still admits joiners (the run's issuer)
             if records is not None:
@@ -184,9 +180,19 @@ class SchedulerRole:
         self._drain(TICK_WAIT)
         if self.stood_down:
             return
-        if not listening:
+        if not self._listening():
             self._carry_out(self.scheduler.check_pings(time.monotonic()))
             self._carry_out(self.scheduler.check_late_holders(time.monotonic()))
+
+    def _listening(self) -> bool:
+        """Whether this coordinator only listens, back from longer away than a record lives (`AwayWatch`): asked
+        before anything it would decide, since a thawed loop may take a message before the watch's thread looks."""
+        away = self.away.take() if self._coordinator else 0.0
+        if away:
+            self._listen_until = time.monotonic() + silent_after(self.config.heartbeat)
+            logger.warning("this coordinator was away for %.0f s: it listens for %.0f s before it decides anything "
+                           "(a successor may have taken over)", away, silent_after(self.config.heartbeat))
+        return time.monotonic() < self._listen_until
 
     def _alive(self) -> Alive | None:
         """This scheduler's beat (`AliveBeat`, any thread): once a run is planned, until it stands down or is done.
@@ -254,7 +260,7 @@ class SchedulerRole:
             return
         while True:
             if msg is None:  # a plan or a store is done
-                if not self.stood_down and time.monotonic() >= self._listen_until:
+                if not self.stood_down and not self._listening():
                     self._take_done_off_loop()
             else:
                 self._receive(msg, came)
@@ -270,6 +276,7 @@ class SchedulerRole:
             logger.warning("ignored a control message from %s: %s", msg.sender, e,
                            extra=event("ignored_control", sender=msg.sender, kind="malformed", why=str(e)))
             return
+        self._listening()  # an absence is known before a message that came after it is judged
         if came >= self._listen_until:  # not one that waited while this process was away
             self.scheduler.liveness.heard_from(msg.sender, msg.seqno, came)
         self._take(msg.sender, message)
@@ -289,7 +296,7 @@ class SchedulerRole:
                 self.overtaking.note(sender, message, self.scheduler.schedule, self.scheduler.completed):
             self._stand_down()
             return
-        if time.monotonic() < self._listen_until:  # back from away: what it would decide on this waits
+        if self._listening():  # back from away: what it would decide on this waits
             if len(self._held) < INBOX_SIZE:
                 self._held.append((sender, message))
             else:

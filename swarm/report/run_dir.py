@@ -107,9 +107,16 @@ def read_run(path: str | Path) -> RunData:
 def committed_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Metrics records in the order written, less those a later record supersedes: a scheduler killed right after
     it wrote down a commit may never have announced it, and its successor then runs that iteration again under a
-    newer epoch; the successor's record of an iteration replaces every earlier record of it and of those after it."""
+    newer epoch; the successor's record of an iteration replaces every earlier record of it and of those after it.
+    A record of an older epoch than one written before it is a stale scheduler's, not a successor's (a coordinator
+    frozen as it committed, which wrote its commit down once thawed, after its successor had gone on): dropped."""
     out: list[dict[str, Any]] = []
+    newest = 0
     for r in records:
+        epoch = r.get("epoch", 0)
+        if not isinstance(epoch, int) or epoch < newest:
+            continue
+        newest = epoch
         while out and out[-1].get("iteration", 0) >= r.get("iteration", 0):
             out.pop()
         out.append(r)
@@ -138,7 +145,8 @@ def _read_metrics(path: Path, warnings: list[str]) -> list[IterationRecord]:
     kept = committed_records(valid)
     if len(kept) < len(valid):
         warnings.append(f"{path.name}: {len(valid) - len(kept)} records superseded by a later record of the same "
-                        f"iteration (a successor scheduler's rerun; the later kept)")
+                        f"iteration (a successor scheduler's rerun; the later kept) or of an epoch older than one "
+                        f"before them (a stale scheduler's; dropped)")
     return [r for r in map(iteration_record, kept) if r is not None]
 
 

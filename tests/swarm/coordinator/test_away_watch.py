@@ -58,6 +58,28 @@ def test_a_loop_busy_or_asleep_in_a_slow_step_is_not_away():
         watch.stop()
 
 
+def test_a_caller_that_runs_before_the_watchs_thread_looks_learns_of_the_absence():
+    # thawed, the loop may take a message before the watch's thread has looked at the clock: a `take` looks too (the
+    # thread is kept from running here by a switch interval longer than the absence)
+    watch = AwayWatch(1.0, period=0.1).start()
+    interval = sys.getswitchinterval()
+    try:
+        time.sleep(0.3)
+        sys.setswitchinterval(30.0)
+        end = time.monotonic() + 1.5
+        while time.monotonic() < end:
+            sum(range(1000))
+        gap = watch.take()
+        sys.setswitchinterval(interval)
+        assert 1.4 <= gap <= 3.0
+        assert watch.take() == 0.0  # taken once: by the caller, not again by the thread
+        time.sleep(0.3)
+        assert watch.take() == 0.0
+    finally:
+        sys.setswitchinterval(interval)
+        watch.stop()
+
+
 def test_a_limit_not_above_the_period_is_refused():
     with pytest.raises(ValueError, match="must exceed"):
         AwayWatch(0.5, period=0.5)

@@ -97,6 +97,16 @@ def test_a_rerun_iteration_replaces_the_records_it_supersedes():
     assert committed_records(in_order) == in_order
 
 
+def test_a_stale_schedulers_late_record_is_dropped():
+    # the coordinator froze as it committed iteration 4 (epoch 0); its successor reran 4 and 5 under epoch 1; thawed,
+    # the coordinator wrote its commit of 4 down: the successor's records stand
+    written = [{"iteration": i, "epoch": 0} for i in range(1, 4)] + \
+        [{"iteration": 4, "epoch": 1}, {"iteration": 5, "epoch": 1}, {"iteration": 4, "epoch": 0},
+         {"iteration": 6, "epoch": 1}]
+    assert [(r["iteration"], r["epoch"]) for r in committed_records(written)] == \
+        [(1, 0), (2, 0), (3, 0), (4, 1), (5, 1), (6, 1)]
+
+
 @pytest.mark.parametrize("content", ["{", '{"version": 99}', "[]", "\udcff", '{"version": 1, "epoch": 0}'])
 def test_a_broken_schedule_is_skipped_with_a_warning(fixture_run, tmp_path, content):
     run = shutil.copytree(fixture_run, tmp_path / "run")
