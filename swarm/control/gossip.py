@@ -40,7 +40,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
@@ -303,6 +303,24 @@ class GossipClient:
         if not isinstance(maddr, str) or not 0 < len(maddr) <= MAX_ADDRESS_CHARS:
             raise FrameError(f"multiaddr must be a str of 1..{MAX_ADDRESS_CHARS} characters")
         return self._request("connect", timeout + 1.0, maddr=maddr, timeout=float(timeout))
+
+    def connect_all(self, maddrs: Sequence[str], *, timeout: float = CONNECT_TIMEOUT) -> dict[str, str | None]:
+        """Connect to the sidecars at ``maddrs`` at once (the sidecar dials them concurrently), each dial given
+        ``timeout`` seconds: one silent peer (a frozen host answers nothing, a dead one's record outlives it) costs one
+        timeout, not one each. Returns maddr -> the peer id connected, or None where the dial failed or timed out."""
+        if not all(isinstance(m, str) and 0 < len(m) <= MAX_ADDRESS_CHARS for m in maddrs):
+            raise FrameError(f"multiaddr must be a str of 1..{MAX_ADDRESS_CHARS} characters")
+        futures = {m: self._request_future("connect", maddr=m, timeout=float(timeout)) for m in maddrs}
+        linked: dict[str, str | None] = {}
+        deadline = time.monotonic() + timeout + 1.0
+        for maddr, future in futures.items():
+            try:
+                peer = self._wait(future, "connect", max(deadline - time.monotonic(), 0.0))
+                linked[maddr] = peer if isinstance(peer, str) else None
+            except (GossipError, TimeoutError) as e:
+                logger.debug("gossip link to %s failed: %s", maddr, e)
+                linked[maddr] = None
+        return linked
 
     def status(self, *, timeout: float = REQUEST_TIMEOUT) -> dict[str, Any]:
         """``{"peer_id", "maddrs", "peers": [connected pubsub peers], "topics": {topic: {"subscribers", "mesh"}}}``."""

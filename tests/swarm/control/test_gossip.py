@@ -12,6 +12,7 @@ import os
 import queue
 import select
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -359,6 +360,30 @@ def test_garbage_on_the_pipe_is_refused_and_delivery_goes_on(line):
         b.client.subscribe("")
     with pytest.raises(GossipError, match="bad multiaddr"):
         b.client.connect("/ip4/127.0.0.1/tcp/1")
+
+
+def test_connect_all_dials_together_and_a_silent_peer_costs_one_timeout(line, tmp_path):
+    d, c = line["D"], line["C"]
+    # listening sockets that never speak: a frozen host's sidecar, as a dial sees it
+    silent = [socket.create_server(("127.0.0.1", 0)) for _ in range(2)]
+    refused = socket.create_server(("127.0.0.1", 0))
+    refused_port = refused.getsockname()[1]
+    refused.close()  # nothing listens there: a dead peer whose record outlives it
+    ids = [ensure_identity(str(tmp_path / f"k{i}.key")) for i in range(3)]
+    maddrs = [c.info.maddrs[0]] + [f"/ip4/127.0.0.1/tcp/{s.getsockname()[1]}/p2p/{ids[i]}"
+                                   for i, s in enumerate(silent)] + \
+        [f"/ip4/127.0.0.1/tcp/{refused_port}/p2p/{ids[2]}", "/ip4/127.0.0.1/tcp/1"]  # the last one malformed
+    try:
+        start = time.monotonic()
+        linked = d.client.connect_all(maddrs, timeout=2.0)
+        took = time.monotonic() - start
+    finally:
+        for sock in silent:
+            sock.close()
+    assert linked == {maddrs[0]: c.info.peer_id, **{m: None for m in maddrs[1:]}}
+    assert took < 3.5, took  # the two silent ones timed out together (one after the other: 4 s at least)
+    with pytest.raises(FrameError):
+        d.client.connect_all([maddrs[0], ""])
 
 
 @pytest.mark.timeout(30)
