@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from scheduler.schedule import Schedule
 from swarm.coordinator.cost_drift import replan_gain
 from swarm.coordinator.epochs import EpochHistory
+from swarm.coordinator.reckoning import reckoned_alike
 from swarm.coordinator.replanner import NoDataHolder, Replanner
 from swarm.wire import PeerRecord
 
@@ -91,8 +92,9 @@ def rebase_start(job: PlanJob, completed: int, epochs: EpochHistory) -> int | No
     """Where `job`'s plan starts now that `completed` iterations are committed: where it was asked to if none was
     committed meanwhile; else at the next iteration, the one in progress going on under the epoch that runs it (it
     was started under that epoch, and what would have run again has committed after all). None when the plan must be
-    made again: the epoch the new one would follow is not the one it was planned after (a newer one came, or one
-    started meanwhile, whose peers the plan's joiners and hand-overs are reckoned against)."""
+    made again: the epoch the new one would follow is not the one it was planned after (a newer one came), or one
+    started meanwhile against which the plan's joiners, their restore sources or the moves it carries over come out
+    otherwise than against the epoch it was reckoned against (`reckoned_alike`)."""
     if epochs.latest is None or epochs.latest.epoch != job.after:
         return None
     if completed == job.asked_at:
@@ -100,7 +102,11 @@ def rebase_start(job: PlanJob, completed: int, epochs: EpochHistory) -> int | No
     start = completed + 1
     before = job.history.in_force(job.start - 1) if job.start > 0 else None
     now_before = epochs.in_force(start - 1)
-    return start if before is not None and before.epoch == now_before.epoch else None
+    if before is not None and before.epoch == now_before.epoch:
+        return start
+    alike = isinstance(job.outcome, Schedule) and \
+        reckoned_alike(job.outcome, job.history.latest, before, now_before, job.records, job.stateless)
+    return start if alike else None
 
 
 def rebased(schedule: Schedule, start: int, shard_positions: Mapping[str, Mapping[str, int]]) -> Schedule:

@@ -52,11 +52,12 @@ from scheduler.swarm_tuning import move_pays
 from scheduler.swarm_view import ModelCost, PeerSpec, SwarmView
 from swarm.coordinator.epochs import EpochHistory
 from swarm.coordinator.holder_shares import holder_microbatches
+from swarm.coordinator.reckoning import carried_moves, epoch_joiners, restore_sources
 from swarm.coordinator.shard_assignment import assign_shards, shard_drawers, shards_to_injectors
 from swarm.events import event
 from swarm.net.link_probe import link_matrices
 from swarm.run_config import RunConfig
-from swarm.wire import PeerRecord, PeerState
+from swarm.wire import PeerRecord
 
 logger = logging.getLogger(__name__)
 
@@ -89,25 +90,6 @@ def view_from_records(records: Mapping[str, PeerRecord]) -> SwarmView:
     lat, bw = link_matrices(records, order, default_latency=0.001, default_bandwidth=1e9)
     # measured latency already includes the per-message cost of the transport
     return SwarmView(peers=peers, latency=lat, bandwidth=bw, message_overhead=0.0)
-
-
-def restore_sources(schedule: Schedule, before: Schedule | None, joiners: Collection[str]) -> dict[str, str]:
-    """Joiner (a peer new to its stage, or one holding no state of it) -> the peer it starts the stage from, for
-    stages nobody kept serving: a veteran of the nearest stage below (above if none); a joiner uses its own
-    checkpoint of the stage instead if it has one. Stage 0 too: its holders may all be gone while a joining holder
-    takes it over (it keeps its own embedding)."""
-    if before is None:
-        return {}
-    veterans = {p: st for p, st in schedule.placement.items() if p not in joiners and before.placement.get(p) == st}
-    sources = {}
-    for p in joiners:
-        st = schedule.placement[p]
-        if st in veterans.values():
-            continue
-        nearest = sorted((abs(vs - st), vs > st, vs == 0, q) for q, vs in veterans.items())
-        if nearest:
-            sources[p] = nearest[0][3]
-    return sources
 
 
 def first_pin(record: PeerRecord, history: EpochHistory, stages: int) -> int | None:
@@ -384,18 +366,8 @@ class Replanner:
             schedule = self._as_configured(schedule, counts)
         shards = self._injected_shards(schedule, shards, peers, old)
         # a move not yet taken (this epoch replaces the one that made it, from the same iteration) stands
-        earlier = old.meta.get("handover") or {}
-        handover.update({p: src for p, src in earlier.items() if p in schedule.placement and before is not None
-                         and p in before.placement and before.placement[p] != schedule.placement[p]})
-        # joiners load their stage's state from its peers: newcomers, a peer taken for gone and placed again on
-        # another stage than it held (it has none of that stage's weights, and nobody hands them over), and a peer
-        # that holds no state at all
-        # and a joiner of the epoch in force whose record still says it is joining: that epoch placing it does not
-        # mean its stage's state came (listed as a veteran, it would give its join up at every such epoch)
-        loading = set(before.meta.get("joiners", ())) if before is not None else set()
-        joiners = [p for p in schedule.placement if before is None or p not in before.placement or p in stateless
-                   or (before.placement[p] != schedule.placement[p] and p not in handover)
-                   or (p in loading and peers[p].state == PeerState.JOINING)]
+        handover.update(carried_moves(schedule, old, before))
+        joiners = epoch_joiners(schedule, before, peers, stateless, handover)
         schedule.meta.update(start_iteration=start_iteration, num_shards=num_shards, shards=shards,
                              shard_positions=dict(shard_positions), joiners=joiners,
                              restore=restore_sources(schedule, before, joiners), handover=handover)

@@ -11,7 +11,8 @@ import pytest
 from scheduler.path_rules import PathRules
 from scheduler.schedule import Schedule, validate
 from swarm.coordinator.epochs import EpochHistory
-from swarm.coordinator.replanner import restore_sources, saved_plan_mismatch
+from swarm.coordinator.reckoning import restore_sources
+from swarm.coordinator.replanner import saved_plan_mismatch
 from swarm.run_config import FULL_PATH_PLANNERS, PLANNERS, RunConfig
 from swarm.stage_group.state_transfer import state_senders
 from swarm.wire import PeerState
