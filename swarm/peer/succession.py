@@ -29,6 +29,8 @@ CONTROL_LINKS = 8
 """Gossip links a peer keeps to other peers' sidecars."""
 CONTROL_CONNECT_TIMEOUT = 5.0
 """Seconds one dial of another peer's sidecar may take."""
+CONTROL_WAVES = 2
+"""Waves of dials one call of `Succession.connect_control_plane` makes at most."""
 
 
 def resume_point(iteration: int, newest_commit: tuple[int, dict[str, Any]]) -> tuple[int, dict[str, Any] | None]:
@@ -60,6 +62,8 @@ class Succession:
         """The live peers' records as the watch last read them from the DHT."""
         self._connected: set[str] = set()
         self._rng = random.Random()
+        self._at_once = CONTROL_LINKS
+        """Dials made together (halved after a wave that linked none, doubled after one that linked some)."""
         self._thread: threading.Thread | None = None
         self._role_kwargs: dict[str, Any] = {}
 
@@ -73,21 +77,29 @@ class Succession:
         to peers no longer there are let go and made again to others, in a random order (joiners do not all link to
         the same few). The missing links are dialled together, a wave at a time: a dead peer whose record still lives,
         or a frozen one, costs a wave one dial's timeout, where dials one after another cost a joiner 15-27 s on a
-        loaded 20-peer host before its admission. Returns the peers linked."""
+        loaded 20-peer host before its admission; a wave that links none (a starved host: handshakes all at once all
+        missed the timeout) halves the next. At most CONTROL_WAVES waves a call (the watch calls again a heartbeat
+        later): it must not keep the watch from its scheduler for long. Returns the peers linked."""
         self._connected &= set(records)
         candidates = [p for p, r in records.items()
                       if p != self.peer_id and p not in self._connected and r.control_addrs]
         self._rng.shuffle(candidates)
-        while candidates and len(self._connected) < CONTROL_LINKS:
-            want = CONTROL_LINKS - len(self._connected)
-            wave, candidates = candidates[:want], candidates[want:]
+        for _ in range(CONTROL_WAVES):
+            if not candidates or len(self._connected) >= CONTROL_LINKS:
+                break
+            size = min(CONTROL_LINKS - len(self._connected), self._at_once)
+            wave, candidates = candidates[:size], candidates[size:]
             try:
                 linked = self.gossip.connect_all([records[p].control_addrs[0] for p in wave],
                                                  timeout=CONTROL_CONNECT_TIMEOUT)
             except Exception as e:  # the sidecar is gone (this peer is closing) or refused the addresses
                 logger.debug("gossip links to %d peers failed: %s", len(wave), e)
                 continue
-            self._connected.update(p for p in wave if linked.get(records[p].control_addrs[0]) is not None)
+            made = [p for p in wave if linked.get(records[p].control_addrs[0]) is not None]
+            self._connected.update(made)
+            # none in time: on a starved host handshakes made at once all miss the timeout (seen at 20 peers on 2
+            # cores); fewer at a time then, one by one at worst, and more again once they go through
+            self._at_once = min(CONTROL_LINKS, 2 * self._at_once) if made else max(1, len(wave) // 2)
         return set(self._connected)
 
     def take_records(self, records: dict[str, PeerRecord]) -> dict[str, PeerRecord]:
