@@ -7,7 +7,8 @@ psutil only, in a session of its own so that a Ctrl+C or SIGTERM to the terminal
 
 Contract:
 - The watchdog notes the node's descendants (pid and create time) every ``SCAN_INTERVAL`` seconds, and at once when
-  asked: :meth:`Reaper.watch` after starting a helper returns once the helper is on the list.
+  asked: :meth:`Reaper.watch` after starting a helper returns once the helper is on the list. One noted stays on the
+  list while it lives (a scan cut short by the node's death must not empty it), as do the node's own sockets.
 - When the node dies (however: its pipe closes or, should a forked child hold the pipe, its pidfd fires) or calls
   :meth:`Reaper.stop`, the watchdog takes the last list, keeps the processes still alive with the same create time
   (a reused pid is never touched) plus their own descendants, sends them SIGTERM, then SIGKILL after ``TERM_GRACE``
@@ -319,14 +320,19 @@ class _Watchdog:
         return os.getppid() == self.parent_pid
 
     def scan(self) -> None:
+        """Add what the parent has now to what it had: a process or socket once seen stays on the lists while it
+        lives. A scan the parent's death cuts short (its children re-parented half-way, its /proc emptied) then
+        adds less, but takes nothing away from the last whole one."""
         if not self.parent_alive():
             return  # its children were re-parented: the last snapshot stands
         try:
             children = self.parent.children(recursive=True)
         except psutil.Error:
-            return
-        self.snapshot = {p.pid: p for p in children if p.pid != self.me}
-        self.parent_sockets = unix_socket_paths(self.parent_pid)
+            children = []
+        sockets = unix_socket_paths(self.parent_pid)
+        self.snapshot = {pid: p for pid, p in self.snapshot.items() if _alive(p)}
+        self.snapshot.update((p.pid, p) for p in children if p.pid != self.me and p.pid not in self.snapshot)
+        self.parent_sockets = {path for path in self.parent_sockets if os.path.lexists(path)} | sockets
 
     def reply(self, line: bytes) -> None:
         with contextlib.suppress(OSError):

@@ -18,6 +18,8 @@ import pytest
 from swarm.net.reaper import unix_socket_paths
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(600)"]
+KILLS_MID_SCAN = 6
+"""Nodes killed while their watchdog scans without pause: most deaths land inside a scan."""
 
 DHT_NODE = """
 import socket, sys, tempfile, time
@@ -77,6 +79,21 @@ shared = resource_sharer.DupFd(sock.fileno())  # multiprocessing's resource shar
 print("ready", reaper.pid, util.get_temp_dir(), flush=True)
 time.sleep(600)
 """
+
+SCANNING_NODE = """
+import socket, subprocess, sys, tempfile, time
+from swarm.net.reaper import Reaper
+helpers = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"]) for _ in range(2)]
+own = socket.socket(socket.AF_UNIX)  # the node's own, as a transport's p2p client listens on
+own_path = tempfile.mktemp(prefix="reaper-test-", suffix=".sock")
+own.bind(own_path)
+own.listen()
+reaper = Reaper.start(scan_interval=0.0)  # it scans without pause: a death lands in the middle of a scan
+assert reaper.watch()
+print("ready", reaper.pid, own_path, flush=True)
+time.sleep(600)
+"""
+
 
 # ---- helpers ---------------------------------------------------------------------------------------------------
 def _start(code: str, tmp_path: Path, *args: str) -> subprocess.Popen:
@@ -175,6 +192,29 @@ def test_a_killed_owner_leaves_no_multiprocessing_directory_though_its_socket_ca
     finally:
         _stop(started)
         node.wait(10)
+
+
+@pytest.mark.timeout(120)
+def test_an_owner_killed_in_the_middle_of_a_scan_still_takes_its_helpers_and_socket_along(tmp_path):
+    """A death seen half-way through a scan (its children re-parented, its /proc gone) leaves the last whole scan
+    standing: before, such a scan replaced it with nothing, and the helpers and the node's socket stayed (a
+    `crash-mid-average` peer's DHT process and p2pd, once in a CI run)."""
+    for _ in range(KILLS_MID_SCAN):
+        node = _start(SCANNING_NODE, tmp_path)
+        started = _tree(node.pid)
+        try:
+            _, watchdog_pid, own_socket = _line(node, tmp_path, "ready")
+            started = _tree(node.pid)
+            helpers = [p for p in started[1:] if p.pid != int(watchdog_pid)]
+            assert len(helpers) == 2
+            node.send_signal(signal.SIGKILL)
+            node.wait(10)
+            assert not _wait_gone(helpers, 15), "a helper outlived its node"
+            assert not _wait_gone([psutil.Process(int(watchdog_pid))], 15)
+            assert not os.path.exists(own_socket), "the node's socket was left behind"
+        finally:
+            _stop(started)
+            node.wait(10)
 
 
 @pytest.mark.timeout(60)
