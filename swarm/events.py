@@ -18,7 +18,8 @@ from typing import Any
 
 EVENTS: dict[str, tuple[str, ...]] = {
     # a peer's stage
-    "placed": ("stage", "epoch", "iteration"),
+    "placed": ("stage", "epoch", "iteration", "seconds", "laps"),  # the first: seconds since its start, by step
+    "joined": ("seconds", "laps"),  # admitted, linked and announced: seconds since its start, by step (`JoinLaps`)
     # source: "peer" (a same-stage peer's state), "handover" (the peer it replaces), "checkpoint" (its own),
     # "blocks" (a neighbouring stage's decoder blocks, from_stage) or "own_blocks" (its old stage's, after a move);
     # iteration: the checkpoint's

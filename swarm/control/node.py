@@ -36,6 +36,7 @@ from swarm.control.gossip import (
     progress_topic,
     schedule_topic,
 )
+from swarm.control.messages import ControlMessage, publish
 from swarm.control.record_validator import RunRecordValidator, restrict_writers
 from swarm.control.record_writers import RecordWriters
 from swarm.control.records import Heartbeat, SwarmRecords
@@ -207,6 +208,17 @@ class Node:
             except Exception as e:  # the DHT may already be unreachable
                 logger.warning("could not announce leaving: %s", e)
             self.heartbeat = None
+
+    def leave(self, notice: ControlMessage) -> None:
+        """Leave the run's control plane: stop beating (the last record says this node leaves), gossip `notice`
+        (within 2 s; a node leaving does not wait on a dead mesh), then stop the sidecar."""
+        self.stop_heartbeat()
+        if self.gossip is not None:
+            try:
+                publish(self.gossip, self.run_id, notice, timeout=2)
+            except Exception as e:
+                logger.debug("leave notice not sent: %s", e)
+            self.stop_gossip()
 
     def stop_gossip(self) -> None:
         if self.gossip is not None:

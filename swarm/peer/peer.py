@@ -55,6 +55,7 @@ from swarm.peer.host_share import ThreadShare
 from swarm.peer.inbound_checks import InboundChecks
 from swarm.peer.iteration_clock import IterationClock
 from swarm.peer.iteration_runner import IterationRunner, commit_timeout
+from swarm.peer.join_laps import JoinLaps
 from swarm.peer.link_watch import LinkWatch
 from swarm.peer.mailbox import Inbox, Outbox
 from swarm.peer.members import Members
@@ -97,6 +98,8 @@ class Peer:
     """
 
     def __init__(self, options: PeerOptions, *, scheduler_role: Callable[..., Any] | None = None) -> None:
+        self.join_laps: JoinLaps | None = JoinLaps()
+        """The steps of its join so far (None once first placed)."""
         self.options = options
         self._make_role = scheduler_role
         self.peer_id = ensure_identity(options.identity_path)
@@ -206,14 +209,16 @@ class Peer:
     def _join(self, stop: threading.Event) -> bool:
         """Join the run and take up the first placement; False if the run ended or this peer was asked to stop
         first (or it left to restart relayed)."""
-        o, node = self.options, self.node
+        o, node, laps = self.options, self.node, self.join_laps or JoinLaps()
         proof = token_proof(o.token, self.peer_id, o.run_id) if o.token else b""
         records = node.start_dht(o.initial_peers, proof=proof, **join_reachability(o))
         started()  # the DHT is up: the start-up watch (`swarm.peer.startup_watch`) has nothing to report
+        laps.lap("dht")
         deadline = time.monotonic() + o.join_timeout
         spec = await_run_spec(records, trusted_coordinator(o.initial_peers, o.coordinator), stop, o.join_timeout)
         if spec is None:
             return False
+        laps.lap("spec")
         keep_members_records(node, spec, o.token)
         (self.config, self.model_config), self.spec = RunConfig.from_spec(spec), spec
         self.inbox.assembly.max_bytes = largest_stage_message(self.model_config, self.config.stages)
@@ -250,23 +255,31 @@ class Peer:
                                       checkpoint_dir=o.checkpoint_dir, log_param_digest=o.log_param_digest,
                                       threads=ThreadShare(o.threads, o.host_registry),
                                       unanswered=lambda p: self.links.suspect(p) if self.links is not None else None)
+        laps.lap("transport")
         node.start_gossip(bootstrap=spec.control_addrs, log_path=o.log_gossip)
+        laps.lap("gossip")
         self.data = DataHolder.load(self.config.data, self.model_config.vocab_size, self.peer_id,
                                     data_paths=o.data_paths, ledger_path=o.ledger_path)
+        laps.lap("data")
         self.seconds_per_layer, self.loss_seconds = announced_speed(
             self.model_config, data.batch_size, data.seq_len, o.device, stages=self.config.stages,
             emulate_seconds_per_layer=o.emulate_seconds_per_layer)
+        laps.lap("speed")
         self.keeper = StageKeeper(self.peer_id, o, self.config, self.model_config, inbox=self.inbox,
                                   outbox=self.outbox, dht=lambda: node.dht, loss_seconds=self.loss_seconds,
                                   checks=checks, state_timeout=o.state_timeout, gone=lambda: self.follower.gone)
+        laps.lap("keeper")
         node.start_heartbeat(self._record, period=self.config.heartbeat)  # with its proof of the join token
+        laps.lap("heartbeat")
         self.succession = Succession(self.peer_id, records, node.gossip, self.follower, make_role=self._make_role,
                                      iteration=lambda: self.iteration, on_records=self.members.observe)
         # gossip links to members' sidecars before the admission comes: it must not hang on the one to the
         # coordinator, whose mesh prunes most peers from ~13 on (it then only arrives by lazy gossip)
         self.succession.connect_control_plane(records.fetch_peers())
+        laps.lap("links")
         waited = self.members.wait(stop, o.join_timeout, over=self.follower.finished,  # then: links, placement
                                    ask=lambda: publish(node.gossip, o.run_id, self.members.join_message(), wait=False))
+        laps.lap("admission")
         read = records.fetch_peers()  # one read (seconds on a loaded DHT), three uses:
         self.members.observe(read)  # the members' certificates, before they probe this joiner
         self.succession.take_records(read)  # whom its first round probes, its gossip links
@@ -279,15 +292,21 @@ class Peer:
                                           goodput_bytes=probe_bytes),
                                self.peer_id, self.succession.live, skip=frozenset({spec.coordinator}),
                                measured=node.heartbeat.beat_now, gone=lambda: self.follower.gone)
+        laps.lap("records")
         took = self.links.start(self._halt, self.follower.finished)
+        laps.lap("probes")
         self.succession.connect_control_plane(self.succession.live())
+        laps.lap("links")
         self.succession.start(self._halt, dict(config=self.config, spec=spec, peer_id=self.peer_id, records=records,
                                                gossip=node.gossip, metrics_path=o.metrics_path,
                                                local=self._on_gossip, token=o.token))
-        logger.info("peer %s joined run %s (%.4f s/layer, admitted in %.1f s, %d links in %.1f s): to be placed",
-                    self.peer_id, o.run_id, self.seconds_per_layer, waited, len(self.links.links), took)
+        joined = laps.finish("succession")
+        logger.info("peer %s joined run %s (%.4f s/layer, admitted in %.1f s, %d links in %.1f s) %.1f s after its "
+                    "start (%s): to be placed", self.peer_id, o.run_id, self.seconds_per_layer, waited,
+                    len(self.links.links), took, laps.total, laps.longest(), extra=event("joined", **joined))
         warm_up_optimizers()  # while the scheduler plans, not once placed, when the whole stage group waits
         schedule = self.follower.wait_for_placement(self.peer_id, stop, deadline - time.monotonic())
+        laps.lap("placement")
         if schedule is not None:
             return self._start_on(schedule, stop)
         if not stop.is_set() and not self.follower.finished.is_set():
@@ -309,14 +328,8 @@ class Peer:
         self._halt.set()
         self.inbox.close()  # a transport consumer waiting on a full inbox lets go
         if self.node.heartbeat is not None:
-            self.state = PeerState.LEAVING
-            self.node.stop_heartbeat()
-        if self.node.gossip is not None:
-            try:
-                publish(self.node.gossip, self.options.run_id, Leave(peer=self.peer_id), timeout=2)
-            except Exception as e:
-                logger.debug("leave notice not sent: %s", e)
-            self.node.stop_gossip()
+            self.state = PeerState.LEAVING  # what its last record says
+        self.node.leave(Leave(peer=self.peer_id))
         self.outbox.shutdown()
         if self.keeper is not None:
             self.keeper.close()
@@ -378,9 +391,11 @@ class Peer:
         if self.stage == 0:
             self.data.follow(schedule, self.iteration, self.follower.positions_for(schedule, self.iteration, stop),
                              placed_again=True)
-        logger.info("peer %s runs schedule epoch %d on stage %d from iteration %d", self.peer_id, schedule.epoch,
-                    self.stage, self.iteration,
-                    extra=event("placed", stage=self.stage, epoch=schedule.epoch, iteration=self.iteration))
+        first, self.join_laps = self.join_laps, None  # the steps of its join, up to its first placement
+        took = first.finish("stage") if first is not None else {}
+        logger.info("peer %s runs schedule epoch %d on stage %d from iteration %d%s", self.peer_id, schedule.epoch,
+                    self.stage, self.iteration, f" {took['seconds']:.1f} s after its start" if took else "",
+                    extra=event("placed", stage=self.stage, epoch=schedule.epoch, iteration=self.iteration, **took))
         return True
 
     def _adopt_due_schedule(self) -> None:

@@ -29,6 +29,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 RUN = "e2e"
 ITERATIONS = 20
 PEERS = 6
+JOIN_STEPS = ("start", "dht", "spec", "gossip", "data", "speed", "heartbeat", "links", "admission", "records",
+              "probes", "placement", "stage")
 COORDINATOR_ARGS = ["--iterations", str(ITERATIONS), "--min-peers", str(PEERS), "--stages", "3", "--skip", "0.33",
                     "--seed", "0", "--microbatches", "2", "--checkpoint-every", "10"]
 
@@ -171,6 +173,11 @@ def test_local_swarm_trains_refuses_hostile_input_and_keeps_stages_identical(run
     assert {why for _, why in refusals} == {"its join token is not this run's", no_token}, refusals
     assert (intruder_id, no_token) in refusals and not any(peer == relay for peer, _ in refusals), refusals
     assert not run.events("placed", who=f"peer-{PEERS:02d}")
+    # each peer said how long its join took, step by step, when it joined and when it was first placed
+    for i in range(PEERS):
+        (joined,), placed = run.events("joined", who=f"peer-{i:02d}"), run.events("placed", who=f"peer-{i:02d}")[0]
+        assert set(JOIN_STEPS) <= set(placed["laps"]) and set(joined["laps"]) < set(placed["laps"]), placed
+        assert abs(sum(placed["laps"].values()) - placed["seconds"]) < 0.01 < joined["seconds"] < placed["seconds"]
     ignored = {(e["kind"], e["why"][:12]) for e in run.events("ignored_control", who="peer-*")
                if e["sender"] == intruder_id}
     assert ("ScheduleNotice", "not the run'") in ignored and ("malformed", "control.type") in ignored, ignored
