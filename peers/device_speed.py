@@ -7,7 +7,9 @@ volunteers are planned by what they do rather than by what they claim.
 from __future__ import annotations
 
 import statistics
+import threading
 import time
+from concurrent.futures import Future
 
 import torch
 
@@ -62,3 +64,21 @@ def announced_speed(model: ModelConfig, batch_size: int, seq_len: int, device: s
     first = balanced_split(model.n_layers, stages)[0]
     return emulate_seconds_per_layer, max(LOSS_FACTOR * emulate_seconds_per_layer * first,
                                           EMULATION_MARGIN * loss_seconds)
+
+
+def announced_speed_meanwhile(model: ModelConfig, batch_size: int, seq_len: int, device: str, *, stages: int,
+                              emulate_seconds_per_layer: float | None = None) -> Future[tuple[float, float]]:
+    """`announced_speed`, measured in a thread of its own: a joiner measures while it waits on other processes and
+    the network (its transport, gossip sidecar, gossip links), and takes the result before it announces itself.
+    The future holds what the measurement raised, if it did."""
+    future: Future[tuple[float, float]] = Future()
+
+    def measure() -> None:
+        try:
+            future.set_result(announced_speed(model, batch_size, seq_len, device, stages=stages,
+                                              emulate_seconds_per_layer=emulate_seconds_per_layer))
+        except BaseException as e:  # handed to whoever takes the result
+            future.set_exception(e)
+
+    threading.Thread(target=measure, daemon=True, name="skippipe-speed").start()
+    return future

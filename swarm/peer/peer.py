@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from peers.device_speed import announced_speed
+from peers.device_speed import announced_speed_meanwhile
 from scheduler.schedule import Schedule
 from swarm.constants import MAX_PROBE_BYTES, PROBE_GOODPUT_BYTES
 from swarm.control.gossip import GossipMessage
@@ -221,6 +221,10 @@ class Peer:
         laps.lap("spec")
         keep_members_records(node, spec, o.token)
         (self.config, self.model_config), self.spec = RunConfig.from_spec(spec), spec
+        data = self.config.data
+        speed = announced_speed_meanwhile(self.model_config, data.batch_size, data.seq_len, o.device,  # taken below
+                                          stages=self.config.stages,
+                                          emulate_seconds_per_layer=o.emulate_seconds_per_layer)
         self.inbox.assembly.max_bytes = largest_stage_message(self.model_config, self.config.stages)
         self.outbox.chunk_bytes = self.config.chunk_bytes
         if node.reachability == "relayed" and self.config.averaging == "hivemind":
@@ -228,7 +232,6 @@ class Peer:
         self.members = Members(self.peer_id, o.run_id, o.token, self._issuers)
         if node.reachability == "public":  # it can be dialled: it relays members' streams too, as the coordinator
             node.start_forwarder(self.members.admits)
-        data = self.config.data
         wire_shape = self.config.wire_activation_shape(self.model_config.dim)  # padded where emulation says so
         if wire_shape[0] > data.batch_size:
             self.hops.padding = self.outbox.padding = MessagePadding(data.batch_size, wire_shape[0])
@@ -261,22 +264,20 @@ class Peer:
         self.data = DataHolder.load(self.config.data, self.model_config.vocab_size, self.peer_id,
                                     data_paths=o.data_paths, ledger_path=o.ledger_path)
         laps.lap("data")
-        self.seconds_per_layer, self.loss_seconds = announced_speed(
-            self.model_config, data.batch_size, data.seq_len, o.device, stages=self.config.stages,
-            emulate_seconds_per_layer=o.emulate_seconds_per_layer)
-        laps.lap("speed")
         self.keeper = StageKeeper(self.peer_id, o, self.config, self.model_config, inbox=self.inbox,
                                   outbox=self.outbox, dht=lambda: node.dht, loss_seconds=self.loss_seconds,
                                   checks=checks, state_timeout=o.state_timeout, gone=lambda: self.follower.gone)
         laps.lap("keeper")
-        node.start_heartbeat(self._record, period=self.config.heartbeat)  # with its proof of the join token
-        laps.lap("heartbeat")
         self.succession = Succession(self.peer_id, records, node.gossip, self.follower, make_role=self._make_role,
                                      iteration=lambda: self.iteration, on_records=self.members.observe)
         # gossip links to members' sidecars before the admission comes: it must not hang on the one to the
         # coordinator, whose mesh prunes most peers from ~13 on (it then only arrives by lazy gossip)
         self.succession.connect_control_plane(records.fetch_peers())
         laps.lap("links")
+        self.seconds_per_layer, self.loss_seconds = speed.result()  # measured meanwhile
+        laps.lap("speed")
+        node.start_heartbeat(self._record, period=self.config.heartbeat)  # with its proof of the join token
+        laps.lap("heartbeat")
         waited = self.members.wait(stop, o.join_timeout, over=self.follower.finished,  # then: links, placement
                                    ask=lambda: publish(node.gossip, o.run_id, self.members.join_message(), wait=False))
         laps.lap("admission")
