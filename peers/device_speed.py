@@ -69,8 +69,8 @@ def announced_speed(model: ModelConfig, batch_size: int, seq_len: int, device: s
 def announced_speed_meanwhile(model: ModelConfig, batch_size: int, seq_len: int, device: str, *, stages: int,
                               emulate_seconds_per_layer: float | None = None) -> Future[tuple[float, float]]:
     """`announced_speed`, measured in a thread of its own: a joiner measures while it waits on other processes and
-    the network (its transport, gossip sidecar, gossip links), and takes the result before it announces itself.
-    The future holds what the measurement raised, if it did."""
+    the network (its transport, its gossip sidecar), and takes the result before it announces itself. The future
+    holds what the measurement raised, if it did."""
     future: Future[tuple[float, float]] = Future()
 
     def measure() -> None:

@@ -268,16 +268,17 @@ class Peer:
                                   outbox=self.outbox, dht=lambda: node.dht, loss_seconds=self.loss_seconds,
                                   checks=checks, state_timeout=o.state_timeout, gone=lambda: self.follower.gone)
         laps.lap("keeper")
+        self.seconds_per_layer, self.loss_seconds = speed.result()  # measured meanwhile
+        laps.lap("speed")
+        # its record, with its proof of the join token, brings it its certificate at the scheduler's next read
+        node.start_heartbeat(self._record, period=self.config.heartbeat)
+        laps.lap("heartbeat")
         self.succession = Succession(self.peer_id, records, node.gossip, self.follower, make_role=self._make_role,
                                      iteration=lambda: self.iteration, on_records=self.members.observe)
         # gossip links to members' sidecars before the admission comes: it must not hang on the one to the
         # coordinator, whose mesh prunes most peers from ~13 on (it then only arrives by lazy gossip)
         self.succession.connect_control_plane(records.fetch_peers())
         laps.lap("links")
-        self.seconds_per_layer, self.loss_seconds = speed.result()  # measured meanwhile
-        laps.lap("speed")
-        node.start_heartbeat(self._record, period=self.config.heartbeat)  # with its proof of the join token
-        laps.lap("heartbeat")
         waited = self.members.wait(stop, o.join_timeout, over=self.follower.finished,  # then: links, placement
                                    ask=lambda: publish(node.gossip, o.run_id, self.members.join_message(), wait=False))
         laps.lap("admission")
