@@ -235,7 +235,10 @@ class Scheduler:
 
     def planned(self, job: PlanJob, now: float) -> list[Action]:
         """`job` (`MakePlan`) is made: publish its epoch (`PlanDesk.settle`), or make another; then judge what waited
-        for it."""
+        for it. Made while the epoch before it is being stored, it waits for that store (`PlanDesk.park`)."""
+        if self.plans.storing is not None:
+            self.plans.park(job)
+            return self._after_plan(now)
         settled = self.plans.settle(job, completed=self.completed, epochs=self.epochs,
                                     shard_positions=self.commits.shard_positions, evicted=self.suspicions.evicted,
                                     now=now, commit_in=self._restart_reports.due_in(now))
@@ -247,6 +250,8 @@ class Scheduler:
         """The owner stored `schedule` (`PublishSchedule`) in the DHT, or could not (`ok`: see `PlanDesk.stored`).
         The commits that waited for it go on."""
         self.plans.stored(schedule, ok, self.epochs, now)
+        if (parked := self.plans.take_parked()) is not None:
+            return self.planned(parked, now)
         return self._after_plan(now)
 
     def _after_plan(self, now: float) -> list[Action]:
