@@ -264,12 +264,12 @@ class Peer:
         self.data = DataHolder.load(self.config.data, self.model_config.vocab_size, self.peer_id,
                                     data_paths=o.data_paths, ledger_path=o.ledger_path)
         laps.lap("data")
+        self.seconds_per_layer, self.loss_seconds = speed.result()  # measured meanwhile
+        laps.lap("speed")
         self.keeper = StageKeeper(self.peer_id, o, self.config, self.model_config, inbox=self.inbox,
                                   outbox=self.outbox, dht=lambda: node.dht, loss_seconds=self.loss_seconds,
                                   checks=checks, state_timeout=o.state_timeout, gone=lambda: self.follower.gone)
         laps.lap("keeper")
-        self.seconds_per_layer, self.loss_seconds = speed.result()  # measured meanwhile
-        laps.lap("speed")
         # its record, with its proof of the join token, brings it its certificate at the scheduler's next read
         node.start_heartbeat(self._record, period=self.config.heartbeat)
         laps.lap("heartbeat")
