@@ -80,5 +80,8 @@ def announced_speed_meanwhile(model: ModelConfig, batch_size: int, seq_len: int,
         except BaseException as e:  # handed to whoever takes the result
             future.set_exception(e)
 
-    threading.Thread(target=measure, daemon=True, name="skippipe-speed").start()
+    # not a daemon: a process that exits meanwhile (a run refused) waits for it, rather than tearing down the
+    # interpreter under torch's running kernels (which aborts the process: "terminate called without an active
+    # exception", exit -6 instead of its own code)
+    threading.Thread(target=measure, daemon=False, name="skippipe-speed").start()
     return future

@@ -221,14 +221,14 @@ class Peer:
         laps.lap("spec")
         keep_members_records(node, spec, o.token)
         (self.config, self.model_config), self.spec = RunConfig.from_spec(spec), spec
-        data = self.config.data
-        speed = announced_speed_meanwhile(self.model_config, data.batch_size, data.seq_len, o.device,  # taken below
-                                          stages=self.config.stages,
-                                          emulate_seconds_per_layer=o.emulate_seconds_per_layer)
         self.inbox.assembly.max_bytes = largest_stage_message(self.model_config, self.config.stages)
         self.outbox.chunk_bytes = self.config.chunk_bytes
         if node.reachability == "relayed" and self.config.averaging == "hivemind":
             raise UnsuitedRun(f"this peer is relayed and cannot join run {o.run_id}: {NOT_OVER_RELAYS}")
+        data = self.config.data
+        speed = announced_speed_meanwhile(self.model_config, data.batch_size, data.seq_len, o.device,  # taken below
+                                          stages=self.config.stages,
+                                          emulate_seconds_per_layer=o.emulate_seconds_per_layer)
         self.members = Members(self.peer_id, o.run_id, o.token, self._issuers)
         if node.reachability == "public":  # it can be dialled: it relays members' streams too, as the coordinator
             node.start_forwarder(self.members.admits)
