@@ -77,11 +77,15 @@ class PlanDesk:
         """Whether a re-plan is being made, or made and waiting for a store: no other is asked for."""
         return self.planning is not None or self.parked is not None
 
-    def park(self, job: PlanJob) -> None:
-        """`job` is made while an epoch is being stored: it is settled once that store is over (`take_parked`)."""
+    def park(self, job: PlanJob) -> bool:
+        """Keep `job`, made, if an epoch is being stored: it is settled once that store is over (`take_parked`).
+        Whether it was kept (else it is settled now)."""
+        if self.storing is None:
+            return False
         if job is self.planning:
             self.planning = None
         self.parked = job
+        return True
 
     def take_parked(self) -> PlanJob | None:
         """The plan `park` kept, once no store is under way (else None); it is kept no more."""

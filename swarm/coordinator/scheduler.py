@@ -80,6 +80,7 @@ class Scheduler:
     Its decisions (membership changes, commits, reruns) all read and change the same epoch history and liveness;
     what is pure or has state of its own has its component (`FirstPlan`, `Liveness`, `Suspicions`, `Replanner`,
     `PlanDesk`, `CommitTracker`, `GoneNotices`, `EpochHistory`, `RestartReports`, the successors in `epochs.py`).
+    What stays is where those decisions meet: split further, each half would reach into the other's state.
 
     :param config: the run's configuration
     :param model: the run spec's model dictionary
@@ -236,8 +237,7 @@ class Scheduler:
     def planned(self, job: PlanJob, now: float) -> list[Action]:
         """`job` (`MakePlan`) is made: publish its epoch (`PlanDesk.settle`), or make another; then judge what waited
         for it. Made while the epoch before it is being stored, it waits for that store (`PlanDesk.park`)."""
-        if self.plans.storing is not None:
-            self.plans.park(job)
+        if self.plans.park(job):
             return self._after_plan(now)
         settled = self.plans.settle(job, completed=self.completed, epochs=self.epochs,
                                     shard_positions=self.commits.shard_positions, evicted=self.suspicions.evicted,

@@ -90,7 +90,9 @@ class Peer:
 
     It is the lifecycle owner that wires a dozen components (each in a file of its own): what is left here is that
     wiring, the iteration loop and the adoption of schedule epochs, which move the iteration counter and hand epochs
-    to the keeper, the data holder, the runner and the inbox together.
+    to the keeper, the data holder, the runner and the inbox together. It runs past ~350 lines because `_join` builds
+    those components in the one order their dependencies allow (timed step by step: `JoinLaps`); split, that order
+    would be spread over files that each need the others' half-built parts.
 
     :param scheduler_role: builds the scheduler role this peer takes on should it succeed a dead scheduler, with
       `SchedulerRole`'s keyword arguments (the coordinator package sits above this one, so its caller hands it
